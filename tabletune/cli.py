@@ -1,0 +1,393 @@
+"""``tabletune`` command line: profile, acceptance, build, tune, show, plot, simulate, ..."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Sequence
+
+from tabletune.core.builder import StepTimes, build_table, table_loss
+from tabletune.core.contracts import Acceptance, Profile, TableDocument, check_compatible, load_json, save_json
+from tabletune.core.errors import ContractError
+from tabletune.core.tables import DOCS_TABLE, DraftTable
+
+EMBEDDED_GRID = "1,2,4,8,16,32"
+
+
+# ---------------------------------------------------------------------------------------------
+# Engine options shared by every command that starts vLLM
+
+
+def add_engine_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("engine (default: the embedded CPU model pair)")
+    g.add_argument("--model", help="target model path; omit for the embedded pair")
+    g.add_argument("--drafter", help="drafter model path (method draft_model / eagle / eagle3)")
+    g.add_argument("--method", default="draft_model")
+    g.add_argument("--max-k", type=int, default=3, help="longest draft length K")
+    g.add_argument("--device", choices=("cpu", "cuda"), default=None,
+                   help="default: cpu for the embedded pair, cuda for a given model")
+    g.add_argument("--tensor-parallel-size", type=int, default=1)
+    g.add_argument("--max-num-seqs", type=int, default=None)
+    g.add_argument("--max-model-len", type=int, default=512)
+    g.add_argument("--dtype", default=None)
+    g.add_argument("--engine-arg", action="append", default=[], metavar="ARG",
+                   help="extra vLLM server argument (repeat; e.g. --engine-arg=--gpu-memory-utilization=0.8)")
+    g.add_argument("--synthetic-acceptance", type=_float_list, default=None,
+                   help="GPU only: emulate acceptance with vLLM's synthetic rates a_1,..,a_K")
+
+
+def _float_list(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of numbers")
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers")
+
+
+def engine_spec_from_args(args: argparse.Namespace, *, max_batch_size: int | None = None):
+    from tabletune.engine.spec import EngineSpec
+
+    common = dict(max_k=args.max_k, tensor_parallel_size=args.tensor_parallel_size,
+                  max_model_len=args.max_model_len, extra_args=tuple(args.engine_arg),
+                  synthetic_acceptance=args.synthetic_acceptance)
+    if args.max_num_seqs or max_batch_size:
+        common["max_num_seqs"] = max(args.max_num_seqs or 0, max_batch_size or 0)
+    if args.model is None:
+        spec = EngineSpec.embedded_default(**common)
+        if args.device == "cuda":
+            spec = spec.with_(device="cuda")
+    else:
+        spec = EngineSpec(model=args.model, drafter=args.drafter, method=args.method,
+                          device=args.device or "cuda", dtype=args.dtype or "auto", **common)
+    if args.dtype and args.model is None:
+        spec = spec.with_(dtype=args.dtype)
+    return spec
+
+
+def _grid(args: argparse.Namespace) -> tuple[int, ...]:
+    from tabletune.tuner.profiler import default_grid, parse_grid
+
+    if args.batch_sizes:
+        grid = parse_grid(args.batch_sizes)
+        return tuple(b for b in grid if args.max_batch_size is None or b <= args.max_batch_size)
+    if args.model is None and args.max_batch_size is None:
+        return parse_grid(EMBEDDED_GRID)
+    return default_grid(args.max_batch_size or 256)
+
+
+def add_profile_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--batch-sizes", help="grid, e.g. '1-16,20-64:4,72-256:8' (default: every B "
+                   f"to 16, every 4 to 64, every 8 to --max-batch-size; embedded: {EMBEDDED_GRID})")
+    p.add_argument("--max-batch-size", type=int, default=None)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--max-spread", type=float, default=0.25,
+                   help="repeat a cell (up to 2 more times), then flag it, while the relative "
+                        "spread of its repeats exceeds this")
+    p.add_argument("--mode", choices=("one-launch", "per-k"), default="one-launch",
+                   help="one server with k pinned per phase (default), or one server per k")
+    p.add_argument("--startup-timeout", type=float, default=600.0)
+
+
+def _run_profile(args, spec, out_dir: Path, checkpoint: Path | None = None) -> Profile:
+    from tabletune.tuner.profiler import ProfileSettings, profile_step_times
+
+    grid = _grid(args)
+    settings = ProfileSettings(batch_sizes=grid, repeats=args.repeats,
+                               max_spread=args.max_spread,
+                               startup_timeout_s=args.startup_timeout)
+    return profile_step_times(spec.with_(max_num_seqs=max(spec.max_num_seqs, max(grid))),
+                              batch_sizes=grid, settings=settings,
+                              checkpoint=checkpoint or out_dir / "profile.ckpt.jsonl",
+                              log_dir=out_dir / "logs", mode=args.mode)
+
+
+def add_acceptance_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--prompts", type=Path, help="JSONL file with a 'prompt' field per line "
+                   "(default: built-in synthetic prompts)")
+    p.add_argument("--num-prompts", type=int, default=160)
+    p.add_argument("--temperature", type=float, default=0.0, help="the serving temperature")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--seed", type=int, default=0, help="prompt sampling seed")
+
+
+def _prompts(args) -> list[str]:
+    import random
+
+    from tabletune.engine.model_pair import synthetic_prompts
+    from tabletune.tuner.acceptance import load_prompts
+
+    if args.num_prompts < 1:
+        raise ContractError(f"--num-prompts: {args.num_prompts!r} must be >= 1")
+    if args.prompts is None:
+        return synthetic_prompts(args.num_prompts, seed=1000 + args.seed)
+    prompts = load_prompts(args.prompts)
+    if len(prompts) > args.num_prompts:
+        prompts = random.Random(args.seed).sample(prompts, args.num_prompts)
+    return prompts
+
+
+def _run_acceptance(args, spec, out_dir: Path) -> Acceptance:
+    from tabletune.tuner.acceptance import measure_acceptance
+
+    return measure_acceptance(spec.with_(max_num_seqs=max(spec.max_num_seqs, 64)), _prompts(args),
+                              temperature=args.temperature, max_tokens=args.max_tokens,
+                              log_dir=out_dir / "logs")
+
+
+def add_build_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--lengths", type=_int_list, default=None,
+                   help="allowed draft lengths, e.g. 0,1,3 (default: all profiled)")
+    p.add_argument("--tie-margin", type=float, default=0.005)
+    p.add_argument("--table-max-batch-size", dest="table_max_batch_size", type=int, default=None,
+                   help="build the table up to this B (default: the largest profiled B)")
+
+
+def build_document(profile: Profile, acceptance: Acceptance, *, lengths=None,
+                   tie_margin: float = 0.005, max_batch_size: int | None = None,
+                   provenance: dict | None = None):
+    """Profile + acceptance → (BuildResult, TableDocument); the one place tables are built."""
+    check_compatible(profile, acceptance)
+    steps = StepTimes.from_profile(profile)
+    rates = acceptance.rates[:profile.max_k]
+    result = build_table(steps, rates, max_batch_size=max_batch_size, lengths=lengths,
+                         tie_margin=tie_margin)
+    loss = table_loss(result.table, steps, rates, result.batch_sizes, lengths=lengths)
+    prov = {
+        "fingerprint": profile.fingerprint,
+        "acceptance_rates": list(rates),
+        "acceptance_num_prompts": acceptance.num_prompts,
+        "temperature": acceptance.temperature,
+        "profiled_batch_sizes": list(profile.batch_sizes),
+        "step_source": profile.meta.get("step_source"),
+        "interpolation": "linear in B between profiled batch sizes; held/extrapolated beyond",
+        "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "worst_loss_vs_best_fixed": loss.worst_loss,
+        "worst_loss_batch_size": loss.worst_batch_size,
+        **(provenance or {}),
+    }
+    return result, result.to_document(prov)
+
+
+def _write_plots(out_dir: Path, profile: Profile, result) -> list[Path]:
+    from tabletune import plots
+
+    d = out_dir / "plots"
+    return [
+        plots.plot_step_times(profile, d / "step_times.png"),
+        plots.plot_goodput_heatmap(result, d / "goodput_heatmap.png"),
+        plots.plot_goodput(result, d / "table_vs_fixed.png", tables={"vLLM docs table": DOCS_TABLE}),
+        plots.plot_tables({"measured": result.table, "vLLM docs": DOCS_TABLE},
+                          len(result.batch_sizes), d / "tables.png"),
+    ]
+
+
+# ---------------------------------------------------------------------------------------------
+# Commands
+
+
+def cmd_profile(args) -> int:
+    out = Path(args.out)
+    spec = engine_spec_from_args(args, max_batch_size=max(_grid(args)))
+    profile = _run_profile(args, spec, out.parent, checkpoint=args.checkpoint)
+    save_json(out, profile)
+    print(f"profile: {len(profile.cells)} cells → {out} (cell values from "
+          f"{profile.meta.get('step_source')} timing)")
+    return 0
+
+
+def cmd_acceptance(args) -> int:
+    out = Path(args.out)
+    spec = engine_spec_from_args(args)
+    acc = _run_acceptance(args, spec, out.parent)
+    save_json(out, acc)
+    print(f"acceptance: a = {', '.join(f'{a:.3f}' for a in acc.rates)} over "
+          f"{acc.num_drafts} drafts → {out}")
+    return 0
+
+
+def cmd_build(args) -> int:
+    profile = load_json(args.profile, "profile")
+    acceptance = load_json(args.acceptance, "acceptance")
+    result, doc = build_document(profile, acceptance, lengths=args.lengths,
+                                 tie_margin=args.tie_margin, max_batch_size=args.max_batch_size)
+    save_json(args.out, doc)
+    print(_describe_document(doc))
+    if args.plots:
+        _write_plots(Path(args.out).parent, profile, result)
+    return 0
+
+
+def cmd_tune(args) -> int:
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    grid = _grid(args)
+    spec = engine_spec_from_args(args, max_batch_size=max(grid))
+    print(f"tune: {spec.model} + {spec.drafter} ({spec.method}, K={spec.max_k}, {spec.device}); "
+          f"B grid {list(grid)}; output {out}", flush=True)
+    t0 = time.time()
+    profile = _run_profile(args, spec, out)
+    save_json(out / "profile.json", profile)
+    t_profile = time.time() - t0
+    t0 = time.time()
+    if args.acceptance:
+        acceptance = load_json(args.acceptance, "acceptance")
+    else:
+        acceptance = _run_acceptance(args, spec, out)
+        save_json(out / "acceptance.json", acceptance)
+    t_acceptance = time.time() - t0
+    result, doc = build_document(profile, acceptance, lengths=args.lengths,
+                                 tie_margin=args.tie_margin,
+                                 max_batch_size=args.table_max_batch_size,
+                                 provenance={"tune_wall_s": round(time.time() - started, 1)})
+    save_json(out / "table.json", doc)
+    _write_plots(out, profile, result)
+    timing = {"profile_s": round(t_profile, 1), "acceptance_s": round(t_acceptance, 1),
+              "total_s": round(time.time() - started, 1), "mode": args.mode,
+              "cells": len(profile.cells), "batch_sizes": list(grid)}
+    (out / "timing.json").write_text(json.dumps(timing, indent=2) + "\n")
+    summary = _describe_document(doc)
+    (out / "summary.txt").write_text(summary + "\n")
+    print(summary)
+    print(f"tune finished in {timing['total_s']:.0f} s (profile {t_profile:.0f} s, acceptance "
+          f"{t_acceptance:.0f} s); files in {out}")
+    return 0
+
+
+def _describe_document(doc: TableDocument) -> str:
+    table = doc.table
+    lines = ["draft-length table:"] + ["  " + line for line in table.describe().splitlines()]
+    cfg = {"num_speculative_tokens": doc.num_speculative_tokens,
+           "num_speculative_tokens_per_batch_size": table.to_vllm()}
+    lines.append("paste into vLLM (merge with your method/model keys):")
+    lines.append(f"  --speculative-config '{json.dumps(cfg)}'")
+    g = doc.goodput
+    if g.get("tokens_per_s"):
+        import numpy as np
+
+        m = np.asarray(g["tokens_per_s"], dtype=float)
+        lengths = list(g["lengths"])
+        bs = list(g["batch_sizes"])
+        best = m.max(axis=1)
+        fixed_worst = {k: float(np.max(1 - m[:, j] / best)) for j, k in enumerate(lengths)}
+        chosen = np.array([m[i, lengths.index(k)] for i, k in enumerate(g["chosen"])])
+        lines.append(f"worst loss vs the per-B best fixed length over B 1–{bs[-1]}:")
+        lines.append(f"  this table: {float(np.max(1 - chosen / best)):.1%}")
+        docs = [DOCS_TABLE.k_for(b) for b in bs]
+        if all(k in lengths for k in docs):
+            dv = np.array([m[i, lengths.index(k)] for i, k in enumerate(docs)])
+            lines.append(f"  vLLM docs table: {float(np.max(1 - dv / best)):.1%}")
+        for k, w in fixed_worst.items():
+            lines.append(f"  fixed k={k}: {w:.1%}")
+        if g.get("interpolated_batch_sizes"):
+            lines.append("  (T(B,k) interpolated linearly between profiled batch sizes)")
+    return "\n".join(lines)
+
+
+def cmd_show(args) -> int:
+    doc = load_json(args.table, "table")
+    print(_describe_document(doc))
+    return 0
+
+
+def cmd_plot(args) -> int:
+    profile = load_json(args.profile, "profile")
+    acceptance = load_json(args.acceptance, "acceptance")
+    result, _ = build_document(profile, acceptance)
+    for path in _write_plots(Path(args.out_dir), profile, result):
+        print(path)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tabletune", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("tune", help="profile + acceptance + build + plots (the main job)")
+    add_engine_args(p)
+    add_profile_args(p)
+    add_acceptance_args(p)
+    add_build_args(p)
+    p.add_argument("--acceptance", type=Path, help="reuse an acceptance file instead of measuring")
+    p.add_argument("--out-dir", default="tabletune-out")
+    p.set_defaults(func=cmd_tune)
+
+    p = sub.add_parser("profile", help="measure step times T(B, k)")
+    add_engine_args(p)
+    add_profile_args(p)
+    p.add_argument("--checkpoint", type=Path, help="resume file (default: next to --out)")
+    p.add_argument("--out", default="profile.json")
+    p.set_defaults(func=cmd_profile)
+
+    p = sub.add_parser("acceptance", help="measure a_1..a_K at the longest length")
+    add_engine_args(p)
+    add_acceptance_args(p)
+    p.add_argument("--out", default="acceptance.json")
+    p.set_defaults(func=cmd_acceptance)
+
+    p = sub.add_parser("build", help="profile + acceptance → table")
+    p.add_argument("--profile", required=True, type=Path)
+    p.add_argument("--acceptance", required=True, type=Path)
+    add_build_args(p)
+    p.add_argument("--max-batch-size", type=int, default=None)
+    p.add_argument("--plots", action="store_true", help="also write plots next to --out")
+    p.add_argument("--out", required=True, type=Path)
+    p.set_defaults(func=cmd_build)
+
+    p = sub.add_parser("show", help="print a table: ranges, vLLM config, loss vs fixed lengths")
+    p.add_argument("table", type=Path)
+    p.set_defaults(func=cmd_show)
+
+    p = sub.add_parser("plot", help="plots from a profile and an acceptance file")
+    p.add_argument("--profile", required=True, type=Path)
+    p.add_argument("--acceptance", required=True, type=Path)
+    p.add_argument("--out-dir", required=True, type=Path)
+    p.set_defaults(func=cmd_plot)
+
+    _add_optional_commands(sub)
+    return parser
+
+
+def _add_optional_commands(sub) -> None:
+    """Commands whose modules live elsewhere in the package (simulator, evaluation, registry)."""
+    try:
+        from tabletune.simulator.cli import add_simulate_parser
+    except ImportError:
+        pass
+    else:
+        add_simulate_parser(sub)
+    try:
+        from tabletune.evaluate import add_evaluate_parsers
+    except ImportError:
+        pass
+    else:
+        add_evaluate_parsers(sub, add_engine_args)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from tabletune.engine.server import EngineError
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except (ContractError, ValueError, EngineError, FileNotFoundError) as e:
+        print(f"tabletune {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"tabletune {args.command}: interrupted (finished profile cells are kept in the "
+              "checkpoint; rerun the same command to resume)", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

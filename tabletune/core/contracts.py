@@ -1,0 +1,399 @@
+"""Versioned JSON documents passed between the tuner, the controller, the pipeline and the gate.
+
+Each document is a frozen dataclass validated on construction, so an invalid profile, acceptance
+or table cannot exist in memory, and ``from_dict`` reports the same field paths a reader of the
+JSON file would use. Unknown keys are rejected (a misspelt optional key would otherwise vanish
+silently); free-form extras belong in ``meta``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from tabletune.core.errors import (
+    ContractError,
+    check_bool,
+    check_dict,
+    check_int,
+    check_nonnegative,
+    check_number,
+    check_positive,
+    check_sequence,
+    check_str,
+    fail,
+)
+from tabletune.core.goodput import validate_rates
+from tabletune.core.tables import DraftTable
+
+__all__ = [
+    "PROFILE_SCHEMA",
+    "ACCEPTANCE_SCHEMA",
+    "TABLE_SCHEMA",
+    "ProfileCell",
+    "Profile",
+    "Acceptance",
+    "TableDocument",
+    "check_compatible",
+    "load_json",
+    "save_json",
+]
+
+PROFILE_SCHEMA = "tabletune.profile/v1"
+ACCEPTANCE_SCHEMA = "tabletune.acceptance/v1"
+TABLE_SCHEMA = "tabletune.table/v1"
+
+Kind = Literal["profile", "acceptance", "table"]
+
+
+def _check_schema(d: Any, expected: str, prefix: str) -> dict[str, Any]:
+    d = check_dict(d, prefix)
+    if "schema" not in d:
+        fail(f"{prefix}.schema", None, f"is missing (expected {expected!r})")
+    if d["schema"] != expected:
+        fail(f"{prefix}.schema", d["schema"], f"is not {expected!r} (unknown schema version)")
+    return d
+
+
+def _check_keys(d: Mapping[str, Any], prefix: str, required: set[str], optional: set[str]) -> None:
+    for key in sorted(required - d.keys()):
+        fail(f"{prefix}.{key}", None, "is missing")
+    for key in sorted(d.keys() - required - optional, key=str):
+        fail(f"{prefix}.{key}", d[key], "is not a known field (put extras in meta)")
+
+
+def _optional_positive(value: Any, name: str) -> float | None:
+    return None if value is None else check_positive(value, name)
+
+
+# --------------------------------------------------------------------------------------------
+# Profile: measured step times T(B, k)
+
+
+@dataclass(frozen=True)
+class ProfileCell:
+    """One measured (batch size, draft length) cell; ``step_ms`` is the value the builder uses."""
+
+    batch_size: int
+    k: int
+    step_ms: float
+    samples_ms: tuple[float, ...]
+    spread: float = 0.0
+    source: str = "client"
+    flagged: bool = False
+    engine_step_ms: float | None = None
+    client_step_ms: float | None = None
+
+    def validated(self, name: str) -> ProfileCell:
+        """This cell with every field checked and normalized; errors name ``name.<field>``."""
+        samples = check_sequence(self.samples_ms, f"{name}.samples_ms")
+        return ProfileCell(
+            batch_size=check_int(self.batch_size, f"{name}.batch_size", minimum=1),
+            k=check_int(self.k, f"{name}.k", minimum=0),
+            step_ms=check_positive(self.step_ms, f"{name}.step_ms"),
+            # Single repeats are differences of two timings and may dip below zero in noise.
+            samples_ms=tuple(
+                check_number(s, f"{name}.samples_ms[{j}]") for j, s in enumerate(samples)
+            ),
+            spread=check_nonnegative(self.spread, f"{name}.spread"),
+            source=check_str(self.source, f"{name}.source"),
+            flagged=check_bool(self.flagged, f"{name}.flagged"),
+            engine_step_ms=_optional_positive(self.engine_step_ms, f"{name}.engine_step_ms"),
+            client_step_ms=_optional_positive(self.client_step_ms, f"{name}.client_step_ms"),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "batch_size": self.batch_size,
+            "k": self.k,
+            "step_ms": self.step_ms,
+            "samples_ms": list(self.samples_ms),
+            "spread": self.spread,
+            "source": self.source,
+            "flagged": self.flagged,
+            "engine_step_ms": self.engine_step_ms,
+            "client_step_ms": self.client_step_ms,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Any, name: str = "cell") -> ProfileCell:
+        d = check_dict(d, name)
+        required = {"batch_size", "k", "step_ms"}
+        optional = {
+            "samples_ms", "spread", "source", "flagged", "engine_step_ms", "client_step_ms"
+        }
+        _check_keys(d, name, required, optional)
+        samples = check_sequence(d.get("samples_ms", []), f"{name}.samples_ms")
+        cell = cls(**{**d, "samples_ms": tuple(samples)})
+        return cell.validated(name)
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Step times for every (B, k) with B in the profiled batch sizes and k in 0..max_k."""
+
+    fingerprint: dict[str, Any]
+    max_k: int
+    cells: tuple[ProfileCell, ...]
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        check_dict(self.fingerprint, "profile.fingerprint")
+        max_k = check_int(self.max_k, "profile.max_k", minimum=0)
+        check_dict(self.meta, "profile.meta")
+        raw = check_sequence(self.cells, "profile.cells")
+        if not raw:
+            fail("profile.cells", raw, "is empty")
+        cells: list[ProfileCell] = []
+        seen: dict[tuple[int, int], int] = {}
+        for i, cell in enumerate(raw):
+            name = f"profile.cells[{i}]"
+            if not isinstance(cell, ProfileCell):
+                fail(name, cell, "is not a ProfileCell")
+            cell = cell.validated(name)
+            if cell.k > max_k:
+                fail(f"{name}.k", cell.k, f"is above profile.max_k = {max_k} (extra cell)")
+            key = (cell.batch_size, cell.k)
+            if key in seen:
+                fail(name, f"B={key[0]}, k={key[1]}",
+                     f"duplicates profile.cells[{seen[key]}] (each (B, k) is profiled once)")
+            seen[key] = i
+            cells.append(cell)
+        batch_sizes = sorted({c.batch_size for c in cells})
+        for b in batch_sizes:
+            for k in range(max_k + 1):
+                if (b, k) not in seen:
+                    fail(f"profile.cells[B={b}, k={k}]", None,
+                         f"is missing (every profiled batch size needs k = 0..{max_k})")
+        cells.sort(key=lambda c: (c.batch_size, c.k))
+        object.__setattr__(self, "max_k", max_k)
+        object.__setattr__(self, "cells", tuple(cells))
+        object.__setattr__(self, "_index", {(c.batch_size, c.k): c for c in cells})
+
+    @property
+    def batch_sizes(self) -> tuple[int, ...]:
+        return tuple(sorted({c.batch_size for c in self.cells}))
+
+    @property
+    def lengths(self) -> tuple[int, ...]:
+        return tuple(range(self.max_k + 1))
+
+    def cell(self, batch_size: int, k: int) -> ProfileCell:
+        """The exact profiled cell (no interpolation; see builder.StepTimes for that)."""
+        try:
+            return self._index[(batch_size, k)]  # type: ignore[attr-defined]
+        except KeyError:
+            fail("profile.cells", f"B={batch_size}, k={k}", "is not a profiled cell")
+
+    def step_ms(self, batch_size: int, k: int) -> float:
+        return self.cell(batch_size, k).step_ms
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": PROFILE_SCHEMA,
+            "fingerprint": self.fingerprint,
+            "max_k": self.max_k,
+            "cells": [c.to_dict() for c in self.cells],
+            "meta": self.meta,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Any) -> Profile:
+        d = _check_schema(d, PROFILE_SCHEMA, "profile")
+        _check_keys(d, "profile", {"schema", "fingerprint", "max_k", "cells"}, {"meta"})
+        raw = check_sequence(d["cells"], "profile.cells")
+        if not raw:
+            fail("profile.cells", raw, "is empty")
+        cells = tuple(ProfileCell.from_dict(c, f"profile.cells[{i}]") for i, c in enumerate(raw))
+        return cls(
+            fingerprint=d["fingerprint"], max_k=d["max_k"], cells=cells, meta=d.get("meta", {})
+        )
+
+
+# --------------------------------------------------------------------------------------------
+# Acceptance: a_i measured on sample prompts (or estimated live)
+
+
+@dataclass(frozen=True)
+class Acceptance:
+    """Acceptance rates a_1..a_K with the counts they came from."""
+
+    rates: tuple[float, ...]
+    num_drafts: int
+    accepted_per_position: tuple[int, ...]
+    num_prompts: int
+    temperature: float
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        rates = validate_rates(self.rates, "acceptance.rates")
+        check_int(self.num_drafts, "acceptance.num_drafts", minimum=0)
+        accepted = check_sequence(self.accepted_per_position, "acceptance.accepted_per_position")
+        if len(accepted) != len(rates):
+            fail("acceptance.accepted_per_position", list(accepted),
+                 f"has {len(accepted)} entries but acceptance.rates has {len(rates)}")
+        accepted = tuple(
+            check_int(a, f"acceptance.accepted_per_position[{i}]", minimum=0)
+            for i, a in enumerate(accepted)
+        )
+        check_int(self.num_prompts, "acceptance.num_prompts", minimum=0)
+        temperature = check_nonnegative(self.temperature, "acceptance.temperature")
+        check_dict(self.meta, "acceptance.meta")
+        object.__setattr__(self, "rates", rates)
+        object.__setattr__(self, "accepted_per_position", accepted)
+        object.__setattr__(self, "temperature", temperature)
+
+    @property
+    def max_k(self) -> int:
+        return len(self.rates)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": ACCEPTANCE_SCHEMA,
+            "rates": list(self.rates),
+            "num_drafts": self.num_drafts,
+            "accepted_per_position": list(self.accepted_per_position),
+            "num_prompts": self.num_prompts,
+            "temperature": self.temperature,
+            "meta": self.meta,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Any) -> Acceptance:
+        d = _check_schema(d, ACCEPTANCE_SCHEMA, "acceptance")
+        required = {
+            "schema", "rates", "num_drafts", "accepted_per_position", "num_prompts", "temperature"
+        }
+        _check_keys(d, "acceptance", required, {"meta"})
+        return cls(
+            rates=tuple(check_sequence(d["rates"], "acceptance.rates")),
+            num_drafts=d["num_drafts"],
+            accepted_per_position=tuple(
+                check_sequence(d["accepted_per_position"], "acceptance.accepted_per_position")
+            ),
+            num_prompts=d["num_prompts"],
+            temperature=d["temperature"],
+            meta=d.get("meta", {}),
+        )
+
+
+# --------------------------------------------------------------------------------------------
+# Table document: a built table plus where it came from
+
+
+@dataclass(frozen=True)
+class TableDocument:
+    """A table ready for vLLM, with its provenance and the goodput it was built from."""
+
+    table: DraftTable
+    num_speculative_tokens: int
+    provenance: dict[str, Any]
+    goodput: dict[str, Any] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.table, DraftTable):
+            fail("table.num_speculative_tokens_per_batch_size", self.table, "is not a DraftTable")
+        k = check_int(self.num_speculative_tokens, "table.num_speculative_tokens", minimum=1)
+        if k < self.table.max_k:
+            # vLLM clamps every entry to num_speculative_tokens, silently cutting the table.
+            fail("table.num_speculative_tokens", k,
+                 f"is below the table's largest k = {self.table.max_k}")
+        check_dict(self.provenance, "table.provenance")
+        check_dict(self.goodput, "table.goodput")
+        check_dict(self.meta, "table.meta")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": TABLE_SCHEMA,
+            "num_speculative_tokens": self.num_speculative_tokens,
+            "num_speculative_tokens_per_batch_size": self.table.to_vllm(),
+            "provenance": self.provenance,
+            "goodput": self.goodput,
+            "meta": self.meta,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Any) -> TableDocument:
+        d = _check_schema(d, TABLE_SCHEMA, "table")
+        required = {
+            "schema", "num_speculative_tokens", "num_speculative_tokens_per_batch_size",
+            "provenance",
+        }
+        _check_keys(d, "table", required, {"goodput", "meta"})
+        table = DraftTable.from_ranges(
+            d["num_speculative_tokens_per_batch_size"],
+            field="table.num_speculative_tokens_per_batch_size",
+        )
+        return cls(
+            table=table,
+            num_speculative_tokens=d["num_speculative_tokens"],
+            provenance=d["provenance"],
+            goodput=d.get("goodput", {}),
+            meta=d.get("meta", {}),
+        )
+
+
+def check_compatible(profile: Profile, acceptance: Acceptance) -> None:
+    """Raise unless the acceptance rates cover every draft length the profile timed."""
+    if acceptance.max_k < profile.max_k:
+        fail("acceptance.rates", list(acceptance.rates),
+             f"has {acceptance.max_k} rates but profile.max_k is {profile.max_k} (K mismatch)")
+
+
+# --------------------------------------------------------------------------------------------
+# Files
+
+_READERS = {"profile": Profile, "acceptance": Acceptance, "table": TableDocument}
+
+
+def load_json(path: str | os.PathLike[str], kind: Kind) -> Profile | Acceptance | TableDocument:
+    """Read and validate a document; every error message starts with the file path."""
+    if kind not in _READERS:
+        fail("kind", kind, f"is not one of {sorted(_READERS)}")
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+        data = json.loads(text)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ContractError(f"{os.fspath(path)}: cannot read {kind} JSON: {exc}") from exc
+    try:
+        return _READERS[kind].from_dict(data)
+    except ContractError as exc:
+        raise ContractError(f"{os.fspath(path)}: {exc}") from exc
+
+
+def save_json(
+    path: str | os.PathLike[str], doc: Profile | Acceptance | TableDocument | Mapping[str, Any]
+) -> None:
+    """Write ``doc`` atomically: either the whole new file is in place or the old one is untouched.
+
+    Encoding happens before any file is opened; NaN and infinity are refused because they are
+    not JSON and other readers choke on them.
+    """
+    data = doc.to_dict() if hasattr(doc, "to_dict") else doc
+    try:
+        text = json.dumps(data, indent=2, allow_nan=False) + "\n"
+    except (TypeError, ValueError) as exc:
+        raise ContractError(f"{os.fspath(path)}: cannot encode document as JSON: {exc}") from exc
+    target = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            # mkstemp makes the file owner-only; readers in other processes expect a normal file.
+            os.fchmod(f.fileno(), 0o644)
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+

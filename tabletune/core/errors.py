@@ -1,0 +1,89 @@
+"""The one error type of the core, plus the small checks that build its messages.
+
+Every message has the shape ``<field path>: <bad value> <what is wrong>``, e.g.
+``profile.cells[12].step_ms: nan is not a positive number``, so a failed task or a rejected
+file says exactly what to fix.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from numbers import Integral, Real
+from typing import Any, NoReturn
+
+__all__ = ["ContractError"]
+
+
+class ContractError(ValueError):
+    """A value broke the data contract; the message names the field and the value."""
+
+
+def show(value: Any, limit: int = 80) -> str:
+    """Short repr for messages: long lists would bury the field path."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def fail(field: str, value: Any, problem: str) -> NoReturn:
+    raise ContractError(f"{field}: {show(value)} {problem}")
+
+
+def check_int(value: Any, field: str, minimum: int | None = None) -> int:
+    # bool is an Integral, but True as a batch size is a bug, not a 1.
+    if isinstance(value, bool) or not isinstance(value, Integral):
+        fail(field, value, "is not an integer")
+    if minimum is not None and value < minimum:
+        fail(field, value, f"is not an integer >= {minimum}")
+    return int(value)
+
+
+def check_number(value: Any, field: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value):
+        fail(field, value, "is not a finite number")
+    return float(value)
+
+
+def check_positive(value: Any, field: str) -> float:
+    ok = not isinstance(value, bool) and isinstance(value, Real)
+    if not ok or not math.isfinite(value) or value <= 0:
+        fail(field, value, "is not a positive number")
+    return float(value)
+
+
+def check_nonnegative(value: Any, field: str) -> float:
+    ok = not isinstance(value, bool) and isinstance(value, Real)
+    if not ok or not math.isfinite(value) or value < 0:
+        fail(field, value, "is not a non-negative number")
+    return float(value)
+
+
+def check_sequence(value: Any, field: str) -> Sequence[Any]:
+    """A list-like value; a 1-D numpy array comes back as a list of Python scalars."""
+    # A str is a Sequence too; accepting it would turn "123" into three items.
+    if isinstance(value, (str, bytes)):
+        fail(field, value, "is not a list")
+    if isinstance(value, Sequence):
+        return value
+    # numpy arrays are not registered as Sequence; duck-typed so errors.py needs no numpy.
+    if getattr(value, "ndim", None) == 1 and callable(getattr(value, "tolist", None)):
+        return value.tolist()
+    fail(field, value, "is not a list")
+
+
+def check_dict(value: Any, field: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        fail(field, value, "is not an object (dict)")
+    return value
+
+
+def check_str(value: Any, field: str) -> str:
+    if not isinstance(value, str):
+        fail(field, value, "is not a string")
+    return value
+
+
+def check_bool(value: Any, field: str) -> bool:
+    if not isinstance(value, bool):
+        fail(field, value, "is not a boolean")
+    return value

@@ -1,0 +1,102 @@
+"""HTTP load against a running vLLM server: one timed batch, or a closed-loop load test."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+import aiohttp
+
+
+class RequestFailed(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class BatchResult:
+    wall_s: float
+    completion_tokens: tuple[int, ...]
+
+
+async def _complete(session: aiohttp.ClientSession, url: str, payload: dict) -> int:
+    async with session.post(url, json=payload) as resp:
+        body = await resp.text()
+        if resp.status != 200:
+            raise RequestFailed(f"HTTP {resp.status} from {url}: {body[:300]}")
+    import json
+
+    return int(json.loads(body)["usage"]["completion_tokens"])
+
+
+def _session(timeout_s: float) -> aiohttp.ClientSession:
+    # A fresh connection per request: the server closes idle keep-alive connections and a
+    # reused one fails with a read error under many concurrent requests.
+    connector = aiohttp.TCPConnector(force_close=True, limit=0)
+    return aiohttp.ClientSession(connector=connector,
+                                 timeout=aiohttp.ClientTimeout(total=timeout_s))
+
+
+def _payload(model: str, prompt: str, max_tokens: int, temperature: float,
+             ignore_eos: bool) -> dict:
+    return {"model": model, "prompt": prompt, "max_tokens": max_tokens,
+            "temperature": temperature, "ignore_eos": ignore_eos, "seed": 0}
+
+
+async def _batch(base_url, model, prompts, max_tokens, temperature, ignore_eos, timeout_s):
+    url = base_url + "/v1/completions"
+    async with _session(timeout_s) as session:
+        start = time.perf_counter()
+        tokens = await asyncio.gather(*[
+            _complete(session, url, _payload(model, p, max_tokens, temperature, ignore_eos))
+            for p in prompts
+        ])
+        return BatchResult(time.perf_counter() - start, tuple(tokens))
+
+
+def run_batch(base_url: str, model: str, prompts: Sequence[str], *, max_tokens: int,
+              temperature: float = 0.0, ignore_eos: bool = True,
+              timeout_s: float = 600.0) -> BatchResult:
+    """Send all ``prompts`` at once and wait for every answer."""
+    return asyncio.run(_batch(base_url, model, list(prompts), max_tokens, temperature,
+                              ignore_eos, timeout_s))
+
+
+@dataclass(frozen=True)
+class LoadResult:
+    concurrency: int
+    requests: int
+    output_tokens: int
+    wall_s: float
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.output_tokens / self.wall_s if self.wall_s > 0 else 0.0
+
+
+async def _load(base_url, model, prompts, concurrency, requests_per_worker, max_tokens,
+                temperature, timeout_s):
+    url = base_url + "/v1/completions"
+    counter = {"tokens": 0, "requests": 0}
+
+    async def worker(worker_id: int, session):
+        for i in range(requests_per_worker):
+            prompt = prompts[(worker_id * requests_per_worker + i) % len(prompts)]
+            counter["tokens"] += await _complete(
+                session, url, _payload(model, prompt, max_tokens, temperature, True))
+            counter["requests"] += 1
+
+    async with _session(timeout_s) as session:
+        start = time.perf_counter()
+        await asyncio.gather(*[worker(w, session) for w in range(concurrency)])
+        wall = time.perf_counter() - start
+    return LoadResult(concurrency, counter["requests"], counter["tokens"], wall)
+
+
+def run_load(base_url: str, model: str, prompts: Sequence[str], *, concurrency: int,
+             requests_per_worker: int, max_tokens: int, temperature: float = 0.0,
+             timeout_s: float = 1800.0) -> LoadResult:
+    """Closed loop: ``concurrency`` clients each send ``requests_per_worker`` requests in turn."""
+    return asyncio.run(_load(base_url, model, list(prompts), concurrency, requests_per_worker,
+                             max_tokens, temperature, timeout_s))

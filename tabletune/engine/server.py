@@ -1,0 +1,310 @@
+"""Start, watch and stop a vLLM OpenAI-compatible server as a subprocess.
+
+One launcher for everything that needs an engine: the profiler, the acceptance run, the
+evaluator, the engine check and the tests.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from tabletune.engine.spec import EngineSpec
+
+REJECT_ALL_ENV = "TABLETUNE_REJECT_ALL"
+
+
+class EngineError(RuntimeError):
+    """The engine could not be started, or stopped answering."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass(frozen=True)
+class IterationRecord:
+    """One engine step as vLLM logs it with ``--enable-logging-iteration-details``."""
+
+    index: int
+    context_requests: int
+    generation_requests: int
+    generation_tokens: int
+    elapsed_ms: float
+
+
+_ITERATION_RE = re.compile(
+    r"Iteration\((\d+)\): (\d+) context requests, (\d+) context tokens, "
+    r"(\d+) generation requests, (\d+) generation tokens, "
+    r"iteration elapsed time: ([0-9.]+) ms"
+)
+
+
+def parse_iterations(text: str) -> list[IterationRecord]:
+    records = []
+    for m in _ITERATION_RE.finditer(text):
+        records.append(IterationRecord(
+            index=int(m.group(1)), context_requests=int(m.group(2)),
+            generation_requests=int(m.group(4)), generation_tokens=int(m.group(5)),
+            elapsed_ms=float(m.group(6)),
+        ))
+    return records
+
+
+_METRIC_RE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)$")
+_LABEL_RE = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+def parse_metrics(text: str) -> list[tuple[str, dict[str, str], float]]:
+    """Prometheus text exposition → (name, labels, value) samples."""
+    samples = []
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        m = _METRIC_RE.match(line.strip())
+        if not m:
+            continue
+        labels = dict(_LABEL_RE.findall(m.group(2) or ""))
+        try:
+            value = float(m.group(3))
+        except ValueError:
+            continue
+        samples.append((m.group(1), labels, value))
+    return samples
+
+
+@dataclass(frozen=True)
+class SpecDecodeCounters:
+    """vLLM's cumulative speculative-decoding counters at one moment."""
+
+    num_drafts: float
+    num_draft_tokens: float
+    accepted_per_position: tuple[float, ...]
+
+    @classmethod
+    def from_metrics(cls, samples, max_k: int) -> "SpecDecodeCounters":
+        drafts = draft_tokens = 0.0
+        per_pos = [0.0] * max_k
+        for name, labels, value in samples:
+            if name == "vllm:spec_decode_num_drafts_total":
+                drafts += value
+            elif name == "vllm:spec_decode_num_draft_tokens_total":
+                draft_tokens += value
+            elif name == "vllm:spec_decode_num_accepted_tokens_per_pos_total":
+                pos = int(labels.get("position", -1))
+                if 0 <= pos < max_k:
+                    per_pos[pos] += value
+        return cls(drafts, draft_tokens, tuple(per_pos))
+
+    def minus(self, before: "SpecDecodeCounters") -> "SpecDecodeCounters":
+        return SpecDecodeCounters(
+            self.num_drafts - before.num_drafts,
+            self.num_draft_tokens - before.num_draft_tokens,
+            tuple(a - b for a, b in zip(self.accepted_per_position, before.accepted_per_position)),
+        )
+
+
+def speculative_config(spec: EngineSpec, table: list[list[int]] | None, *,
+                       reject_all: bool = False) -> dict | None:
+    """The ``--speculative-config`` JSON for ``spec`` with an optional per-B table.
+
+    ``table=None`` with ``spec.max_k`` means a fixed length without a table (vLLM keeps full
+    CUDA graphs then); pass ``spec=None``-like "no speculation" by not calling this.
+    """
+    cfg: dict = {"method": spec.method, "num_speculative_tokens": spec.max_k}
+    if spec.drafter:
+        cfg["model"] = spec.drafter
+    if table is not None:
+        cfg["num_speculative_tokens_per_batch_size"] = table
+    if spec.device == "cuda":
+        # vLLM's own test mode: the drafter and verifier run, acceptance is drawn from these rates.
+        rates = [0.0] * spec.max_k if reject_all else spec.synthetic_acceptance
+        if rates is not None:
+            cfg["rejection_sample_method"] = "synthetic"
+            cfg["synthetic_acceptance_rates"] = list(rates)
+    return cfg
+
+
+class VllmServer:
+    """A vLLM server subprocess in its own process group.
+
+    Use as a context manager; ``stop()`` takes the whole group down (vLLM forks an engine core).
+    """
+
+    def __init__(self, spec: EngineSpec, *, speculative: dict | None, log_path: Path,
+                 reject_all: bool = False, port: int | None = None,
+                 startup_timeout_s: float = 600.0, extra_env: dict | None = None,
+                 extra_args: tuple[str, ...] = ()) -> None:
+        self.spec = spec
+        self.speculative = speculative
+        self.log_path = Path(log_path)
+        self.reject_all = reject_all
+        self.port = port or free_port()
+        self.startup_timeout_s = startup_timeout_s
+        self.extra_env = dict(extra_env or {})
+        self.extra_args = tuple(extra_args)
+        self.proc: subprocess.Popen | None = None
+        self._log_file = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def command(self) -> list[str]:
+        s = self.spec
+        cmd = [
+            sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+            "--model", s.model, "--served-model-name", s.served_model_name,
+            "--host", "127.0.0.1", "--port", str(self.port),
+            "--max-num-seqs", str(s.max_num_seqs), "--max-model-len", str(s.max_model_len),
+            "--dtype", s.dtype, "--tensor-parallel-size", str(s.tensor_parallel_size),
+            "--enable-logging-iteration-details", "--disable-uvicorn-access-log",
+            "--seed", "0",
+        ]
+        if s.device == "cpu":
+            cmd.append("--enforce-eager")
+        if self.speculative is not None:
+            cmd += ["--speculative-config", json.dumps(self.speculative)]
+        return cmd + list(s.extra_args) + list(self.extra_args)
+
+    def environment(self) -> dict:
+        env = dict(os.environ)
+        env.setdefault("HF_HUB_OFFLINE", "1")
+        env.setdefault("VLLM_NO_USAGE_STATS", "1")
+        env.setdefault("DO_NOT_TRACK", "1")
+        if self.spec.device == "cpu":
+            env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        env.pop(REJECT_ALL_ENV, None)
+        if self.reject_all and self.spec.device == "cpu":
+            env[REJECT_ALL_ENV] = "1"
+        env.update(dict(self.spec.env))
+        env.update(self.extra_env)
+        env["PYTHONUNBUFFERED"] = "1"
+        return env
+
+    def start(self) -> "VllmServer":
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log_file = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            self.command(), stdout=self._log_file, stderr=subprocess.STDOUT,
+            env=self.environment(), start_new_session=True,
+        )
+        deadline = time.monotonic() + self.startup_timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                tail = self.log_tail()
+                self.stop()
+                raise EngineError(
+                    f"vLLM server exited with code {self.proc.returncode} during start-up; "
+                    f"log {self.log_path}:\n{tail}"
+                )
+            if self._healthy():
+                return self
+            time.sleep(0.5)
+        tail = self.log_tail()
+        self.stop()
+        raise EngineError(
+            f"vLLM server did not become healthy within {self.startup_timeout_s:.0f} s; "
+            f"log {self.log_path}:\n{tail}"
+        )
+
+    def _healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(self.base_url + "/health", timeout=2) as r:
+                return r.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def check_alive(self) -> None:
+        if not self.alive():
+            code = self.proc.returncode if self.proc else None
+            raise EngineError(
+                f"vLLM server died (exit code {code}); log {self.log_path}:\n{self.log_tail()}"
+            )
+
+    def guarded(self, fn, *args, **kwargs):
+        """Run a client call; a failure becomes an EngineError that says whether the server died."""
+        import aiohttp
+
+        from tabletune.engine.client import RequestFailed
+
+        try:
+            return fn(*args, **kwargs)
+        except (aiohttp.ClientError, RequestFailed, OSError, TimeoutError) as e:
+            time.sleep(1.0)  # let a dying server finish exiting before asking
+            self.check_alive()
+            raise EngineError(f"request to the vLLM server at {self.base_url} failed: {e}") from e
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def log_size(self) -> int:
+        try:
+            return self.log_path.stat().st_size
+        except OSError:
+            return 0
+
+    def iterations_since(self, offset: int) -> list[IterationRecord]:
+        """Engine steps logged after byte ``offset`` of the log."""
+        # The frontend logs asynchronously; give it a moment to flush the last steps.
+        time.sleep(0.3)
+        with open(self.log_path, "rb") as f:
+            f.seek(offset)
+            return parse_iterations(f.read().decode(errors="replace"))
+
+    def metrics(self) -> list[tuple[str, dict[str, str], float]]:
+        self.check_alive()
+        with urllib.request.urlopen(self.base_url + "/metrics", timeout=30) as r:
+            return parse_metrics(r.read().decode())
+
+    def spec_decode_counters(self) -> SpecDecodeCounters:
+        return SpecDecodeCounters.from_metrics(self.metrics(), self.spec.max_k)
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            try:
+                self.proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                pass
+        if self.proc is not None:
+            # The engine core may outlive the API process: take the whole group down.
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+        if self._log_file is not None:
+            self._log_file.close()
+            self._log_file = None
+
+    def __enter__(self) -> "VllmServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

