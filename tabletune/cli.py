@@ -14,7 +14,7 @@ from tabletune.core.contracts import Acceptance, Profile, TableDocument, check_c
 from tabletune.core.errors import ContractError
 from tabletune.core.tables import DOCS_TABLE, DraftTable
 
-EMBEDDED_GRID = "1,2,4,8,16,32"
+EMBEDDED_GRID = "1,2,4,8,16"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import os
 
-logger = logging.getLogger("tabletune.vllm_plugin")
+logger = logging.getLogger("vllm.tabletune.plugin")
 
 REJECT_ALL_ENV = "TABLETUNE_REJECT_ALL"
 _patched = False

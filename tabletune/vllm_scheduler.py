@@ -15,77 +15,15 @@ entry point here catches, logs once, and falls back.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 
+from tabletune.controller.lookup import CONTROL_FILE_ENV, ControlFile, StepLookup
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 
-logger = logging.getLogger("tabletune.scheduler")
-
-CONTROL_FILE_ENV = "TABLETUNE_CONTROL_FILE"
-
-
-class _ControlFile:
-    """Polls a small JSON file; re-reads it only when its mtime changes (one stat per step)."""
-
-    def __init__(self, path: str | None) -> None:
-        self.path = path
-        self.mtime_ns = -1
-        self.force_k: int | None = None
-
-    def poll(self) -> int | None:
-        if not self.path:
-            return None
-        try:
-            mtime = os.stat(self.path).st_mtime_ns
-        except FileNotFoundError:
-            self.force_k = None
-            return None
-        if mtime != self.mtime_ns:
-            self.mtime_ns = mtime
-            with open(self.path) as f:
-                value = json.load(f).get("force_k")
-            self.force_k = None if value is None else int(value)
-        return self.force_k
-
-
-class StepLookup:
-    """Stands in for vLLM's dense ``dynamic_sd_lookup`` list (index = batch size)."""
-
-    def __init__(self, static_lookup: list[int], max_k: int, control: _ControlFile,
-                 controller=None) -> None:
-        self.last_good = list(static_lookup)
-        self.max_k = max_k
-        self.control = control
-        self.controller = controller
-        self._failed_once = False
-
-    def __len__(self) -> int:
-        return len(self.last_good)
-
-    def _fallback(self, batch_size: int) -> int:
-        return self.last_good[min(batch_size, len(self.last_good) - 1)]
-
-    def __getitem__(self, batch_size: int) -> int:
-        try:
-            forced = self.control.poll()
-            if forced is not None:
-                return max(0, min(forced, self.max_k))
-            if self.controller is not None:
-                k = self.controller.k_for_step(batch_size)
-                return max(0, min(int(k), self.max_k))
-        except Exception:  # the engine must never go down because of TableTune
-            self._fail("choosing k")
-        return self._fallback(batch_size)
-
-    def _fail(self, what: str) -> None:
-        if not self._failed_once:
-            logger.exception("TableTune failed while %s; running on the last good table", what)
-            self._failed_once = True
-        self.controller = None
-
+# Under "vllm." so records go through vLLM's own log handlers in the engine process.
+logger = logging.getLogger("vllm.tabletune.scheduler")
 
 def _async_scheduling(args, kwargs) -> bool:
     config = kwargs.get("vllm_config", args[0] if args else None)
@@ -116,12 +54,15 @@ class TableTuneScheduler(Scheduler):
                 from tabletune.controller.runtime import controller_from_env
 
                 controller = controller_from_env(self)
+            except ValueError as e:  # ContractError: the prior is unusable, and we say why
+                logger.error("TableTune controller refused its prior: %s; running the static "
+                             "table %s", e, self.speculative_config.num_speculative_tokens_per_batch_size)
             except Exception:
                 logger.exception("TableTune controller could not start; "
                                  "running the static table")
         self._tabletune_lookup = StepLookup(
             list(self.dynamic_sd_lookup), self.num_spec_tokens,
-            _ControlFile(os.environ.get(CONTROL_FILE_ENV)), controller)
+            ControlFile(os.environ.get(CONTROL_FILE_ENV)), controller)
         self.dynamic_sd_lookup = self._tabletune_lookup
 
     def make_spec_decoding_stats(self, spec_decoding_stats, num_draft_tokens,

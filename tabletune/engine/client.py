@@ -83,8 +83,11 @@ async def _load(base_url, model, prompts, concurrency, requests_per_worker, max_
     async def worker(worker_id: int, session):
         for i in range(requests_per_worker):
             prompt = prompts[(worker_id * requests_per_worker + i) % len(prompts)]
-            counter["tokens"] += await _complete(
-                session, url, _payload(model, prompt, max_tokens, temperature, True))
+            # Await first: `counter[...] += await ...` would read the counter before the await
+            # and drop every update made by other clients meanwhile.
+            tokens = await _complete(session, url,
+                                     _payload(model, prompt, max_tokens, temperature, True))
+            counter["tokens"] += tokens
             counter["requests"] += 1
 
     async with _session(timeout_s) as session:

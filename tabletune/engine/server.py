@@ -132,6 +132,8 @@ def speculative_config(spec: EngineSpec, table: list[list[int]] | None, *,
         # vLLM's own test mode: the drafter and verifier run, acceptance is drawn from these rates.
         rates = [0.0] * spec.max_k if reject_all else spec.synthetic_acceptance
         if rates is not None:
+            # vLLM wants exactly one rate per position; an arm drafting fewer keeps the first.
+            rates = list(rates)[:spec.max_k]
             cfg["rejection_sample_method"] = "synthetic"
             cfg["synthetic_acceptance_rates"] = list(rates)
     return cfg

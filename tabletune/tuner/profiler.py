@@ -30,6 +30,9 @@ from tabletune.engine.server import EngineError, VllmServer, speculative_config
 from tabletune.engine.spec import EngineSpec, deployment_fingerprint
 
 CHECKPOINT_SCHEMA = "tabletune.profile-checkpoint/v1"
+# How far (relative) the engine's per-step log may sit from the client's step time and still
+# count as the same quantity.
+ENGINE_AGREEMENT = 0.3
 
 
 def default_grid(max_batch_size: int) -> tuple[int, ...]:
@@ -178,6 +181,16 @@ def assemble_profile(fingerprint: dict, max_k: int, raw: Iterable[RawCell],
     engine_spread = (_median([_relative_spread(c.engine_samples_ms) for c in raw])
                      if engine_ok else float("inf"))
     source = "engine" if engine_spread <= client_spread else "client"
+    # The engine's iteration time is a step time only where the engine core waits for the
+    # model: with async scheduling (vLLM on GPU) it logs the dispatch, a fraction of the step.
+    # Trust it only while it agrees with the client's end-to-end measurement.
+    ratio = (_median([_median(c.engine_samples_ms) / _median(c.client_samples_ms) for c in raw
+                      if _median(c.client_samples_ms) > 0]) if engine_ok else None)
+    engine_rejected = None
+    if ratio is not None and not (1 - ENGINE_AGREEMENT <= ratio <= 1 + ENGINE_AGREEMENT):
+        source = "client"
+        engine_rejected = (f"engine per-step times are {ratio:.0%} of the client's: the engine "
+                           "log does not time whole steps here (async scheduling?)")
     cells = []
     for c in raw:
         client = _median(c.client_samples_ms)
@@ -196,6 +209,8 @@ def assemble_profile(fingerprint: dict, max_k: int, raw: Iterable[RawCell],
         "step_source": source,
         "median_spread": {"client": client_spread,
                           "engine": engine_spread if engine_ok else None},
+        "engine_to_client_ratio": ratio,
+        "engine_source_rejected": engine_rejected,
         "settings": _settings_dict(settings),
         "method": "reject-all one-range table per k; step = (t65 - t1) / 64; median of repeats",
     })

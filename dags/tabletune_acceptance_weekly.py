@@ -1,0 +1,194 @@
+"""
+### TableTune: weekly acceptance refresh
+
+Re-measures how often the drafter's guesses are accepted on a week of real traffic and rebuilds
+the draft-length table from it, keeping the production step-time profile.
+
+1. **start_run** opens the MLflow run (named after this DAG run) and pins the production version.
+2. **sample_prompts** reservoir-samples `n_prompts` prompts from the last `days` days of JSONL
+   objects under `s3://<bucket>/<prefix>dt=YYYY-MM-DD/` (fixed seed per run: re-running samples
+   the same prompts). Malformed lines are skipped and counted; too few valid prompts fail the run.
+3. **measure_acceptance** runs the engine on the sample (queue/pool `gpu`).
+4. **rebuild** builds the table from production's profile and the new acceptance.
+5. **validate** runs the great-expectations gate: rates, step times, vLLM validity, and every
+   edge within `edge_tolerance` of production's.
+6. **register** registers the table as a new version with alias `candidate`.
+7. **gate_and_promote** fails with the gate's reason, or moves `production` (old one becomes
+   `previous`).
+
+Everything is logged to MLflow; prompts never are. Logic lives in `tabletune.pipeline.flows`.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+
+from airflow.sdk import Param, dag, task
+from tabletune_airflow import (
+    DEFAULT_ARGS,
+    ENGINE_POOL,
+    ENGINE_QUEUE,
+    TableTuneEngineHook,
+    TableTuneMlflowHook,
+    TableTuneS3Hook,
+    model_name_for,
+    permanent_errors_fail_fast,
+    publish_run_link,
+    staging_key,
+)
+
+_BUCKET = os.environ.get("TABLETUNE_PROMPTS_BUCKET", "tabletune")
+_PREFIX = os.environ.get("TABLETUNE_PROMPTS_PREFIX", "prompts/")
+_STAGING = os.environ.get("TABLETUNE_STAGING_PREFIX", "tabletune/staging")
+
+
+@dag(
+    dag_id="tabletune_acceptance_weekly",
+    schedule="@weekly",
+    start_date=dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc),
+    catchup=False,
+    doc_md=__doc__,
+    default_args=DEFAULT_ARGS,
+    tags=["tabletune"],
+    params={
+        "n_prompts": Param(160, type="integer", minimum=1, description="Prompts to sample."),
+        "min_prompts": Param(16, type="integer", minimum=1,
+                             description="Fail if fewer valid prompts remain."),
+        "days": Param(7, type="integer", minimum=1, maximum=92,
+                      description="Days of partitions, ending at window_end."),
+        "window_end": Param(None, type=["null", "string"], format="date",
+                            description="Last day sampled (default: the run's date)."),
+        "seed": Param(None, type=["null", "integer"],
+                      description="Sampling seed (default: derived from the run id)."),
+        "bucket": Param(_BUCKET, type="string"),
+        "prefix": Param(_PREFIX, type="string", description="Prefix of the dt= partitions."),
+        "partition": Param("dt={date:%Y-%m-%d}/", type="string"),
+        "prompt_field": Param("prompt", type="string"),
+        "temperature": Param(0.0, type="number", minimum=0,
+                             description="Serving temperature to measure acceptance at."),
+        "max_tokens": Param(64, type="integer", minimum=1),
+        "edge_tolerance": Param(0.25, type="number", minimum=0,
+                                description="Max relative move of any table edge."),
+        "edge_tolerance_per_length": Param({}, type="object",
+                                           description='Per-length overrides, e.g. {"1": 0.1}.'),
+        "compare_edges": Param(True, type="boolean",
+                               description="Apply the edge tolerance (turn off only after review, "
+                                           "e.g. for the first run after seeding)."),
+        "max_batch_size": Param(None, type=["null", "integer"], minimum=1),
+        "tie_margin": Param(0.005, type="number", minimum=0),
+        "deployment_key": Param(None, type=["null", "string"],
+                                description="Registered model key (default: from the engine)."),
+        "promote": Param(True, type="boolean", description="Promote when the gate passes."),
+    },
+)
+def tabletune_acceptance_weekly():
+    @task
+    @permanent_errors_fail_fast
+    def start_run(params=None, run_id=None, dag_run=None, ti=None) -> dict:
+        from tabletune.pipeline import flows
+
+        key = params["deployment_key"]
+        # The engine spec is only needed to derive the key; an explicit key skips building it.
+        spec = None if key else TableTuneEngineHook().get_conn()
+        settings = {k: v for k, v in params.items() if k != "deployment_key"}
+        info = flows.start_run(
+            TableTuneMlflowHook().get_conn(), run_name=run_id,
+            model_name=model_name_for(spec, key), kind="acceptance",
+            settings=settings, tags={"airflow.dag_id": dag_run.dag_id},
+        )
+        publish_run_link(ti, info["run_url"])
+        return info
+
+    @task
+    @permanent_errors_fail_fast
+    def sample_prompts(info: dict, params=None, run_id=None, dag_run=None) -> dict:
+        from tabletune.pipeline import flows
+        from tabletune.pipeline.sampling import seed_for_run
+
+        if params["window_end"]:
+            end = dt.date.fromisoformat(params["window_end"])
+        else:
+            end = (dag_run.data_interval_end or dag_run.run_after).date()
+        seed = params["seed"] if params["seed"] is not None else seed_for_run(run_id)
+        return flows.sample_prompts(
+            TableTuneMlflowHook().get_conn(), TableTuneS3Hook().get_conn(),
+            mlflow_run_id=info["mlflow_run_id"], bucket=params["bucket"],
+            prefix=params["prefix"], partition=params["partition"],
+            field_name=params["prompt_field"], end_date=end, days=params["days"],
+            size=params["n_prompts"], seed=seed, min_prompts=params["min_prompts"],
+            staging_key=staging_key(_STAGING, info["model_name"], run_id),
+        )
+
+    @task(queue=ENGINE_QUEUE, pool=ENGINE_POOL, execution_timeout=dt.timedelta(minutes=45))
+    @permanent_errors_fail_fast
+    def measure_acceptance(info: dict, sample: dict, params=None) -> dict:
+        from tabletune.pipeline import flows
+
+        return flows.measure_acceptance(
+            TableTuneMlflowHook().get_conn(), TableTuneS3Hook().get_conn(),
+            TableTuneEngineHook().get_conn(), mlflow_run_id=info["mlflow_run_id"],
+            sample_uri=sample["sample_uri"], temperature=params["temperature"],
+            max_tokens=params["max_tokens"],
+        )
+
+    @task
+    @permanent_errors_fail_fast
+    def rebuild(info: dict, acceptance: dict, params=None, run_id=None) -> dict:
+        from tabletune.pipeline import flows
+
+        return flows.rebuild(
+            TableTuneMlflowHook().get_conn(), mlflow_run_id=info["mlflow_run_id"],
+            run_name=run_id, model_name=info["model_name"],
+            production_version=info["production_version"], acceptance=acceptance,
+            max_batch_size=params["max_batch_size"], tie_margin=params["tie_margin"],
+        )
+
+    @task
+    @permanent_errors_fail_fast
+    def validate(info: dict, built: dict, params=None) -> dict:
+        from tabletune.pipeline import flows
+        from tabletune.pipeline.gate import GateSettings
+
+        settings = GateSettings(edge_tolerance=params["edge_tolerance"],
+                                per_length=params["edge_tolerance_per_length"],
+                                compare_edges=params["compare_edges"])
+        return flows.validate(
+            TableTuneMlflowHook().get_conn(), mlflow_run_id=info["mlflow_run_id"],
+            model_name=info["model_name"], production_version=info["production_version"],
+            candidate=built["table"], settings=settings,
+        )
+
+    @task
+    @permanent_errors_fail_fast
+    def register(info: dict, built: dict, report: dict, run_id=None) -> str:
+        from tabletune.pipeline import flows
+
+        return flows.register(
+            TableTuneMlflowHook().get_conn(), mlflow_run_id=info["mlflow_run_id"],
+            run_name=run_id, model_name=info["model_name"], candidate=built["table"],
+            report=report,
+        )
+
+    @task
+    @permanent_errors_fail_fast
+    def gate_and_promote(info: dict, version: str, report: dict, params=None,
+                         run_id=None) -> dict:
+        from tabletune.pipeline import flows
+
+        return flows.gate_and_promote(
+            TableTuneMlflowHook().get_conn(), mlflow_run_id=info["mlflow_run_id"],
+            run_name=run_id, model_name=info["model_name"], version=version, report=report,
+            production_version=info["production_version"], promote=params["promote"],
+        )
+
+    info = start_run()
+    sample = sample_prompts(info)
+    acceptance = measure_acceptance(info, sample)
+    built = rebuild(info, acceptance)
+    report = validate(info, built)
+    version = register(info, built, report)
+    gate_and_promote(info, version, report)
+
+
+weekly_dag = tabletune_acceptance_weekly()

@@ -1,0 +1,64 @@
+"""
+### TableTune: promote or roll back a table (manual)
+
+* `action=promote`, `version=N`: makes version N of the deployment's registered model
+  `production`; the old production becomes `previous`. Use it after reviewing a candidate that
+  failed the edge tolerance, or one registered with `promote=false`. Set
+  `expected_production` to refuse if production moved since you looked.
+* `action=rollback`: puts `previous` back into production and tags the current one
+  `rolled_back`.
+
+Promotions hold a lock on the registered model, so two at once cannot leave the aliases half
+moved; the loser fails with the reason. Compare versions first in the MLflow UI (Models ->
+`tabletune-<deployment key>` -> versions; each links to its run's plots and gate report).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from airflow.sdk import Param, dag, task
+from tabletune_airflow import (
+    DEFAULT_ARGS,
+    TableTuneEngineHook,
+    TableTuneMlflowHook,
+    model_name_for,
+    permanent_errors_fail_fast,
+)
+
+
+@dag(
+    dag_id="tabletune_promote",
+    schedule=None,
+    start_date=dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc),
+    catchup=False,
+    doc_md=__doc__,
+    default_args={**DEFAULT_ARGS, "retries": 0},
+    tags=["tabletune"],
+    params={
+        "action": Param("promote", type="string", enum=["promote", "rollback"]),
+        "version": Param(None, type=["null", "string"], description="Version to promote."),
+        "expected_production": Param(None, type=["null", "string"],
+                                     description="Refuse unless production is this version."),
+        "deployment_key": Param(None, type=["null", "string"]),
+    },
+)
+def tabletune_promote():
+    @task
+    @permanent_errors_fail_fast
+    def move_aliases(params=None, run_id=None) -> dict:
+        from tabletune.pipeline import flows
+
+        key = params["deployment_key"]
+        spec = None if key else TableTuneEngineHook().get_conn()
+        expected = params["expected_production"]
+        return flows.promote_version(
+            TableTuneMlflowHook().get_conn(), model_name=model_name_for(spec, key),
+            action=params["action"], version=params["version"],
+            expected_production=expected if expected is not None else False, owner=run_id,
+        )
+
+    move_aliases()
+
+
+promote_dag = tabletune_promote()

@@ -1,0 +1,217 @@
+"""Airflow glue for TableTune: connection hooks, task helpers and a link from tasks to MLflow.
+
+Airflow imports every module in the plugins folder in every component (scheduler, API server,
+DAG processor, workers), so this module imports nothing heavy at the top: no vLLM, no torch, no
+MLflow, no boto3. The hooks import those inside their methods, on the worker that needs them.
+
+Connections (define them in the UI, with ``airflow connections add`` or as
+``AIRFLOW_CONN_<ID>`` environment variables in JSON form):
+
+* ``tabletune_s3`` (type ``aws``): login = access key id, password = secret key,
+  extra ``{"endpoint_url": ..., "region_name": ...}``. Without login, boto3's own chain is used.
+* ``tabletune_mlflow`` (type ``http``): host/port/schema of the tracking server, optional login
+  and password (basic auth), extra ``{"ui_url": ..., "experiment": "tabletune"}``.
+* ``tabletune_engine`` (optional, type ``generic``): extra ``{"spec": {EngineSpec fields}}``.
+  Without it the engine is the built-in CPU model pair (``EngineSpec.embedded_default()``).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import functools
+import json
+import os
+import re
+from typing import Any
+
+from airflow.plugins_manager import AirflowPlugin
+from airflow.sdk import BaseHook, BaseOperatorLink
+
+S3_CONN_ID = "tabletune_s3"
+MLFLOW_CONN_ID = "tabletune_mlflow"
+ENGINE_CONN_ID = "tabletune_engine"
+# Engine tasks go to the worker that owns the accelerator. With CeleryExecutor the queue routes
+# them to the GPU worker; the pool (one slot) keeps two engines from sharing one device. The
+# LocalExecutor ignores queues, so locally the pool alone serializes them.
+ENGINE_QUEUE = os.environ.get("TABLETUNE_ENGINE_QUEUE", "gpu")
+ENGINE_POOL = os.environ.get("TABLETUNE_ENGINE_POOL", "gpu")
+RUN_LINK_XCOM_KEY = "tabletune_mlflow_run_url"
+
+DEFAULT_ARGS = {
+    "owner": "tabletune",
+    # Transient failures (S3 or MLflow briefly down) get retried; permanent ones are converted
+    # to AirflowFailException by `permanent_errors_fail_fast` and fail at once.
+    "retries": int(os.environ.get("TABLETUNE_TASK_RETRIES", "1")),
+    "retry_delay": dt.timedelta(seconds=int(os.environ.get("TABLETUNE_RETRY_DELAY_S", "20"))),
+}
+
+
+class TableTuneS3Hook(BaseHook):
+    """S3 client for the prompt bucket, from the ``tabletune_s3`` connection."""
+
+    conn_name_attr = "s3_conn_id"
+    default_conn_name = S3_CONN_ID
+    conn_type = "aws"
+    hook_name = "TableTune S3"
+
+    def __init__(self, s3_conn_id: str = S3_CONN_ID) -> None:
+        super().__init__()
+        self.s3_conn_id = s3_conn_id
+
+    def get_conn(self) -> Any:
+        from tabletune.adapters.s3_prompts import make_s3_client
+
+        conn = self.get_connection(self.s3_conn_id)
+        extra = conn.extra_dejson
+        return make_s3_client(
+            endpoint_url=extra.get("endpoint_url"),
+            region=extra.get("region_name"),
+            access_key_id=conn.login or None,
+            secret_access_key=conn.password or None,
+            session_token=extra.get("aws_session_token"),
+        )
+
+
+class TableTuneMlflowHook(BaseHook):
+    """The MLflow registry adapter, from the ``tabletune_mlflow`` connection."""
+
+    conn_name_attr = "mlflow_conn_id"
+    default_conn_name = MLFLOW_CONN_ID
+    conn_type = "http"
+    hook_name = "TableTune MLflow"
+
+    def __init__(self, mlflow_conn_id: str = MLFLOW_CONN_ID) -> None:
+        super().__init__()
+        self.mlflow_conn_id = mlflow_conn_id
+
+    def tracking_uri(self) -> str:
+        conn = self.get_connection(self.mlflow_conn_id)
+        host = conn.host or "127.0.0.1"
+        if re.match(r"^https?://", host):
+            return host.rstrip("/")
+        scheme = conn.schema or "http"
+        port = f":{conn.port}" if conn.port else ""
+        return f"{scheme}://{host}{port}"
+
+    def get_conn(self) -> Any:
+        from tabletune.adapters.mlflow_registry import MlflowRegistry
+
+        conn = self.get_connection(self.mlflow_conn_id)
+        extra = conn.extra_dejson
+        if conn.login and conn.password:
+            # The MLflow client reads basic-auth credentials from the environment only; this is
+            # the task's own process, so they go no further.
+            os.environ["MLFLOW_TRACKING_USERNAME"] = conn.login
+            os.environ["MLFLOW_TRACKING_PASSWORD"] = conn.password
+        return MlflowRegistry(
+            self.tracking_uri(),
+            experiment=extra.get("experiment", "tabletune"),
+            attempts=int(extra.get("attempts", 3)),
+            retry_delay_s=float(extra.get("retry_delay_s", 2.0)),
+            ui_url=extra.get("ui_url"),
+        )
+
+
+class TableTuneEngineHook(BaseHook):
+    """The EngineSpec of the deployment, from the optional ``tabletune_engine`` connection."""
+
+    conn_name_attr = "engine_conn_id"
+    default_conn_name = ENGINE_CONN_ID
+    conn_type = "generic"
+    hook_name = "TableTune engine"
+
+    def __init__(self, engine_conn_id: str = ENGINE_CONN_ID) -> None:
+        super().__init__()
+        self.engine_conn_id = engine_conn_id
+
+    def get_conn(self) -> Any:
+        from tabletune.engine.spec import EngineSpec
+
+        fields: dict[str, Any] = {}
+        try:
+            conn = self.get_connection(self.engine_conn_id)
+            fields = dict(conn.extra_dejson.get("spec") or {})
+        except Exception as exc:  # noqa: BLE001 - any lookup failure means "not configured"
+            if "isn't defined" not in str(exc) and "not found" not in str(exc).lower():
+                raise
+        for name in ("extra_args", "synthetic_acceptance"):
+            if isinstance(fields.get(name), list):
+                fields[name] = tuple(fields[name])
+        if isinstance(fields.get("env"), dict):
+            fields["env"] = tuple(sorted(fields["env"].items()))
+        if not fields.get("model"):
+            return EngineSpec.embedded_default(**fields)
+        return EngineSpec(**fields)
+
+
+def model_name_for(spec: Any, deployment_key: str | None) -> str:
+    """The registered model of a deployment: the explicit key if given, else derived."""
+    from tabletune.pipeline.deployment import deployment_key as derive
+    from tabletune.pipeline.deployment import registered_model_name
+
+    key = deployment_key or os.environ.get("TABLETUNE_DEPLOYMENT_KEY")
+    if not key:
+        if spec is None:
+            raise ValueError("deployment_key: not given and no engine spec to derive it from")
+        key = derive(spec)
+    return registered_model_name(key)
+
+
+def permanent_errors_fail_fast(fn):
+    """Turn errors that a retry cannot fix into AirflowFailException (no retries, clear reason)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        from airflow.sdk.exceptions import AirflowFailException
+
+        from tabletune.core.errors import ContractError
+        from tabletune.pipeline.errors import PermanentPipelineError
+
+        try:
+            return fn(*args, **kwargs)
+        except (PermanentPipelineError, ContractError) as exc:
+            raise AirflowFailException(f"{type(exc).__name__}: {exc}") from exc
+
+    return wrapper
+
+
+def publish_run_link(ti: Any, url: str) -> None:
+    """Make the task's "MLflow run" button point at the run."""
+    ti.xcom_push(key=RUN_LINK_XCOM_KEY, value=url)
+
+
+def staging_key(prefix: str, model_name: str, run_id: str) -> str:
+    safe_run = re.sub(r"[^A-Za-z0-9._-]", "_", run_id)
+    return f"{prefix.rstrip('/')}/{model_name}/{safe_run}/prompts.jsonl"
+
+
+class MlflowRunLink(BaseOperatorLink):
+    """Button on every task of a TableTune DAG run that opens the run's MLflow page.
+
+    The URL is pushed as an XCom by the run's ``start_run`` task; the API server reads it back.
+    """
+
+    name = "MLflow run"
+
+    def get_link(self, operator: Any, *, ti_key: Any) -> str:
+        from airflow.models.xcom import XComModel
+        from airflow.utils.session import create_session
+
+        with create_session() as session:
+            row = session.execute(
+                XComModel.get_many(
+                    key=RUN_LINK_XCOM_KEY, run_id=ti_key.run_id, dag_ids=ti_key.dag_id
+                ).with_only_columns(XComModel.value)
+            ).first()
+        if not row:
+            return ""
+        try:
+            value = json.loads(row.value)
+        except (TypeError, ValueError):
+            value = row.value
+        return value if isinstance(value, str) and value.startswith("http") else ""
+
+
+class TableTunePlugin(AirflowPlugin):
+    name = "tabletune"
+    global_operator_extra_links = [MlflowRunLink()]

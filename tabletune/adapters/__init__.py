@@ -1,0 +1,1 @@
+"""Thin adapters to outside systems, each named after what it adapts."""

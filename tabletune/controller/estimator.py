@@ -1,0 +1,691 @@
+"""The online controller's estimator: live acceptance counts in, draft length per step out.
+
+Pure (numpy and the standard library only), so the vLLM scheduler adapter, the simulator and the
+tests all drive the same object. The split follows the paper: step times T(B, k) come from the
+offline profile and never change here; only acceptance is tracked live.
+
+Per position i the estimator counts how often it was drafted and how often it was kept (a request
+that drafts 3 and keeps 2 adds a draft to positions 1-3 and a keep to positions 1-2: verification
+stops at the first wrong draft, so the kept ones are always the leading ones). Every
+``rebuild_every_steps`` steps it blends the counts with the prior,
+
+    a_hat_i = (w * a_i_prior + accepted_i) / (w + drafted_i),      w = prior_weight,
+
+halves the live counts (recent traffic dominates), and rebuilds the table with the core builder
+(``tabletune.core.builder.build_table``, same tie margin as the tuner).
+
+Hot path: ``on_step`` and ``observe*`` touch Python lists and ints only. ``observe`` keeps a
+histogram of (drafted, accepted) per request instead of adding to up to K positions, so each
+request is O(1); the per-position counts are the histogram's tail sums, taken with numpy at the
+rebuild.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from numbers import Integral
+from operator import le
+from typing import Any
+
+import numpy as np
+
+from tabletune.core.builder import DEFAULT_TIE_MARGIN, StepTimes, build_table
+from tabletune.core.errors import (
+    ContractError,
+    check_bool,
+    check_dict,
+    check_int,
+    check_nonnegative,
+    check_number,
+    check_positive,
+    check_sequence,
+    fail,
+)
+from tabletune.core.goodput import monotone_rates, validate_rates
+from tabletune.core.tables import DraftTable
+
+__all__ = [
+    "ControllerSettings",
+    "Rebuild",
+    "Estimator",
+    "STATE_SCHEMA",
+    "DEFAULT_PRIOR_WEIGHT",
+    "DEFAULT_EXPLORATION_EVERY",
+    "DEFAULT_REBUILD_EVERY_STEPS",
+]
+
+STATE_SCHEMA = "tabletune.controller-state/v1"
+# The tuner's rates count as this many live drafts (the paper's w).
+DEFAULT_PRIOR_WEIGHT = 2000.0
+# One exploration step in this many when exploration is on (the paper's setting).
+DEFAULT_EXPLORATION_EVERY = 50
+# The paper leaves N open; 500 engine steps is 2.5-10 s at 5-20 ms a step: fast enough to follow
+# a workload switch within a minute, long enough that a rebuild (~1 ms) is noise per step.
+DEFAULT_REBUILD_EVERY_STEPS = 500
+
+Range = tuple[int, int, int]
+
+
+@dataclass(frozen=True)
+class ControllerSettings:
+    """How the estimator learns and switches. Every option is independent and can be off.
+
+    - ``rebuild_every_steps``: N, engine steps between rebuilds.
+    - ``prior_weight``: w, how many live drafts the prior rates are worth.
+    - ``tie_margin``: passed to ``build_table`` (the tuner's value by default).
+    - ``exploration_every``: None = off; otherwise every this many steps one step runs at the
+      longest allowed length so positions beyond the current k keep being observed
+      (``DEFAULT_EXPLORATION_EVERY`` = 50 is the paper's value).
+    - ``prior_decay``: halve w after every rebuild so an outdated prior fades out.
+    - ``hysteresis``: h in batch sizes; 0 = off. The current k is kept while B stays within h of
+      the range it came from, so a batch hovering at an edge does not flip k every step.
+    - ``allowed_lengths``: lengths the rebuilt table may use; None = those in the start table
+      (vLLM's V2 runner has full CUDA graphs captured only for those).
+    - ``max_batch_size``: the table is built for B = 1..this; None = the largest profiled B.
+      Larger batches use the k at this B. Pass the engine's ``max_num_seqs``.
+    """
+
+    rebuild_every_steps: int = DEFAULT_REBUILD_EVERY_STEPS
+    prior_weight: float = DEFAULT_PRIOR_WEIGHT
+    tie_margin: float = DEFAULT_TIE_MARGIN
+    exploration_every: int | None = None
+    prior_decay: bool = False
+    hysteresis: int = 0
+    allowed_lengths: tuple[int, ...] | None = None
+    max_batch_size: int | None = None
+
+    def __post_init__(self) -> None:
+        p = "settings"
+        check_int(self.rebuild_every_steps, f"{p}.rebuild_every_steps", minimum=1)
+        object.__setattr__(
+            self, "prior_weight", check_positive(self.prior_weight, f"{p}.prior_weight")
+        )
+        object.__setattr__(
+            self, "tie_margin", check_nonnegative(self.tie_margin, f"{p}.tie_margin")
+        )
+        if self.exploration_every is not None:
+            # Every step at the longest length would not be exploration but a fixed length.
+            check_int(self.exploration_every, f"{p}.exploration_every", minimum=2)
+        check_bool(self.prior_decay, f"{p}.prior_decay")
+        check_int(self.hysteresis, f"{p}.hysteresis", minimum=0)
+        if self.allowed_lengths is not None:
+            raw = check_sequence(self.allowed_lengths, f"{p}.allowed_lengths")
+            if not raw:
+                fail(f"{p}.allowed_lengths", list(raw), "is empty (use None for the start table's)")
+            lengths = tuple(
+                check_int(k, f"{p}.allowed_lengths[{i}]", minimum=0) for i, k in enumerate(raw)
+            )
+            object.__setattr__(self, "allowed_lengths", tuple(sorted(set(lengths))))
+        if self.max_batch_size is not None:
+            check_int(self.max_batch_size, f"{p}.max_batch_size", minimum=1)
+
+    @classmethod
+    def recommended(cls, **overrides: Any) -> ControllerSettings:
+        """Exploration every 50 steps and prior decay on, as the paper recommends for drift."""
+        values: dict[str, Any] = {
+            "exploration_every": DEFAULT_EXPLORATION_EVERY,
+            "prior_decay": True,
+        }
+        values.update(overrides)
+        return cls(**values)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        if self.allowed_lengths is not None:
+            out["allowed_lengths"] = list(self.allowed_lengths)
+        return out
+
+    @classmethod
+    def from_dict(cls, d: Any, field: str = "settings") -> ControllerSettings:
+        d = check_dict(d, field)
+        known = set(cls.__dataclass_fields__)
+        for key in d:
+            if key not in known:
+                fail(f"{field}.{key}", d[key], f"is not a setting (known: {sorted(known)})")
+        values = dict(d)
+        if values.get("allowed_lengths") is not None:
+            values["allowed_lengths"] = tuple(
+                check_sequence(values["allowed_lengths"], f"{field}.allowed_lengths")
+            )
+        try:
+            return cls(**values)
+        except ContractError as exc:
+            # Re-root "settings.x" under the caller's path (e.g. a scenario file's field).
+            if field != "settings" and str(exc).startswith("settings."):
+                raise ContractError(field + str(exc)[len("settings"):]) from None
+            raise
+
+
+@dataclass(frozen=True)
+class Rebuild:
+    """One rebuild: the estimate it used and the table before and after (JSON via to_dict)."""
+
+    index: int  # 1 for the first rebuild
+    step: int  # estimator step count when it ran
+    old_ranges: tuple[Range, ...]
+    new_ranges: tuple[Range, ...]
+    changed: bool  # some B <= max_batch_size got a different k
+    rates: tuple[float, ...]  # a_hat_1..a_hat_K after blending
+    drafted: tuple[float, ...]  # live drafts per position that went into the blend
+    accepted: tuple[float, ...]  # live keeps per position that went into the blend
+    prior_weight: float  # w used in the blend
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "step": self.step,
+            "old_ranges": [list(r) for r in self.old_ranges],
+            "new_ranges": [list(r) for r in self.new_ranges],
+            "changed": self.changed,
+            "rates": list(self.rates),
+            "drafted": list(self.drafted),
+            "accepted": list(self.accepted),
+            "prior_weight": self.prior_weight,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Any, field: str = "rebuild") -> Rebuild:
+        d = check_dict(d, field)
+        for key in ("index", "step", "old_ranges", "new_ranges", "changed", "rates", "drafted",
+                    "accepted", "prior_weight"):
+            if key not in d:
+                fail(f"{field}.{key}", None, "is missing")
+
+        def floats(name: str) -> tuple[float, ...]:
+            seq = check_sequence(d[name], f"{field}.{name}")
+            return tuple(check_number(v, f"{field}.{name}[{i}]") for i, v in enumerate(seq))
+
+        return cls(
+            index=check_int(d["index"], f"{field}.index", minimum=1),
+            step=check_int(d["step"], f"{field}.step", minimum=0),
+            old_ranges=DraftTable.from_ranges(d["old_ranges"], f"{field}.old_ranges").ranges,
+            new_ranges=DraftTable.from_ranges(d["new_ranges"], f"{field}.new_ranges").ranges,
+            changed=check_bool(d["changed"], f"{field}.changed"),
+            rates=floats("rates"),
+            drafted=floats("drafted"),
+            accepted=floats("accepted"),
+            prior_weight=check_nonnegative(d["prior_weight"], f"{field}.prior_weight"),
+        )
+
+
+class Estimator:
+    """Per-step draft-length choice from live acceptance counts and offline step times.
+
+    Per engine step the scheduler calls ``on_step(B)`` for the k of this step, and after the
+    step reports what was drafted and kept: ``observe`` per request, ``observe_many`` for a
+    batch, or ``observe_positions`` with per-position totals (what vLLM's SpecDecodingStats
+    already holds; O(K) per step instead of O(B)). Every ``rebuild_every_steps`` calls to
+    ``on_step`` the table is rebuilt inside that call and a ``Rebuild`` record is kept
+    (``last_rebuild``, ``history``, ``drain_rebuilds()``).
+
+    Not thread-safe: one scheduler thread drives it.
+    """
+
+    def __init__(
+        self,
+        start_table: DraftTable,
+        step_times: StepTimes,
+        prior_rates: Sequence[float],
+        settings: ControllerSettings | None = None,
+        *,
+        history: int = 64,
+    ) -> None:
+        if not isinstance(start_table, DraftTable):
+            fail("start_table", start_table, "is not a DraftTable")
+        if not isinstance(step_times, StepTimes):
+            fail("step_times", step_times, "is not a StepTimes")
+        settings = ControllerSettings() if settings is None else settings
+        if not isinstance(settings, ControllerSettings):
+            fail("settings", settings, "is not a ControllerSettings")
+        prior = validate_rates(prior_rates, "prior_rates")
+        if not prior:
+            fail("prior_rates", list(prior), "is empty (need a_1..a_K for K >= 1)")
+        history = check_int(history, "history", minimum=1)
+
+        allowed = settings.allowed_lengths
+        field = "settings.allowed_lengths"
+        if allowed is None:
+            allowed = tuple(sorted(start_table.lengths))
+            field = "start_table lengths"
+        for k in allowed:
+            if k not in step_times.lengths:
+                fail(field, list(allowed),
+                     f"include k={k}, which is not a profiled length {list(step_times.lengths)}")
+            if k > len(prior):
+                fail(field, list(allowed),
+                     f"include k={k}, above the number of prior rates ({len(prior)})")
+        max_b = settings.max_batch_size or step_times.max_batch_size
+
+        self._settings = settings
+        self._step_times = step_times
+        self._start_table = start_table
+        self._prior = prior
+        self._prior_arr = np.array(prior, dtype=float)
+        self._allowed = allowed
+        self._max_b = max_b
+        self._K = len(prior)
+        self._values = range(self._K + 1)
+        # Hot-path copies of settings: attribute lookups on a frozen dataclass cost more.
+        self._explore_every = settings.exploration_every or 0
+        self._explore_k = max(allowed)
+        self._h = settings.hysteresis
+        self._every = settings.rebuild_every_steps
+
+        # Live counts per position (index i is position i + 1), halved at each rebuild.
+        self._live_d = np.zeros(self._K)
+        self._live_a = np.zeros(self._K)
+        self._new_counts()
+        self._w = settings.prior_weight
+        self._rates = prior
+        self._steps = 0
+        self._last_rebuild_step = 0
+        self._next_rebuild = self._every
+        self._num_rebuilds = 0
+        self._explorations = 0
+        self._switches = 0
+        self._last_b = 0
+        self._history: deque[Rebuild] = deque(maxlen=history)
+        self._drained = 0
+        self._install(start_table)
+
+    # ---------------------------------------------------------------------------------- hot path
+
+    def on_step(self, batch_size: int) -> int:
+        """Draft length for an engine step of ``batch_size`` requests (rebuilds first when due)."""
+        steps = self._steps + 1
+        self._steps = steps
+        if steps >= self._next_rebuild:
+            self._rebuild()
+        if self._explore_every and steps % self._explore_every == 0:
+            # Exploration does not move the hysteresis state: it is one step off the table.
+            self._explorations += 1
+            return self._explore_k
+        if batch_size > self._max_b:
+            idx = self._max_b - 1
+        elif batch_size >= 1:
+            idx = batch_size - 1
+        else:
+            fail("batch_size", batch_size, "is not an integer >= 1")
+        self._last_b = batch_size
+        r = self._range_of[idx]
+        held = self._held
+        if r != held:
+            h = self._h
+            if h and self._lo[held] - h <= batch_size <= self._hi[held] + h:
+                return self._rk[held]
+            self._held = r
+            self._switches += 1
+        return self._rk[r]
+
+    def observe(self, num_drafted: int, num_accepted: int) -> None:
+        """One request's step: it drafted ``num_drafted`` tokens and the first ``num_accepted``
+        were kept."""
+        try:
+            if 0 <= num_accepted <= num_drafted <= self._K:
+                self._hist_d[num_drafted] += 1
+                self._hist_a[num_accepted] += 1
+                return
+        except TypeError:
+            pass  # not an int: _observe_unusual names it
+        self._observe_unusual(num_drafted, num_accepted, "observe")
+
+    def observe_many(self, drafted: Sequence[int], accepted: Sequence[int]) -> None:
+        """``observe`` for each request of a step (``drafted[j]``, ``accepted[j]``).
+
+        All or nothing: a bad entry raises a ContractError naming it and nothing is counted.
+        """
+        n = len(drafted)
+        if len(accepted) != n:
+            fail("observe_many.accepted", f"{len(accepted)} entries",
+                 f"do not match observe_many.drafted ({n} entries)")
+        # Fast path, the usual step: every value in 0..K and every request drafted at least as
+        # many as any request kept. list.count runs in C, so 2(K+1) passes over B ints beat one
+        # Python-level pass; the counts summing to B proves every value is in 0..K.
+        values = self._values
+        try:
+            by_d = [drafted.count(v) for v in values]  # type: ignore[attr-defined]
+            by_a = [accepted.count(v) for v in values]  # type: ignore[attr-defined]
+        except AttributeError:  # not a list or tuple (a numpy array, say)
+            self._observe_many_general(drafted, accepted)
+            return
+        if sum(by_d) == n and sum(by_a) == n:
+            lowest_drafted = next((v for v in values if by_d[v]), 0)
+            highest_accepted = next((v for v in reversed(values) if by_a[v]), 0)
+            if highest_accepted <= lowest_drafted:
+                hist_d, hist_a = self._hist_d, self._hist_a
+                for v in values:
+                    hist_d[v] += by_d[v]
+                    hist_a[v] += by_a[v]
+                return
+        self._observe_many_general(drafted, accepted)
+
+    def _observe_many_general(self, drafted: Sequence[int], accepted: Sequence[int]) -> None:
+        """Mixed draft lengths, drafts beyond K, other sequence types, or bad input."""
+        try:
+            paired = all(map(le, accepted, drafted))
+            by_drafted = Counter(drafted)
+            by_accepted = Counter(accepted)
+        except TypeError:
+            paired = False
+        # Pairing gives drafted >= accepted, so accepted >= 0 covers both signs.
+        if (not paired
+                or not all(isinstance(v, Integral) and v >= 0 for v in by_accepted)
+                or not all(isinstance(v, Integral) for v in by_drafted)):
+            self._reject_many(drafted, accepted)
+        hist_d, hist_a, K = self._hist_d, self._hist_a, self._K
+        for d, c in by_drafted.items():
+            # Beyond the prior's K only the first K positions count (see _observe_unusual).
+            hist_d[int(d) if d <= K else K] += c
+        for a, c in by_accepted.items():
+            hist_a[int(a) if a <= K else K] += c
+
+    def _reject_many(self, drafted: Sequence[int], accepted: Sequence[int]) -> None:
+        for j, (d, a) in enumerate(zip(drafted, accepted)):
+            d = check_int(d, f"observe_many.drafted[{j}]", minimum=0)
+            a = check_int(a, f"observe_many.accepted[{j}]", minimum=0)
+            if a > d:
+                fail(f"observe_many.accepted[{j}]", a, f"is above drafted[{j}] = {d}")
+        raise AssertionError("unreachable: _reject_many found nothing wrong")  # pragma: no cover
+
+    def observe_positions(
+        self, drafted_per_position: Sequence[int], accepted_per_position: Sequence[int]
+    ) -> None:
+        """Per-position totals of one or more steps: index i is position i + 1.
+
+        vLLM's SpecDecodingStats has ``num_accepted_tokens_per_pos``; with one k per step the
+        drafted count is ``num_drafts`` for positions 1..k. Positions beyond K (the number of
+        prior rates) are ignored: no allowed length reaches them.
+        """
+        if len(drafted_per_position) != len(accepted_per_position):
+            fail("observe_positions.accepted_per_position", list(accepted_per_position),
+                 f"has {len(accepted_per_position)} entries but drafted_per_position has "
+                 f"{len(drafted_per_position)}")
+        n = min(len(drafted_per_position), self._K)
+        for i in range(n):
+            d, a = drafted_per_position[i], accepted_per_position[i]
+            if not (isinstance(d, Integral) and isinstance(a, Integral) and 0 <= a <= d):
+                fail(f"observe_positions[{i}]", (d, a),
+                     "is not (drafted, accepted) integers with 0 <= accepted <= drafted")
+        pend_d, pend_a = self._pend_d, self._pend_a
+        for i in range(n):
+            pend_d[i] += int(drafted_per_position[i])
+            pend_a[i] += int(accepted_per_position[i])
+
+    def _observe_unusual(self, d: Any, a: Any, where: str) -> None:
+        for value, name in ((d, "num_drafted"), (a, "num_accepted")):
+            check_int(value, f"{where}.{name}", minimum=0)
+        if a > d:
+            fail(f"{where}.num_accepted", a, f"is above num_drafted = {d}")
+        # Drafts beyond the prior's K: count the first K positions, which is exactly what the
+        # per-position counts would hold; later positions cannot be chosen anyway.
+        self._hist_d[self._K] += 1
+        self._hist_a[min(a, self._K)] += 1
+
+    # ----------------------------------------------------------------------------------- rebuild
+
+    @property
+    def rebuild_due(self) -> bool:
+        """True when the next ``on_step`` will rebuild (lets an adapter rebuild off-path)."""
+        return self._steps + 1 >= self._next_rebuild
+
+    def rebuild(self) -> Rebuild:
+        """Rebuild now (also resets the countdown to the next automatic rebuild)."""
+        return self._rebuild()
+
+    def _live_counts(self) -> tuple[np.ndarray, np.ndarray]:
+        """Drafted and accepted per position: carried (halved) counts plus everything new."""
+        hist_d = np.asarray(self._hist_d, dtype=float)
+        hist_a = np.asarray(self._hist_a, dtype=float)
+        # Position i was drafted by every request that drafted >= i tokens: reversed cumsum.
+        new_d = np.cumsum(hist_d[::-1])[::-1][1:]
+        new_a = np.cumsum(hist_a[::-1])[::-1][1:]
+        drafted = self._live_d + new_d + np.asarray(self._pend_d, dtype=float)
+        accepted = self._live_a + new_a + np.asarray(self._pend_a, dtype=float)
+        return drafted, accepted
+
+    def _estimate(self, drafted: np.ndarray, accepted: np.ndarray, w: float) -> tuple[float, ...]:
+        num = w * self._prior_arr + accepted
+        den = w + drafted
+        safe = np.where(den > 0, den, 1.0)
+        # den is 0 only when w has decayed to 0.0 and the position was never drafted: nothing
+        # beats the prior there.
+        est = np.where(den > 0, num / safe, self._prior_arr)
+        # Each position is blended with its own sample size, so a later one can come out above
+        # an earlier one; a_i = P(first i accepted) cannot, and build_table refuses it.
+        return monotone_rates(est)
+
+    def _rebuild(self) -> Rebuild:
+        drafted, accepted = self._live_counts()
+        w = self._w
+        rates = self._estimate(drafted, accepted, w)
+        result = build_table(
+            self._step_times,
+            rates,
+            max_batch_size=self._max_b,
+            lengths=self._allowed,
+            tie_margin=self._settings.tie_margin,
+        )
+        new_lookup = list(result.chosen)
+        changed = new_lookup != self._lookup
+        self._num_rebuilds += 1
+        record = Rebuild(
+            index=self._num_rebuilds,
+            step=self._steps,
+            old_ranges=self._table.ranges,
+            new_ranges=result.table.ranges,
+            changed=changed,
+            rates=rates,
+            drafted=tuple(float(x) for x in drafted),
+            accepted=tuple(float(x) for x in accepted),
+            prior_weight=w,
+        )
+        self._rates = rates
+        self._live_d = drafted / 2.0
+        self._live_a = accepted / 2.0
+        self._new_counts()
+        if self._settings.prior_decay:
+            self._w = w / 2.0
+        self._last_rebuild_step = self._steps
+        self._next_rebuild = self._steps + self._every
+        self._install(result.table, lookup=new_lookup)
+        self._history.append(record)
+        return record
+
+    def _new_counts(self) -> None:
+        # Histograms by number drafted / accepted (0..K) and per-position totals; plain lists of
+        # ints because the hot path increments them one at a time.
+        self._hist_d = [0] * (self._K + 1)
+        self._hist_a = [0] * (self._K + 1)
+        self._pend_d = [0] * self._K
+        self._pend_a = [0] * self._K
+
+    def _install(self, table: DraftTable, lookup: list[int] | None = None) -> None:
+        """Make ``table`` current: dense lookups for the hot path, hysteresis re-anchored."""
+        self._table = table
+        if lookup is None:
+            # A start table may end anywhere; its ranges within 1..max_batch_size are needed.
+            self._lookup = table.lookup(self._max_b)
+            ranges = DraftTable.from_lookup(self._lookup).ranges
+        else:
+            # A built table covers exactly 1..max_batch_size already.
+            self._lookup = lookup
+            ranges = table.ranges
+        self._lo = [s for s, _, _ in ranges]
+        self._hi = [e for _, e, _ in ranges]
+        self._rk = [k for _, _, k in ranges]
+        self._range_of = [i for i, (s, e, _) in enumerate(ranges) for _ in range(s, e + 1)]
+        # A new table has new edges; hysteresis restarts from the range the last batch is in.
+        b = min(max(self._last_b, 1), self._max_b)
+        self._held = self._range_of[b - 1]
+
+    # ------------------------------------------------------------------------------- inspection
+
+    @property
+    def settings(self) -> ControllerSettings:
+        return self._settings
+
+    @property
+    def table(self) -> DraftTable:
+        """The table in use (the start table until the first rebuild)."""
+        return self._table
+
+    @property
+    def rates(self) -> tuple[float, ...]:
+        """a_hat from the last rebuild (the prior before the first)."""
+        return self._rates
+
+    @property
+    def prior_rates(self) -> tuple[float, ...]:
+        return self._prior
+
+    @property
+    def prior_weight(self) -> float:
+        """w for the next rebuild (halves after each rebuild when prior_decay is on)."""
+        return self._w
+
+    @property
+    def allowed_lengths(self) -> tuple[int, ...]:
+        return self._allowed
+
+    @property
+    def max_batch_size(self) -> int:
+        return self._max_b
+
+    @property
+    def steps(self) -> int:
+        return self._steps
+
+    @property
+    def num_rebuilds(self) -> int:
+        return self._num_rebuilds
+
+    @property
+    def explorations(self) -> int:
+        return self._explorations
+
+    @property
+    def switches(self) -> int:
+        """Times the table k in use changed between steps (exploration steps not counted)."""
+        return self._switches
+
+    @property
+    def live_counts(self) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        """(drafted, accepted) per position that a rebuild now would blend with the prior."""
+        drafted, accepted = self._live_counts()
+        return tuple(map(float, drafted)), tuple(map(float, accepted))
+
+    def estimate(self) -> tuple[float, ...]:
+        """a_hat from the current counts, without rebuilding or halving anything."""
+        drafted, accepted = self._live_counts()
+        return self._estimate(drafted, accepted, self._w)
+
+    @property
+    def last_rebuild(self) -> Rebuild | None:
+        return self._history[-1] if self._history else None
+
+    @property
+    def history(self) -> tuple[Rebuild, ...]:
+        """The most recent rebuilds, oldest first (bounded by ``history``)."""
+        return tuple(self._history)
+
+    def drain_rebuilds(self) -> list[Rebuild]:
+        """Rebuilds not returned by an earlier call (for logging outside the hot path)."""
+        out = [r for r in self._history if r.index > self._drained]
+        self._drained = self._num_rebuilds
+        return out
+
+    # ---------------------------------------------------------------------------- serialisation
+
+    def state(self) -> dict[str, Any]:
+        """Everything needed to inspect or restore this estimator, JSON-ready."""
+        drafted, accepted = self.live_counts
+        held = (self._lo[self._held], self._hi[self._held], self._rk[self._held])
+        return {
+            "schema": STATE_SCHEMA,
+            "settings": self._settings.to_dict(),
+            "start_table": [list(r) for r in self._start_table.ranges],
+            "table": [list(r) for r in self._table.ranges],
+            "prior_rates": list(self._prior),
+            "rates": list(self._rates),
+            "prior_weight": self._w,
+            "drafted": list(drafted),
+            "accepted": list(accepted),
+            "steps": self._steps,
+            "last_rebuild_step": self._last_rebuild_step,
+            "num_rebuilds": self._num_rebuilds,
+            "explorations": self._explorations,
+            "switches": self._switches,
+            "last_batch_size": self._last_b,
+            "held_range": list(held),
+            "max_batch_size": self._max_b,
+            "allowed_lengths": list(self._allowed),
+            "step_times": [[b, k, ms] for (b, k), ms in sorted(self._step_times.to_dict().items())],
+            "history": [r.to_dict() for r in self._history],
+            "history_limit": self._history.maxlen,
+        }
+
+    @classmethod
+    def from_state(cls, state: Any) -> Estimator:
+        """Rebuild an estimator from ``state()``; errors name ``state.<field>``."""
+        s = check_dict(state, "state")
+        if s.get("schema") != STATE_SCHEMA:
+            fail("state.schema", s.get("schema"), f"is not {STATE_SCHEMA!r}")
+        required = ("settings", "start_table", "table", "prior_rates", "rates", "prior_weight",
+                    "drafted", "accepted", "steps", "last_rebuild_step", "num_rebuilds",
+                    "explorations", "switches", "last_batch_size", "held_range", "step_times",
+                    "history", "history_limit")
+        for key in required:
+            if key not in s:
+                fail(f"state.{key}", None, "is missing")
+        cells: dict[tuple[int, int], float] = {}
+        for i, cell in enumerate(check_sequence(s["step_times"], "state.step_times")):
+            cell = check_sequence(cell, f"state.step_times[{i}]")
+            if len(cell) != 3:
+                fail(f"state.step_times[{i}]", cell, "is not a [batch_size, k, step_ms] triple")
+            cells[(cell[0], cell[1])] = cell[2]
+        est = cls(
+            DraftTable.from_ranges(s["start_table"], "state.start_table"),
+            StepTimes(cells, field="state.step_times"),
+            s["prior_rates"],
+            ControllerSettings.from_dict(s["settings"], "state.settings"),
+            history=check_int(s["history_limit"], "state.history_limit", minimum=1),
+        )
+        K = est._K
+        counts = []
+        for name in ("drafted", "accepted"):
+            seq = check_sequence(s[name], f"state.{name}")
+            if len(seq) != K:
+                fail(f"state.{name}", list(seq), f"has {len(seq)} entries, expected K = {K}")
+            counts.append(np.array(
+                [check_nonnegative(v, f"state.{name}[{i}]") for i, v in enumerate(seq)]
+            ))
+        est._live_d, est._live_a = counts
+        est._rates = validate_rates(s["rates"], "state.rates")
+        # w may have decayed to exactly 0.0 after many halvings; that is a valid state.
+        est._w = check_nonnegative(s["prior_weight"], "state.prior_weight")
+        est._steps = check_int(s["steps"], "state.steps", minimum=0)
+        est._last_rebuild_step = check_int(s["last_rebuild_step"], "state.last_rebuild_step",
+                                           minimum=0)
+        est._next_rebuild = est._last_rebuild_step + est._every
+        est._num_rebuilds = check_int(s["num_rebuilds"], "state.num_rebuilds", minimum=0)
+        est._drained = est._num_rebuilds
+        est._explorations = check_int(s["explorations"], "state.explorations", minimum=0)
+        est._switches = check_int(s["switches"], "state.switches", minimum=0)
+        for i, r in enumerate(check_sequence(s["history"], "state.history")):
+            est._history.append(Rebuild.from_dict(r, f"state.history[{i}]"))
+        est._last_b = check_int(s["last_batch_size"], "state.last_batch_size", minimum=0)
+        est._install(DraftTable.from_ranges(s["table"], "state.table"))
+        held = tuple(check_sequence(s["held_range"], "state.held_range"))
+        for i, r in enumerate(zip(est._lo, est._hi, est._rk)):
+            if r == held:
+                est._held = i
+                break
+        else:
+            fail("state.held_range", list(held), "is not a range of state.table")
+        return est
+
+    def __repr__(self) -> str:
+        return (f"Estimator(steps={self._steps}, rebuilds={self._num_rebuilds}, "
+                f"table={self._table.to_vllm()}, rates={[round(r, 4) for r in self._rates]})")

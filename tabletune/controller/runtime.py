@@ -1,0 +1,199 @@
+"""The controller inside a vLLM engine: prior loading, the per-step driver, and reporting.
+
+Configured through the engine's environment, so an unchanged ``vllm serve`` command line only
+gains ``--scheduler-cls tabletune.vllm_scheduler.TableTuneScheduler``:
+
+``TABLETUNE_CONTROLLER``           the prior: a folder with ``table.json``, ``profile.json`` and
+                                   ``acceptance.json`` (what ``tabletune tune`` writes), or
+                                   ``models:/<registered model>@production`` (MLflow registry,
+                                   ``MLFLOW_TRACKING_URI``; cached locally, the cache used when the
+                                   registry is down)
+``TABLETUNE_CONTROLLER_SETTINGS``  JSON object of ControllerSettings fields, e.g.
+                                   ``{"rebuild_every_steps": 200, "exploration_every": 50,
+                                   "prior_decay": true, "hysteresis": 2}``
+``TABLETUNE_CONTROLLER_OUT``       folder for ``rebuilds.jsonl`` (one record per rebuild),
+                                   ``state.json`` and ``metrics.prom`` (Prometheus text format,
+                                   for a node-exporter textfile collector); optional
+
+This module imports no vLLM; the scheduler hands it plain numbers.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from tabletune.controller.estimator import ControllerSettings, Estimator, Rebuild
+from tabletune.core.builder import StepTimes
+from tabletune.core.contracts import Acceptance, Profile, TableDocument, check_compatible, load_json
+from tabletune.core.errors import ContractError
+from tabletune.core.tables import DraftTable
+
+# Under "vllm." so records go through vLLM's own log handlers in the engine process.
+logger = logging.getLogger("vllm.tabletune.controller")
+
+PRIOR_ENV = "TABLETUNE_CONTROLLER"
+SETTINGS_ENV = "TABLETUNE_CONTROLLER_SETTINGS"
+OUT_ENV = "TABLETUNE_CONTROLLER_OUT"
+# Fault injection for tests of the fallback path: raise inside k_for_step after N steps.
+FAULT_ENV = "TABLETUNE_CONTROLLER_FAULT_AFTER_STEPS"
+
+
+@dataclass(frozen=True)
+class PriorBundle:
+    table: TableDocument
+    profile: Profile
+    acceptance: Acceptance
+    source: str
+
+
+def load_prior(uri: str, *, cache_dir: Path | None = None) -> PriorBundle:
+    """Load and validate a prior from a folder or a registry URI."""
+    if uri.startswith("models:/"):
+        name, _, alias = uri[len("models:/"):].partition("@")
+        if alias not in ("", "production"):
+            raise ContractError(f"{PRIOR_ENV}: {uri!r}: only the @production alias is served")
+        from tabletune.adapters.mlflow_registry import load_production_prior
+
+        tracking = os.environ.get("MLFLOW_TRACKING_URI")
+        if not tracking:
+            raise ContractError(f"{PRIOR_ENV}: {uri!r} needs MLFLOW_TRACKING_URI")
+        cache = cache_dir or Path(os.environ.get(
+            "TABLETUNE_PRIOR_CACHE", Path.home() / ".cache" / "tabletune" / "priors"))
+        table, profile, acceptance = load_production_prior(name, tracking_uri=tracking,
+                                                           cache_dir=cache)
+        bundle = PriorBundle(table, profile, acceptance, uri)
+    else:
+        folder = Path(uri)
+        if not folder.is_dir():
+            raise ContractError(f"{PRIOR_ENV}: {uri!r} is not a folder or models:/ URI")
+        bundle = PriorBundle(load_json(folder / "table.json", "table"),
+                             load_json(folder / "profile.json", "profile"),
+                             load_json(folder / "acceptance.json", "acceptance"), uri)
+    check_compatible(bundle.profile, bundle.acceptance)
+    return bundle
+
+
+def check_prior_fits_engine(prior: PriorBundle, *, num_spec_tokens: int) -> None:
+    """The prior must describe an engine drafting up to the same K as this one."""
+    if prior.profile.max_k != num_spec_tokens:
+        raise ContractError(
+            f"prior profile.max_k: {prior.profile.max_k} but the engine drafts up to "
+            f"num_speculative_tokens={num_spec_tokens}; re-profile this deployment")
+    if prior.acceptance.max_k < num_spec_tokens:
+        raise ContractError(
+            f"prior acceptance.rates: {prior.acceptance.max_k} rates but the engine drafts up to "
+            f"{num_spec_tokens}")
+
+
+class ControllerRuntime:
+    """What the scheduler calls: ``k_for_step(B)`` before a step, ``observe`` per request."""
+
+    def __init__(self, estimator: Estimator, *, out_dir: Path | None, source: str) -> None:
+        self.estimator = estimator
+        self.out_dir = Path(out_dir) if out_dir else None
+        self.source = source
+        self._seen_rebuilds = 0
+        self.observe = estimator.observe  # bound method: one attribute lookup per request
+        if self.out_dir:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            self._write_state()
+
+    fault_after_steps: int | None = None
+
+    def k_for_step(self, batch_size: int) -> int:
+        if self.fault_after_steps is not None and self.estimator.steps >= self.fault_after_steps:
+            raise RuntimeError(f"injected controller fault ({FAULT_ENV})")
+        k = self.estimator.on_step(batch_size)
+        if self.estimator.num_rebuilds != self._seen_rebuilds:
+            self._report()
+        return k
+
+    def _report(self) -> None:
+        # Reporting must not take the step down with it; the estimator's table stays in use.
+        try:
+            for record in self.estimator.drain_rebuilds():
+                self._seen_rebuilds = self.estimator.num_rebuilds
+                self._log(record)
+                if self.out_dir:
+                    with open(self.out_dir / "rebuilds.jsonl", "a") as f:
+                        f.write(json.dumps({"time": time.time(), **record.to_dict()}) + "\n")
+            self._seen_rebuilds = self.estimator.num_rebuilds
+            if self.out_dir:
+                self._write_state()
+        except Exception:
+            self._seen_rebuilds = self.estimator.num_rebuilds
+            logger.exception("TableTune controller: could not report a rebuild")
+
+    @staticmethod
+    def _log(r: Rebuild) -> None:
+        rates = ", ".join(f"{a:.3f}" for a in r.rates)
+        if r.changed:
+            logger.info("TableTune rebuild %d at step %d: %s -> %s (a-hat %s)", r.index, r.step,
+                        r.old_ranges, r.new_ranges, rates)
+        else:
+            logger.info("TableTune rebuild %d at step %d: table unchanged %s (a-hat %s)",
+                        r.index, r.step, r.new_ranges, rates)
+
+    def _write_state(self) -> None:
+        est = self.estimator
+        state = {"source": self.source, "time": time.time(), **est.state()}
+        tmp = self.out_dir / "state.json.tmp"
+        tmp.write_text(json.dumps(state))
+        os.replace(tmp, self.out_dir / "state.json")
+        lines = [
+            "# HELP tabletune_acceptance_estimate Blended acceptance estimate a-hat_i.",
+            "# TYPE tabletune_acceptance_estimate gauge",
+        ]
+        lines += [f'tabletune_acceptance_estimate{{position="{i + 1}"}} {a}'
+                  for i, a in enumerate(est.rates)]
+        lines += ["# TYPE tabletune_rebuilds_total counter",
+                  f"tabletune_rebuilds_total {est.num_rebuilds}",
+                  "# TYPE tabletune_steps_total counter", f"tabletune_steps_total {est.steps}",
+                  "# TYPE tabletune_table_k gauge"]
+        lines += [f'tabletune_table_k{{start="{s}",end="{e}"}} {k}' for s, e, k in est.table.ranges]
+        tmp = self.out_dir / "metrics.prom.tmp"
+        tmp.write_text("\n".join(lines) + "\n")
+        os.replace(tmp, self.out_dir / "metrics.prom")
+
+
+def build_runtime(prior: PriorBundle, *, static_lookup: list[int], num_spec_tokens: int,
+                  max_num_seqs: int, settings: ControllerSettings | None = None,
+                  out_dir: Path | None = None) -> ControllerRuntime:
+    """Controller starting from the engine's own table, with the prior's step times and rates."""
+    check_prior_fits_engine(prior, num_spec_tokens=num_spec_tokens)
+    start = DraftTable.from_lookup(static_lookup[1:max_num_seqs + 1])
+    base = settings or ControllerSettings()
+    if base.max_batch_size is None:
+        base = ControllerSettings.from_dict({**base.to_dict(), "max_batch_size": max_num_seqs})
+    estimator = Estimator(start, StepTimes.from_profile(prior.profile),
+                          prior.acceptance.rates[:num_spec_tokens], base)
+    return ControllerRuntime(estimator, out_dir=out_dir, source=prior.source)
+
+
+def controller_from_env(scheduler) -> ControllerRuntime | None:
+    """Called by the TableTune scheduler at start-up; raises with the reason on a bad prior."""
+    uri = os.environ.get(PRIOR_ENV)
+    if not uri:
+        return None
+    settings = None
+    raw = os.environ.get(SETTINGS_ENV)
+    if raw:
+        try:
+            settings = ControllerSettings.from_dict(json.loads(raw))
+        except json.JSONDecodeError as e:
+            raise ContractError(f"{SETTINGS_ENV}: not JSON ({e})") from None
+    prior = load_prior(uri)
+    runtime = build_runtime(prior, static_lookup=list(scheduler.dynamic_sd_lookup),
+                            num_spec_tokens=scheduler.num_spec_tokens,
+                            max_num_seqs=scheduler.scheduler_config.max_num_seqs,
+                            settings=settings, out_dir=os.environ.get(OUT_ENV) or None)
+    if os.environ.get(FAULT_ENV):
+        runtime.fault_after_steps = int(os.environ[FAULT_ENV])
+    logger.info("TableTune controller on: prior %s, start table %s, settings %s", uri,
+                runtime.estimator.table.ranges, runtime.estimator.settings.to_dict())
+    return runtime

@@ -1,0 +1,253 @@
+"""Load tests against real servers: ``tabletune evaluate`` and the engine check ``tabletune doctor``.
+
+An *arm* is one way to serve: no speculation, a fixed length without a table (vLLM keeps its
+full CUDA graphs then), a fixed length through a one-range table, or a table. Each arm gets its
+own server; each concurrency level is a closed loop of that many clients. Every arm's throughput
+is compared with the best fixed length at the same load (no speculation counts as k = 0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Sequence
+
+from tabletune.core.contracts import load_json, save_json
+from tabletune.core.errors import ContractError
+from tabletune.core.tables import DOCS_TABLE, DraftTable
+from tabletune.engine.client import run_load
+from tabletune.engine.server import VllmServer, speculative_config
+from tabletune.engine.spec import EngineSpec, deployment_fingerprint
+
+RESULTS_SCHEMA = "tabletune.evaluation/v1"
+
+
+@dataclass(frozen=True)
+class Arm:
+    name: str
+    kind: str                      # "none" | "fixed" | "fixed-table" | "table"
+    k: int | None = None
+    table: DraftTable | None = None
+    env: tuple[tuple[str, str], ...] = ()
+
+    def speculative(self, spec: EngineSpec, max_batch_size: int) -> dict | None:
+        if self.kind == "none":
+            return None
+        if self.kind == "fixed":
+            return speculative_config(spec.with_(max_k=self.k), None)
+        if self.kind == "fixed-table":
+            return speculative_config(spec, [[1, max_batch_size, self.k]])
+        return speculative_config(spec.with_(max_k=max(1, self.table.max_k, spec.max_k)),
+                                  self.table.to_vllm())
+
+
+def parse_arm(text: str, max_k: int) -> Arm:
+    """``none``, ``fixed:K``, ``fixed-table:K``, ``docs``, ``table:PATH`` (a table.json)."""
+    kind, _, arg = text.partition(":")
+    try:
+        if kind == "none":
+            return Arm("no speculation", "none")
+        if kind in ("fixed", "fixed-table"):
+            k = int(arg)
+            if not 1 <= k <= max_k:
+                raise ValueError
+            label = f"fixed k={k}" if kind == "fixed" else f"k={k} via table"
+            return Arm(label, kind, k=k)
+        if kind == "docs":
+            return Arm("vLLM docs table", "table", table=DOCS_TABLE)
+        if kind == "table":
+            doc = load_json(arg, "table")
+            return Arm(f"table {Path(arg).name}", "table", table=doc.table)
+    except ValueError:
+        pass
+    raise ContractError(f"--arms: {text!r} is not none, fixed:K, fixed-table:K (1 <= K <= "
+                        f"{max_k}), docs or table:PATH")
+
+
+@dataclass(frozen=True)
+class ArmResult:
+    arm: str
+    concurrency: int
+    tokens_per_s: float
+    requests: int
+    output_tokens: int
+    wall_s: float
+
+
+def run_arms(spec: EngineSpec, arms: Sequence[Arm], *, concurrency: Sequence[int],
+             prompts: Sequence[str], max_tokens: int, requests_per_client: int,
+             log_dir: Path, temperature: float = 0.0,
+             startup_timeout_s: float = 600.0) -> list[ArmResult]:
+    max_c = max(concurrency)
+    run_spec = spec.with_(max_num_seqs=max(spec.max_num_seqs, max_c))
+    results = []
+    for i, arm in enumerate(arms):
+        server = VllmServer(run_spec, speculative=arm.speculative(run_spec, max_c),
+                            log_path=log_dir / f"arm{i}.log", extra_env=dict(arm.env),
+                            startup_timeout_s=startup_timeout_s)
+        with server:
+            # One short warm-up at the highest load so the first level is not paying for it.
+            server.guarded(run_load, server.base_url, run_spec.served_model_name, prompts,
+                           concurrency=max_c, requests_per_worker=1, max_tokens=4)
+            for c in concurrency:
+                r = server.guarded(run_load, server.base_url, run_spec.served_model_name,
+                                   prompts, concurrency=c, requests_per_worker=requests_per_client,
+                                   max_tokens=max_tokens, temperature=temperature)
+                results.append(ArmResult(arm.name, c, r.tokens_per_s, r.requests,
+                                         r.output_tokens, r.wall_s))
+                print(f"  {arm.name:>22}  c={c:<4} {r.tokens_per_s:9.1f} tok/s", flush=True)
+    return results
+
+
+def loss_table(results: Sequence[ArmResult], fixed_arms: Sequence[str]) -> dict:
+    """Per arm: loss vs the best fixed arm at each load, and the worst-load loss."""
+    by = {(r.arm, r.concurrency): r.tokens_per_s for r in results}
+    levels = sorted({r.concurrency for r in results})
+    arms = list(dict.fromkeys(r.arm for r in results))
+    best = {c: max(by[(a, c)] for a in fixed_arms if (a, c) in by) for c in levels}
+    out = {}
+    for a in arms:
+        losses = {c: 1.0 - by[(a, c)] / best[c] for c in levels if (a, c) in by and best[c] > 0}
+        worst_c = max(losses, key=losses.get)
+        out[a] = {"loss_by_concurrency": losses, "worst_loss": losses[worst_c],
+                  "worst_concurrency": worst_c}
+    return {"best_fixed_tokens_per_s": best, "arms": out}
+
+
+def _write_results(out_dir: Path, kind: str, spec: EngineSpec, results, losses, extra) -> Path:
+    from tabletune import plots
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    doc = {"schema": RESULTS_SCHEMA, "kind": kind, "fingerprint": deployment_fingerprint(spec),
+           "results": [asdict(r) for r in results], "losses": losses, **extra}
+    path = out_dir / f"{kind}.json"
+    path.write_text(json.dumps(doc, indent=2) + "\n")
+    arms: dict[str, list] = {}
+    for r in results:
+        arms.setdefault(r.arm, []).append((r.concurrency, r.tokens_per_s))
+    plots.plot_throughput(arms, out_dir / f"{kind}.png", title=f"tabletune {kind}")
+    return path
+
+
+def _print_losses(losses: dict) -> None:
+    print(f"{'arm':>24}  worst loss vs best fixed length (at concurrency)")
+    for arm, row in losses["arms"].items():
+        print(f"{arm:>24}  {row['worst_loss']:6.1%} (c={row['worst_concurrency']})")
+
+
+def _common(args) -> tuple[EngineSpec, list[str], list[int]]:
+    from tabletune.cli import _prompts, engine_spec_from_args
+
+    concurrency = [int(x) for x in args.concurrency.split(",") if x.strip()]
+    if not concurrency or min(concurrency) < 1:
+        raise ContractError(f"--concurrency: {args.concurrency!r} must list levels >= 1")
+    spec = engine_spec_from_args(args, max_batch_size=max(concurrency))
+    prompts = _prompts(args)
+    return spec, prompts, concurrency
+
+
+def cmd_evaluate(args) -> int:
+    spec, prompts, concurrency = _common(args)
+    arm_texts = args.arms.split(",") if args.arms else (
+        ["none"] + [f"fixed:{k}" for k in range(1, spec.max_k + 1)] + ["docs"]
+        + ([f"table:{args.table}"] if args.table else []))
+    arms = [parse_arm(t.strip(), spec.max_k) for t in arm_texts]
+    out = Path(args.out_dir)
+    started = time.time()
+    results = run_arms(spec, arms, concurrency=concurrency, prompts=prompts,
+                       max_tokens=args.max_tokens, requests_per_client=args.requests_per_client,
+                       log_dir=out / "logs", temperature=args.temperature)
+    fixed = [a.name for a in arms if a.kind in ("none", "fixed")]
+    if not fixed:
+        raise ContractError("--arms: include none or fixed:K so losses have a baseline")
+    losses = loss_table(results, fixed)
+    path = _write_results(out, "evaluate", spec, results, losses,
+                          {"arms": [a.name for a in arms], "wall_s": round(time.time() - started, 1),
+                           "max_tokens": args.max_tokens,
+                           "requests_per_client": args.requests_per_client})
+    _print_losses(losses)
+    print(f"results → {path}")
+    return 0
+
+
+def engine_verdict(results: Sequence[ArmResult], k: int, tolerance: float = 0.03) -> dict:
+    """Does setting a table cost throughput on this engine? Compare k via a table with fixed k."""
+    by = {(r.arm, r.concurrency): r.tokens_per_s for r in results}
+    levels = sorted({r.concurrency for r in results})
+    fixed, tabled, none = f"fixed k={k}", f"k={k} via table", "no speculation"
+    table_cost = {c: 1.0 - by[(tabled, c)] / by[(fixed, c)] for c in levels}
+    spec_gain = {c: by[(fixed, c)] / by[(none, c)] - 1.0 for c in levels}
+    worst = max(table_cost.values())
+    verdict = {
+        "k": k,
+        "table_cost_by_concurrency": table_cost,
+        "speculation_gain_by_concurrency": spec_gain,
+        "table_costs_throughput": worst > tolerance,
+        "tolerance": tolerance,
+    }
+    lines = []
+    if worst > tolerance:
+        lines.append(f"Setting a table costs up to {worst:.0%} throughput at k={k} on this engine "
+                     "(vLLM drops full CUDA graphs to piecewise when a table is set).")
+    else:
+        lines.append(f"A table costs at most {max(worst, 0):.1%} at k={k} on this engine: "
+                     "tables are safe to adopt.")
+    table_vs_none = {c: by[(tabled, c)] / by[(none, c)] - 1.0 for c in levels}
+    if max(table_vs_none.values()) < 0:
+        lines.append("Through a table, speculation is slower than no speculation at every load "
+                     "tested: do not adopt a table on this engine yet.")
+    verdict["table_vs_none_by_concurrency"] = table_vs_none
+    if ("V2 runner: " + tabled, levels[0]) in by:
+        v2 = {c: 1.0 - by[("V2 runner: " + tabled, c)] / by[(fixed, c)] for c in levels}
+        verdict["v2_table_cost_by_concurrency"] = v2
+        lines.append(f"With VLLM_USE_V2_MODEL_RUNNER=1 the table costs up to {max(v2.values()):.0%}.")
+    verdict["summary"] = " ".join(lines)
+    return verdict
+
+
+def cmd_doctor(args) -> int:
+    spec, prompts, concurrency = _common(args)
+    k = args.k or spec.max_k
+    arms = [Arm("no speculation", "none"), Arm(f"fixed k={k}", "fixed", k=k),
+            Arm(f"k={k} via table", "fixed-table", k=k)]
+    if args.v2:
+        arms.append(Arm(f"V2 runner: k={k} via table", "fixed-table", k=k,
+                        env=(("VLLM_USE_V2_MODEL_RUNNER", "1"),)))
+    out = Path(args.out_dir)
+    results = run_arms(spec, arms, concurrency=concurrency, prompts=prompts,
+                       max_tokens=args.max_tokens, requests_per_client=args.requests_per_client,
+                       log_dir=out / "logs", temperature=args.temperature)
+    verdict = engine_verdict(results, k)
+    losses = loss_table(results, ["no speculation", f"fixed k={k}"])
+    path = _write_results(out, "doctor", spec, results, losses, {"verdict": verdict})
+    print(verdict["summary"])
+    print(f"results → {path}")
+    return 0
+
+
+def add_evaluate_parsers(sub, add_engine_args) -> None:
+    from tabletune.cli import add_acceptance_args
+
+    def load_args(p, default_concurrency):
+        add_engine_args(p)
+        add_acceptance_args(p)
+        p.add_argument("--concurrency", default=default_concurrency,
+                       help="comma-separated concurrency levels")
+        p.add_argument("--requests-per-client", type=int, default=4)
+        p.add_argument("--out-dir", default="tabletune-eval")
+
+    p = sub.add_parser("evaluate", help="load-test no speculation, fixed lengths and tables")
+    load_args(p, "1,2,4,8,16,32")
+    p.add_argument("--arms", help="comma-separated: none, fixed:K, fixed-table:K, docs, "
+                   "table:PATH (default: none, fixed:1..K, docs, and --table if given)")
+    p.add_argument("--table", help="a table.json to evaluate (adds arm table:PATH)")
+    p.set_defaults(func=cmd_evaluate)
+
+    p = sub.add_parser("doctor", help="does setting a table cost throughput on this engine?")
+    load_args(p, "1,8,32")
+    p.add_argument("--k", type=int, default=None, help="length to check (default: K)")
+    p.add_argument("--v2", action="store_true", help="also try VLLM_USE_V2_MODEL_RUNNER=1")
+    p.set_defaults(func=cmd_doctor)

@@ -1,0 +1,109 @@
+"""``tabletune registry ...``: seed, inspect, promote and roll back registered tables.
+
+    python -m tabletune.pipeline registry seed --model-name NAME \
+        --profile P.json --acceptance A.json
+    python -m tabletune.pipeline registry show --model-name NAME
+    python -m tabletune.pipeline registry promote --model-name NAME --version 3
+    python -m tabletune.pipeline registry rollback --model-name NAME
+
+The tracking server comes from ``--tracking-uri`` or ``MLFLOW_TRACKING_URI``. ``--model-name``
+may be replaced by ``--engine-default`` to use the built-in CPU deployment's key.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+
+__all__ = ["registry_main", "main"]
+
+
+def _model_name(args: argparse.Namespace) -> str:
+    from tabletune.pipeline.deployment import deployment_key, registered_model_name
+
+    if args.model_name:
+        return registered_model_name(args.model_name)
+    from tabletune.engine.spec import EngineSpec
+
+    return registered_model_name(deployment_key(EngineSpec.embedded_default()))
+
+
+def registry_main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="tabletune registry",
+                                     description="Registered draft-length tables in MLflow.")
+    parser.add_argument("--tracking-uri", default=os.environ.get("MLFLOW_TRACKING_URI"))
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def common(p: argparse.ArgumentParser) -> None:
+        group = p.add_mutually_exclusive_group(required=True)
+        group.add_argument("--model-name", help="registered model (or deployment key)")
+        group.add_argument("--engine-default", action="store_true",
+                           help="the built-in CPU deployment's registered model")
+
+    seed = sub.add_parser("seed", help="first production version from a profile + acceptance")
+    common(seed)
+    seed.add_argument("--profile", required=True)
+    seed.add_argument("--acceptance", required=True)
+    seed.add_argument("--max-batch-size", type=int)
+    show = sub.add_parser("show", help="aliases and the production table")
+    common(show)
+    promote = sub.add_parser("promote", help="make a version production")
+    common(promote)
+    promote.add_argument("--version", required=True)
+    promote.add_argument("--expected-production")
+    rollback = sub.add_parser("rollback", help="put 'previous' back into production")
+    common(rollback)
+    args = parser.parse_args(argv)
+    if not args.tracking_uri:
+        parser.error("--tracking-uri or MLFLOW_TRACKING_URI is required")
+
+    from tabletune.adapters.mlflow_registry import MlflowRegistry
+    from tabletune.core.contracts import load_json
+    from tabletune.core.errors import ContractError
+    from tabletune.pipeline import flows
+    from tabletune.pipeline.errors import PipelineError
+
+    registry = MlflowRegistry(args.tracking_uri)
+    model_name = _model_name(args)
+    try:
+        if args.command == "seed":
+            out = flows.seed_registry(
+                registry, model_name=model_name,
+                profile=load_json(args.profile, "profile"),
+                acceptance=load_json(args.acceptance, "acceptance"),
+                max_batch_size=args.max_batch_size,
+            )
+        elif args.command == "show":
+            state = registry.alias_state(model_name)
+            out = {"model_name": model_name, "production": state.production,
+                   "previous": state.previous, "candidate": state.candidate}
+            if state.production:
+                docs = registry.read_version(model_name, state.production)
+                out["table"] = docs.table.table.to_vllm()
+        elif args.command == "promote":
+            out = flows.promote_version(
+                registry, model_name=model_name, action="promote", version=args.version,
+                expected_production=(args.expected_production
+                                     if args.expected_production is not None else False),
+                owner="cli",
+            )
+        else:
+            out = flows.promote_version(registry, model_name=model_name, action="rollback",
+                                        version=None, owner="cli")
+    except (PipelineError, ContractError) as exc:
+        print(f"tabletune registry {args.command}: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps({"model_name": model_name, **out}, indent=2))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] != "registry":
+        print("usage: python -m tabletune.pipeline registry {seed,show,promote,rollback} ...",
+              file=sys.stderr)
+        return 2
+    return registry_main(argv[1:])

@@ -1,0 +1,56 @@
+"""Errors the pipeline raises on purpose; each message says what was wrong and where.
+
+DAG tasks let these propagate so the failed task shows the reason. Errors that retrying cannot
+fix (bad input, a failed gate, a lost promotion race) derive from ``PermanentPipelineError`` so the
+DAG fails them at once instead of burning retries.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "PipelineError",
+    "PermanentPipelineError",
+    "PromptSourceError",
+    "PromptSourceUnavailable",
+    "RegistryUnavailable",
+    "RegistryStateError",
+    "PromotionConflict",
+    "GateFailed",
+    "PriorUnavailable",
+]
+
+
+class PipelineError(RuntimeError):
+    """Base of every error the pipeline raises deliberately."""
+
+
+class PermanentPipelineError(PipelineError):
+    """Retrying the same task with the same input cannot succeed."""
+
+
+class PromptSourceError(PermanentPipelineError):
+    """The prompt source has no usable prompts (empty prefix, too many malformed lines)."""
+
+
+class PromptSourceUnavailable(PipelineError):
+    """The S3 endpoint could not be reached or refused the request (may succeed on retry)."""
+
+
+class RegistryUnavailable(PipelineError):
+    """The MLflow tracking server could not be reached after retrying."""
+
+
+class RegistryStateError(PermanentPipelineError):
+    """The registry is not in the state the operation needs (no production version, ...)."""
+
+
+class PromotionConflict(PermanentPipelineError):
+    """Another promotion holds the lock or moved ``production`` since the candidate was checked."""
+
+
+class GateFailed(PermanentPipelineError):
+    """The candidate table failed the validation gate; production is unchanged."""
+
+
+class PriorUnavailable(PipelineError):
+    """Neither the registry nor the local cache could provide a production prior."""

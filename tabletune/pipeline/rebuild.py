@@ -1,0 +1,109 @@
+"""Rebuild a table from a profile and an acceptance, with the numbers a run logs about it.
+
+Pure apart from numpy: it calls the core's one table builder and computes the worst-load loss of
+the new table, of the production table and of every fixed length, all under the new acceptance,
+so a reviewer sees in one run what the rebuild gains and what keeping the old table would cost.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from tabletune.core.builder import (
+    DEFAULT_TIE_MARGIN,
+    BuildResult,
+    StepTimes,
+    build_table,
+    table_loss,
+)
+from tabletune.core.contracts import Acceptance, Profile, TableDocument, check_compatible
+from tabletune.core.goodput import tau
+from tabletune.core.tables import DraftTable
+
+__all__ = ["Rebuild", "rebuild_table", "goodput_rows"]
+
+
+@dataclass(frozen=True, eq=False)
+class Rebuild:
+    """A rebuilt table document, the build it came from, and its metrics."""
+
+    document: TableDocument
+    build: BuildResult
+    metrics: dict[str, float]
+
+
+def rebuild_table(
+    profile: Profile,
+    acceptance: Acceptance,
+    *,
+    provenance: dict[str, Any],
+    production: DraftTable | None = None,
+    max_batch_size: int | None = None,
+    tie_margin: float = DEFAULT_TIE_MARGIN,
+) -> Rebuild:
+    """Build the table for ``profile`` x ``acceptance`` and measure it against the alternatives.
+
+    ``max_batch_size`` defaults to the production table's last end when there is one (so the
+    candidate covers the same loads and edges compare like with like), else the profile's.
+    """
+    check_compatible(profile, acceptance)
+    started = time.perf_counter()
+    step_times = StepTimes.from_profile(profile)
+    if max_batch_size is None:
+        max_batch_size = production.max_batch_size if production else step_times.max_batch_size
+    build = build_table(
+        step_times, acceptance.rates, max_batch_size=max_batch_size, tie_margin=tie_margin
+    )
+    build_s = time.perf_counter() - started
+    batch_sizes = build.batch_sizes
+    metrics: dict[str, float] = {}
+    loss = table_loss(build.table, step_times, acceptance.rates, batch_sizes)
+    metrics["table_worst_loss"] = loss.worst_loss
+    metrics["table_worst_loss_batch_size"] = float(loss.worst_batch_size)
+    metrics["table_mean_loss"] = loss.mean_loss
+    fixed: dict[int, float] = {}
+    for k in build.lengths:
+        fixed_table = DraftTable.from_ranges([[1, max_batch_size, k]])
+        fixed[k] = table_loss(fixed_table, step_times, acceptance.rates, batch_sizes).worst_loss
+        metrics[f"fixed_k{k}_worst_loss"] = fixed[k]
+    best_k = min(fixed, key=lambda k: (fixed[k], k))
+    metrics["best_fixed_k"] = float(best_k)
+    metrics["best_fixed_worst_loss"] = fixed[best_k]
+    if production is not None:
+        usable = production.lengths <= set(build.lengths)
+        if usable:
+            old = table_loss(production, step_times, acceptance.rates, batch_sizes)
+            metrics["production_table_worst_loss"] = old.worst_loss
+        diff = production.diff(build.table, max_batch_size)
+        metrics["rebuild_changed_batch_sizes"] = float(len(diff.changed))
+        metrics["rebuild_max_edge_shift"] = float(diff.max_edge_shift)
+    metrics["rebuild_ranges"] = float(len(build.table.ranges))
+    metrics["rebuild_max_batch_size"] = float(max_batch_size)
+    metrics["rebuild_interpolated_batch_sizes"] = float(sum(build.interpolated))
+    metrics["rebuild_seconds"] = build_s
+    for i, rate in enumerate(acceptance.rates, start=1):
+        metrics[f"acceptance_a{i}"] = float(rate)
+    metrics["acceptance_tau_max"] = tau(acceptance.rates, acceptance.max_k)
+    metrics["acceptance_num_drafts"] = float(acceptance.num_drafts)
+    document = build.to_document(
+        provenance=dict(provenance),
+        meta={"worst_loss": loss.worst_loss, "best_fixed_k": best_k},
+    )
+    return Rebuild(document=document, build=build, metrics=metrics)
+
+
+def goodput_rows(build: BuildResult) -> dict[str, list[Any]]:
+    """The goodput matrix in long form (one row per B and k), ready for a parquet file."""
+    columns: dict[str, list[Any]] = {
+        "batch_size": [], "k": [], "goodput_tokens_per_s": [], "chosen": [], "interpolated": []
+    }
+    for i, b in enumerate(build.batch_sizes):
+        for j, k in enumerate(build.lengths):
+            columns["batch_size"].append(b)
+            columns["k"].append(k)
+            columns["goodput_tokens_per_s"].append(float(build.goodput[i, j]))
+            columns["chosen"].append(build.chosen[i] == k)
+            columns["interpolated"].append(bool(build.interpolated[i]))
+    return columns

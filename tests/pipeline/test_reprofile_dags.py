@@ -1,0 +1,124 @@
+"""The re-profile DAGs, run with dag.test() against the real MLflow server.
+
+The engine boundary is replaced by recording doubles (the fingerprint and the profiler), so the
+test controls when the deployment "changes" and asserts on what the DAG asked the engine to do.
+The weekly end-to-end test runs the real engine.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+from pipeline_factories import make_acceptance, make_profile
+
+from tabletune.pipeline import flows
+
+pytestmark = pytest.mark.services
+
+FINGERPRINT_OLD = {"engine": "vllm", "engine_version": "0.31.0", "device": "cuda",
+                   "gpu": "H100", "gpu_count": 1, "driver": "570.1"}
+FINGERPRINT_NEW = {**FINGERPRINT_OLD, "engine_version": "0.32.0"}
+
+
+class FakeEngine:
+    """Stands in for tabletune.engine/tuner; records what the DAG asked of it."""
+
+    def __init__(self) -> None:
+        self.fingerprint = FINGERPRINT_OLD
+        self.fingerprint_calls = 0
+        self.profile_calls: list[dict] = []
+
+    def deployment_fingerprint(self, spec):
+        self.fingerprint_calls += 1
+        return dict(self.fingerprint)
+
+    def profile_step_times(self, spec, *, batch_sizes, checkpoint, repeats=3):
+        self.profile_calls.append({"model": spec.model, "batch_sizes": list(batch_sizes),
+                                   "repeats": repeats, "checkpoint": str(checkpoint)})
+        # The upgrade made every step 30% slower, so the rebuilt table moves its edges.
+        return make_profile(fingerprint=dict(self.fingerprint), scale=1.3)
+
+
+def load_dag_module(services):
+    import sys
+
+    from conftest import REPO, pause_in_scheduler
+
+    pause_in_scheduler("tabletune_reprofile", "tabletune_profile")
+    sys.path.insert(0, str(REPO / "plugins"))
+    spec = importlib.util.spec_from_file_location("tabletune_reprofile_dags",
+                                                  REPO / "dags" / "tabletune_reprofile.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def task_states(dag_run) -> dict[str, str]:
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        return {ti.task_id: ti.state for ti in dag_run.get_task_instances(session=session)}
+
+
+@pytest.fixture
+def engine(monkeypatch):
+    fake = FakeEngine()
+    import tabletune.engine.spec
+    import tabletune.tuner
+
+    monkeypatch.setattr(tabletune.engine.spec, "deployment_fingerprint",
+                        fake.deployment_fingerprint)
+    monkeypatch.setattr(tabletune.tuner, "profile_step_times", fake.profile_step_times)
+    monkeypatch.setenv("AIRFLOW_CONN_TABLETUNE_ENGINE", json.dumps({
+        "conn_type": "generic",
+        "extra": {"spec": {"model": "/models/fake-target", "drafter": "/models/fake-drafter",
+                           "device": "cuda"}},
+    }))
+    return fake
+
+
+def test_reprofile_does_nothing_until_the_fingerprint_changes_then_profiles(
+        services, engine, unique):
+    key = f"reprofile-{unique}"
+    model = f"tabletune-{key}"
+    registry = services.registry()
+    flows.seed_registry(registry, model_name=model,
+                        profile=make_profile(fingerprint=FINGERPRINT_OLD),
+                        acceptance=make_acceptance())
+    dags = load_dag_module(services)
+
+    unchanged = dags.reprofile_dag.test(run_conf={"deployment_key": key})
+    assert unchanged.state == "success"
+    assert task_states(unchanged) == {"check_fingerprint": "success",
+                                      "announce_change": "skipped"}
+    assert engine.fingerprint_calls == 1 and engine.profile_calls == []
+
+    engine.fingerprint = FINGERPRINT_NEW  # e.g. vLLM was upgraded
+    changed = dags.reprofile_dag.test(run_conf={"deployment_key": key})
+    assert changed.state == "success"
+    assert task_states(changed)["announce_change"] == "success"
+
+    profiled = dags.profile_dag.test(run_conf={"deployment_key": key,
+                                               "batch_sizes": [1, 2, 4, 8, 16, 32, 64, 128],
+                                               "repeats": 1, "edge_tolerance": 0.0})
+    assert profiled.state == "success", task_states(profiled)
+    assert len(engine.profile_calls) == 1
+    call = engine.profile_calls[0]
+    assert call["model"] == "/models/fake-target" and call["repeats"] == 1
+    assert call["batch_sizes"] == [1, 2, 4, 8, 16, 32, 64, 128]
+
+    state = registry.alias_state(model)
+    assert state.production == "2" and state.previous == "1"
+    new = registry.read_version(model, "2")
+    assert new.profile.fingerprint == FINGERPRINT_NEW
+    mv = registry._client.get_model_version(model, "2")
+    report = registry.download_json(mv.run_id, "gate/report.json")
+    # Tolerance 0 would fail any moved edge; after a fingerprint change the rule is skipped.
+    assert report["passed"] and report["edges_skipped_because"] == (
+        "re-profile after a fingerprint change")
+
+    again = dags.reprofile_dag.test(run_conf={"deployment_key": key})
+    assert task_states(again)["announce_change"] == "skipped"
+    assert len(engine.profile_calls) == 1

@@ -1,0 +1,390 @@
+"""The online controller's pure estimator: blending, halving, exploration, decay, hysteresis,
+length restriction, rebuild records and state round-trips."""
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+import tabletune.controller.estimator as estimator_module
+from tabletune.controller import ControllerSettings, Estimator, Rebuild
+from tabletune.core.builder import StepTimes, build_table
+from tabletune.core.errors import ContractError
+from tabletune.core.tables import DOCS_TABLE, DraftTable
+
+PRIOR = (0.7, 0.5, 0.3)
+
+
+def step_times(max_k: int = 3) -> StepTimes:
+    """Plain step 5 ms growing with B; each draft token costs more as the batch fills, so long
+    drafts win at small B and short ones at large B."""
+    return StepTimes({
+        (b, k): 5.0 + 0.02 * b + k * (0.4 + 0.03 * b)
+        for b in (1, 8, 16, 32, 64, 96, 128)
+        for k in range(max_k + 1)
+    })
+
+
+def make(start=DOCS_TABLE, prior=PRIOR, **settings) -> Estimator:
+    settings.setdefault("rebuild_every_steps", 10_000)  # tests rebuild by hand unless they ask
+    return Estimator(start, step_times(), prior, ControllerSettings(**settings))
+
+
+def feed(est: Estimator, drafted: int, accepted: int, n: int) -> None:
+    est.observe_many([drafted] * n, [accepted] * n)
+
+
+# ---------------------------------------------------------------------------- the blend
+
+
+def test_paper_example_prior_half_plus_2000_drafts_1200_kept_gives_055():
+    est = make()
+    feed(est, 2, 2, 1200)  # 2000 drafts at position 2, 1200 of them kept
+    feed(est, 2, 1, 800)
+    record = est.rebuild()
+    assert record.rates[1] == pytest.approx(0.55, abs=1e-12)  # (1000 + 1200) / 4000
+    assert record.rates[0] == pytest.approx((2000 * 0.7 + 2000) / 4000)
+    assert record.rates[2] == pytest.approx(0.3)  # never drafted: the prior stands
+    assert record.drafted == (2000.0, 2000.0, 0.0)
+    assert record.accepted == (2000.0, 1200.0, 0.0)
+    assert record.prior_weight == 2000.0
+
+
+def test_a_request_that_drafts_3_and_keeps_2_counts_positions_1_to_3_and_1_to_2():
+    est = make()
+    est.observe(3, 2)
+    assert est.live_counts == ((1.0, 1.0, 1.0), (1.0, 1.0, 0.0))
+
+
+def test_observe_observe_many_and_observe_positions_give_the_same_estimate():
+    one, many, positions = make(), make(), make()
+    pairs = [(2, 2)] * 1200 + [(2, 1)] * 800 + [(3, 0)] * 50
+    for d, a in pairs:
+        one.observe(d, a)
+    many.observe_many([d for d, _ in pairs], [a for _, a in pairs])
+    positions.observe_positions([2050, 2050, 50], [2000, 1200, 0])
+    assert one.live_counts == many.live_counts == positions.live_counts
+    assert one.rebuild().rates == many.rebuild().rates == positions.rebuild().rates
+
+
+def test_observe_many_takes_mixed_lengths_tuples_and_numpy_arrays():
+    import numpy as np
+
+    expected = make()
+    for d, a in [(1, 1), (3, 0), (2, 2), (3, 3)]:
+        expected.observe(d, a)
+    for drafted, accepted in [([1, 3, 2, 3], [1, 0, 2, 3]),  # a kept 2 above a drafted 1
+                              ((1, 3, 2, 3), (1, 0, 2, 3)),
+                              (np.array([1, 3, 2, 3]), np.array([1, 0, 2, 3]))]:
+        est = make()
+        est.observe_many(drafted, accepted)
+        assert est.live_counts == expected.live_counts
+
+
+def test_live_counts_are_halved_after_each_rebuild():
+    est = make()
+    feed(est, 2, 2, 1200)
+    feed(est, 2, 1, 800)
+    est.rebuild()
+    assert est.live_counts == ((1000.0, 1000.0, 0.0), (1000.0, 600.0, 0.0))
+    feed(est, 2, 2, 1200)
+    feed(est, 2, 1, 800)
+    record = est.rebuild()
+    # Halved old counts plus the new ones: (1000 + 1800) / (2000 + 3000).
+    assert record.drafted[1] == 3000.0 and record.accepted[1] == 1800.0
+    assert record.rates[1] == pytest.approx(2800 / 5000)
+    assert est.live_counts[0] == (1500.0, 1500.0, 0.0)
+
+
+def test_estimates_stay_monotone_when_a_later_position_has_fewer_samples():
+    # Position 1 is observed a lot at a low rate; position 2 only has its (high) prior.
+    est = make(prior=(0.9, 0.9, 0.9))
+    feed(est, 1, 0, 20_000)
+    rates = est.rebuild().rates
+    assert rates[0] == pytest.approx(1800 / 22000)
+    assert rates[1] <= rates[0] and rates[2] <= rates[1]
+
+
+def test_rebuild_uses_the_core_builder_with_the_tie_margin():
+    assert estimator_module.build_table is build_table  # one table builder, not a copy
+    est = make(tie_margin=0.01, allowed_lengths=(0, 1, 2, 3))
+    feed(est, 3, 1, 5000)
+    record = est.rebuild()
+    expected = build_table(step_times(), record.rates, max_batch_size=128,
+                           lengths=(0, 1, 2, 3), tie_margin=0.01)
+    assert record.new_ranges == expected.table.ranges
+    assert est.table == expected.table
+
+
+# ------------------------------------------------------------------- rebuild cadence, records
+
+
+def test_on_step_rebuilds_every_n_steps_and_keeps_json_records():
+    est = make(rebuild_every_steps=100)
+    for _ in range(250):
+        est.on_step(8)
+        est.observe_many([3] * 8, [1] * 8)
+    assert est.num_rebuilds == 2
+    assert [r.step for r in est.history] == [100, 200]
+    record = est.last_rebuild
+    assert isinstance(record, Rebuild)
+    assert record.old_ranges == est.history[0].new_ranges
+    assert Rebuild.from_dict(json.loads(json.dumps(record.to_dict()))) == record
+    assert [r.index for r in est.drain_rebuilds()] == [1, 2]
+    assert est.drain_rebuilds() == []
+
+
+def test_rebuild_record_says_whether_the_table_changed():
+    est = make(allowed_lengths=(0, 1, 2, 3))
+    first = est.rebuild()  # the docs table is not what these step times want
+    assert first.changed and first.old_ranges == DOCS_TABLE.ranges
+    second = est.rebuild()  # nothing observed, prior unchanged: same table
+    assert not second.changed and second.new_ranges == first.new_ranges
+
+
+def test_a_rebuild_due_inside_on_step_already_applies_to_that_step():
+    est = make(start=DraftTable.from_ranges([[1, 128, 0]]), rebuild_every_steps=5,
+               allowed_lengths=(0, 3))
+    ks = [est.on_step(1) for _ in range(5)]
+    assert ks[:4] == [0, 0, 0, 0] and ks[4] == 3  # at B=1 k=3 wins with these rates
+
+
+# ------------------------------------------------------------------------------ exploration
+
+
+def test_exploration_makes_positions_beyond_the_current_k_observable():
+    start = DraftTable.from_ranges([[1, 16, 3], [17, 128, 1]])
+
+    def run(settings_kwargs):
+        est = make(start=start, **settings_kwargs)
+        ks = []
+        for _ in range(500):
+            k = est.on_step(64)  # table says k=1 at B=64
+            ks.append(k)
+            est.observe_many([k] * 64, [min(k, 2)] * 64)
+        return est, ks
+
+    plain, plain_ks = run({})
+    assert set(plain_ks) == {1}
+    drafted, _ = plain.live_counts
+    assert drafted[1] == 0 and drafted[2] == 0  # positions 2-3 never seen
+
+    explorer, ks = run({"exploration_every": 50})
+    assert [i + 1 for i, k in enumerate(ks) if k == 3] == list(range(50, 501, 50))
+    drafted, accepted = explorer.live_counts
+    assert drafted[2] == 10 * 64 and accepted[1] == 10 * 64
+    assert explorer.explorations == 10
+
+
+def test_exploration_uses_the_longest_allowed_length():
+    est = make(start=DraftTable.from_ranges([[1, 128, 1]]), exploration_every=2,
+               allowed_lengths=(0, 1, 2))
+    assert [est.on_step(100) for _ in range(4)] == [1, 2, 1, 2]
+
+
+# ------------------------------------------------------------------------------- prior decay
+
+
+def test_prior_decay_halves_w_at_every_rebuild():
+    est = make(prior_decay=True)
+    weights = [est.rebuild().prior_weight for _ in range(4)]
+    assert weights == [2000.0, 1000.0, 500.0, 250.0]
+    assert est.prior_weight == 125.0
+    assert make().rebuild().prior_weight == 2000.0 and make().prior_weight == 2000.0
+
+
+def test_prior_decay_lets_live_traffic_take_over_sooner():
+    def after(decay: bool) -> float:
+        est = make(prior=(0.9, 0.8, 0.7), prior_decay=decay)
+        for _ in range(6):
+            feed(est, 3, 0, 200)  # live traffic rejects everything at position 1
+            rate = est.rebuild().rates[0]
+        return rate
+
+    live = 200 * sum(0.5 ** j for j in range(6))  # 200 drafts per rebuild, halved each time
+    assert after(True) == pytest.approx(62.5 * 0.9 / (62.5 + live))  # w = 2000 / 2**5
+    assert after(False) == pytest.approx(2000 * 0.9 / (2000 + live))
+    assert after(True) < 0.15 < 0.7 < after(False)
+
+
+def test_decayed_w_of_zero_never_divides_by_zero():
+    est = make(prior_decay=True, prior_weight=5e-324)  # the smallest float: halving gives 0.0
+    for _ in range(3):
+        rates = est.rebuild().rates  # w underflows to 0.0; nothing was drafted
+    assert est.prior_weight == 0.0
+    assert rates == PRIOR and all(math.isfinite(r) for r in rates)
+
+
+# ---------------------------------------------------------------------------------- hysteresis
+
+
+def _switches(ks):
+    return sum(1 for a, b in zip(ks, ks[1:]) if a != b)
+
+
+def test_hysteresis_stops_back_and_forth_at_an_edge():
+    start = DraftTable.from_ranges([[1, 32, 3], [33, 128, 1]])
+    trace = [31, 34] * 100  # a batch hovering across the 32|33 edge
+
+    def switches(h):
+        est = make(start=start, hysteresis=h)
+        ks = [est.on_step(b) for b in trace]
+        return _switches(ks), est.switches
+
+    assert switches(0) == (199, 199)
+    assert switches(2) == (0, 0)  # 31 and 34 are both within 2 of the edge: k stays
+
+
+def test_hysteresis_switches_once_the_batch_leaves_the_band():
+    est = make(start=DraftTable.from_ranges([[1, 32, 3], [33, 128, 1]]), hysteresis=2)
+    ks = [est.on_step(b) for b in (30, 33, 34, 35, 31, 32, 30)]
+    # 33 and 34 are within 2 of range 1-32; 35 is not -> k=1; 31 is within 2 of 33-128;
+    # 30 is not -> back to k=3.
+    assert ks == [3, 3, 3, 1, 1, 1, 3]
+
+
+def test_batch_sizes_above_the_table_use_its_last_k_and_zero_is_refused():
+    est = make(start=DraftTable.from_ranges([[1, 64, 3], [65, 128, 1]]))
+    assert est.on_step(1000) == 1
+    with pytest.raises(ContractError, match="batch_size: 0"):
+        est.on_step(0)
+
+
+# ------------------------------------------------------------------------ allowed lengths
+
+
+def test_rebuilt_tables_use_only_the_start_tables_lengths_by_default():
+    start = DraftTable.from_ranges([[1, 64, 3], [65, 128, 1]])
+    free = make(start=start, allowed_lengths=(0, 1, 2, 3)).rebuild()
+    assert {k for _, _, k in free.new_ranges} == {1, 2, 3}  # k=2 wins somewhere
+    limited = make(start=start)
+    assert limited.allowed_lengths == (1, 3)
+    assert {k for _, _, k in limited.rebuild().new_ranges} <= {1, 3}
+    ks = set()
+    for b in range(1, 129):
+        ks.add(limited.on_step(b))
+    assert ks <= {1, 3}
+
+
+def test_lengths_outside_the_profile_or_the_prior_are_refused():
+    with pytest.raises(ContractError, match=r"settings.allowed_lengths.*k=4.*not a profiled"):
+        make(allowed_lengths=(1, 4))
+    with pytest.raises(ContractError, match=r"start_table lengths.*k=3.*prior rates \(2\)"):
+        make(prior=(0.7, 0.5))
+
+
+# ------------------------------------------------------------------------------ validation
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("rebuild_every_steps", 0, "settings.rebuild_every_steps: 0 is not an integer >= 1"),
+    ("prior_weight", float("nan"), "settings.prior_weight: nan is not a positive number"),
+    ("tie_margin", -0.1, "settings.tie_margin: -0.1 is not a non-negative number"),
+    ("exploration_every", 1, "settings.exploration_every: 1 is not an integer >= 2"),
+    ("hysteresis", -1, "settings.hysteresis: -1 is not an integer >= 0"),
+    ("allowed_lengths", (), "settings.allowed_lengths: [] is empty"),
+    ("max_batch_size", 0, "settings.max_batch_size: 0 is not an integer >= 1"),
+    ("prior_decay", "yes", "settings.prior_decay: 'yes' is not a boolean"),
+])
+def test_bad_settings_name_the_field_and_value(field, value, message):
+    with pytest.raises(ContractError) as err:
+        ControllerSettings(**{field: value})
+    assert str(err.value).startswith(message)
+
+
+def test_bad_observations_are_refused_and_leave_counts_untouched():
+    est = make()
+    with pytest.raises(ContractError, match=r"observe.num_accepted: 3 is above num_drafted = 2"):
+        est.observe(2, 3)
+    with pytest.raises(ContractError, match=r"observe.num_drafted: 1.5 is not an integer"):
+        est.observe(1.5, 1)
+    with pytest.raises(ContractError, match=r"observe_many.accepted\[1\]: 4 is above"):
+        est.observe_many([3, 3, 3], [1, 4, 1])
+    with pytest.raises(ContractError, match=r"observe_many.accepted\[0\]: -1 is not"):
+        est.observe_many([3], [-1])
+    with pytest.raises(ContractError, match=r"observe_many.accepted: '1 entries'"):
+        est.observe_many([3, 3], [1])
+    with pytest.raises(ContractError, match=r"observe_positions\[1\]"):
+        est.observe_positions([10, 5], [10, 6])
+    assert est.live_counts == ((0.0, 0.0, 0.0), (0.0, 0.0, 0.0))
+
+
+def test_drafts_beyond_the_priors_k_count_their_first_k_positions():
+    est = make()
+    est.observe(5, 4)
+    est.observe_many([6], [1])
+    assert est.live_counts == ((2.0, 2.0, 2.0), (2.0, 1.0, 1.0))
+
+
+def test_bad_constructor_inputs_name_the_argument():
+    with pytest.raises(ContractError, match=r"prior_rates\[1\]: 0.8 is above"):
+        Estimator(DOCS_TABLE, step_times(), (0.7, 0.8, 0.3))
+    with pytest.raises(ContractError, match="start_table"):
+        Estimator([[1, 64, 3]], step_times(), PRIOR)
+    with pytest.raises(ContractError, match="step_times"):
+        Estimator(DOCS_TABLE, {(1, 0): 5.0}, PRIOR)
+
+
+# ------------------------------------------------------------------------------------ state
+
+
+def test_state_is_json_and_from_state_continues_identically():
+    settings = dict(rebuild_every_steps=40, exploration_every=7, prior_decay=True, hysteresis=2,
+                    allowed_lengths=(0, 1, 2, 3))
+    original = make(**settings)
+    trace = [(b % 90) + 1 for b in range(0, 6000, 37)]
+    for b in trace[:50]:
+        k = original.on_step(b)
+        original.observe_many([k] * b, [max(k - 1, 0)] * b)
+    state = json.loads(json.dumps(original.state(), allow_nan=False))
+    restored = Estimator.from_state(state)
+    assert restored.state() == original.state()
+    for b in trace[50:]:
+        k1, k2 = original.on_step(b), restored.on_step(b)
+        assert k1 == k2
+        for est in (original, restored):
+            est.observe_many([k1] * b, [max(k1 - 1, 0)] * b)
+    assert restored.state() == original.state()
+    assert original.num_rebuilds >= 3
+
+
+def test_state_shows_table_rates_counts_and_steps():
+    est = make(rebuild_every_steps=3)
+    for _ in range(4):
+        est.on_step(10)
+        est.observe(3, 1)
+    s = est.state()
+    assert s["steps"] == 4 and s["num_rebuilds"] == 1 and s["last_rebuild_step"] == 3
+    assert s["table"] == [list(r) for r in est.table.ranges]
+    assert s["rates"] == list(est.rates)
+    # The rebuild runs at the start of step 3: 2 requests before it, halved, plus 2 after.
+    assert s["drafted"] == [3.0, 3.0, 3.0]
+    assert s["history"][0]["step"] == 3
+
+
+def test_from_state_names_bad_fields():
+    state = make().state()
+    with pytest.raises(ContractError, match="state.schema"):
+        Estimator.from_state({**state, "schema": "other"})
+    with pytest.raises(ContractError, match=r"state.drafted: \[1.0\] has 1 entries"):
+        Estimator.from_state({**state, "drafted": [1.0]})
+    with pytest.raises(ContractError, match=r"state.settings.hysteresis: -2"):
+        Estimator.from_state({**state, "settings": {**state["settings"], "hysteresis": -2}})
+    missing = dict(state)
+    del missing["steps"]
+    with pytest.raises(ContractError, match="state.steps: None is missing"):
+        Estimator.from_state(missing)
+
+
+def test_controller_and_simulator_import_no_engine_or_plotting_stack():
+    code = (
+        "import json, sys\n"
+        "import tabletune.controller, tabletune.simulator\n"
+        "heavy = ('vllm', 'torch', 'airflow', 'mlflow', 'boto3', 'matplotlib')\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in heavy)))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=60)
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == []

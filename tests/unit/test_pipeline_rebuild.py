@@ -1,0 +1,48 @@
+"""Rebuilding a table and what a run logs about it."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+from pipeline_factories import make_acceptance, make_profile
+
+from tabletune.core.contracts import TableDocument
+from tabletune.core.errors import ContractError
+from tabletune.core.tables import DraftTable
+from tabletune.pipeline.plots import plot_goodput, plot_tables
+from tabletune.pipeline.rebuild import goodput_rows, rebuild_table
+
+
+def test_rebuild_reports_losses_against_fixed_lengths_and_production():
+    production = DraftTable.from_ranges([[1, 128, 3]])
+    result = rebuild_table(make_profile(), make_acceptance(), provenance={"by": "test"},
+                           production=production)
+    m = result.metrics
+    assert m["rebuild_max_batch_size"] == 128  # production's reach, not only the profile's
+    assert m["table_worst_loss"] <= m["best_fixed_worst_loss"] + 1e-12
+    assert {f"fixed_k{k}_worst_loss" for k in range(4)} <= set(m)
+    # Fixed k=3 at large batches is far from the best length: the old table loses there.
+    assert m["production_table_worst_loss"] > m["table_worst_loss"]
+    assert m["rebuild_changed_batch_sizes"] > 0
+    assert result.document.provenance == {"by": "test"}
+    assert TableDocument.from_dict(result.document.to_dict()).table == result.document.table
+
+
+def test_rebuild_refuses_acceptance_shorter_than_the_profile():
+    with pytest.raises(ContractError, match="K mismatch"):
+        rebuild_table(make_profile(max_k=3), make_acceptance((0.8, 0.6)), provenance={})
+
+
+def test_goodput_rows_are_one_per_batch_size_and_length(tmp_path):
+    result = rebuild_table(make_profile(), make_acceptance(), provenance={})
+    frame = pd.DataFrame(goodput_rows(result.build))
+    assert len(frame) == 128 * 4
+    chosen = frame[frame.chosen].set_index("batch_size")["k"]
+    assert list(chosen) == result.document.table.lookup(128)
+    path = tmp_path / "g.parquet"
+    frame.to_parquet(path)
+    assert pd.read_parquet(path).shape == frame.shape
+    for plot in (plot_goodput(result.build, tmp_path / "g.png"),
+                 plot_tables(result.document.table, DraftTable.from_ranges([[1, 128, 1]]), 128,
+                             tmp_path / "t.png")):
+        assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
