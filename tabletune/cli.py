@@ -177,10 +177,9 @@ def build_document(profile: Profile, acceptance: Acceptance, *, lengths=None,
     return result, result.to_document(prov)
 
 
-def _write_plots(out_dir: Path, profile: Profile, result) -> list[Path]:
+def _write_plots(d: Path, profile: Profile, result) -> list[Path]:
     from tabletune import plots
 
-    d = out_dir / "plots"
     return [
         plots.plot_step_times(profile, d / "step_times.png"),
         plots.plot_goodput_heatmap(result, d / "goodput_heatmap.png"),
@@ -222,7 +221,7 @@ def cmd_build(args) -> int:
     save_json(args.out, doc)
     print(_describe_document(doc))
     if args.plots:
-        _write_plots(Path(args.out).parent, profile, result)
+        _write_plots(Path(args.out).parent / "plots", profile, result)
     return 0
 
 
@@ -250,7 +249,7 @@ def cmd_tune(args) -> int:
                                  max_batch_size=args.table_max_batch_size,
                                  provenance={"tune_wall_s": round(time.time() - started, 1)})
     save_json(out / "table.json", doc)
-    _write_plots(out, profile, result)
+    _write_plots(out / "plots", profile, result)
     timing = {"profile_s": round(t_profile, 1), "acceptance_s": round(t_acceptance, 1),
               "total_s": round(time.time() - started, 1), "mode": args.mode,
               "cells": len(profile.cells), "batch_sizes": list(grid)}
@@ -353,6 +352,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out-dir", required=True, type=Path)
     p.set_defaults(func=cmd_plot)
 
+    sub.add_parser("registry", add_help=False,
+                   help="seed, show, promote or roll back registered tables in MLflow "
+                        "(tabletune registry --help)")
     _add_optional_commands(sub)
     return parser
 
@@ -376,6 +378,12 @@ def _add_optional_commands(sub) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     from tabletune.engine.server import EngineError
 
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["registry"]:
+        # Registered tables in MLflow (pipeline extra): its own parser, no engine needed.
+        from tabletune.pipeline.cli import registry_main
+
+        return registry_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

@@ -305,7 +305,7 @@ def rebuild(
 def _log_goodput_and_plots(registry: Any, run_id: str, result: Any, production: Any) -> None:
     import pandas as pd
 
-    from tabletune.pipeline.plots import plot_goodput, plot_tables
+    from tabletune.plots import plot_goodput, plot_tables
 
     with tempfile.TemporaryDirectory(prefix="tabletune-run-") as tmp:
         tmp_path = Path(tmp)
@@ -314,8 +314,9 @@ def _log_goodput_and_plots(registry: Any, run_id: str, result: Any, production: 
         registry.log_file(run_id, parquet, None)
         plots = [
             plot_goodput(result.build, tmp_path / "goodput.png"),
-            plot_tables(result.document.table, production, result.build.batch_sizes[-1],
-                        tmp_path / "table_vs_production.png"),
+            plot_tables({**({"production": production} if production is not None else {}),
+                         "candidate": result.document.table},
+                        result.build.batch_sizes[-1], tmp_path / "table_vs_production.png"),
         ]
         for plot in plots:
             registry.log_file(run_id, plot, "plots")

@@ -86,7 +86,7 @@ def test_engine_death_mid_profile_then_resume_remeasures_nothing(engine_out):
     os.killpg(os.getpgid(pid), signal.SIGKILL)
     output, _ = cli.communicate(timeout=120)
     assert cli.returncode == 2, output[-3000:]
-    assert "vLLM server died" in output or "Connect" in output, output[-3000:]
+    assert "vLLM server died" in output, output[-3000:]
     assert not (out / "profile.json").exists()
     saved = _cells_in(ckpt)
     assert 2 <= len(saved) < 6

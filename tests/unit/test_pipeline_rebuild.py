@@ -9,7 +9,7 @@ from pipeline_factories import make_acceptance, make_profile
 from tabletune.core.contracts import TableDocument
 from tabletune.core.errors import ContractError
 from tabletune.core.tables import DraftTable
-from tabletune.pipeline.plots import plot_goodput, plot_tables
+from tabletune.plots import plot_goodput, plot_tables
 from tabletune.pipeline.rebuild import goodput_rows, rebuild_table
 
 
@@ -43,6 +43,6 @@ def test_goodput_rows_are_one_per_batch_size_and_length(tmp_path):
     frame.to_parquet(path)
     assert pd.read_parquet(path).shape == frame.shape
     for plot in (plot_goodput(result.build, tmp_path / "g.png"),
-                 plot_tables(result.document.table, DraftTable.from_ranges([[1, 128, 1]]), 128,
-                             tmp_path / "t.png")):
+                 plot_tables({"production": DraftTable.from_ranges([[1, 128, 1]]),
+                              "candidate": result.document.table}, 128, tmp_path / "t.png")):
         assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
