@@ -13,12 +13,12 @@ export TABLETUNE_SERVICES_DIR="${TABLETUNE_SERVICES_DIR:-/tmp/tabletune-services
 # Build the embedded model pair once, before any test times out waiting for it.
 .venv/bin/python -c "from tabletune.engine.model_pair import build_pair, greedy_agreement; greedy_agreement(build_pair())"
 status=0
-.venv/bin/python -m pytest -p no:cacheprovider -q -ra tests/unit tests/engine "$@" || status=$?
+.venv/bin/python -m pytest -p no:cacheprovider -q -ra --durations=15 tests/unit tests/engine "$@" || status=$?
 # Airflow reads its configuration on first import: the pipeline tests get their own process,
 # with the services started first.
 infra/local/services.sh start
 trap 'infra/local/services.sh stop' EXIT
 # shellcheck disable=SC1091
 source "$TABLETUNE_SERVICES_DIR/env.sh"
-.venv/bin/python -m pytest -p no:cacheprovider -q -ra tests/pipeline "$@" || status=$?
+.venv/bin/python -m pytest -p no:cacheprovider -q -ra --durations=10 tests/pipeline "$@" || status=$?
 exit $status

@@ -43,11 +43,19 @@ class TableTuneScheduler(Scheduler):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self._tabletune_lookup: StepLookup | None = None
+        try:
+            self._install_tabletune()
+        except Exception:  # nothing TableTune does may stop the engine from starting
+            logger.exception("TableTune scheduler could not install; running vLLM's own lookup")
+            self._tabletune_lookup = None
+
+    def _install_tabletune(self) -> None:
         if self.dynamic_sd_lookup is None:
             if os.environ.get(CONTROL_FILE_ENV) or os.environ.get("TABLETUNE_CONTROLLER"):
                 logger.warning("TableTune scheduler: no num_speculative_tokens_per_batch_size "
                                "table configured; nothing to control")
             return
+        static = list(self.dynamic_sd_lookup)
         controller = None
         if os.environ.get("TABLETUNE_CONTROLLER"):
             try:
@@ -56,13 +64,13 @@ class TableTuneScheduler(Scheduler):
                 controller = controller_from_env(self)
             except ValueError as e:  # ContractError: the prior is unusable, and we say why
                 logger.error("TableTune controller refused its prior: %s; running the static "
-                             "table %s", e, self.speculative_config.num_speculative_tokens_per_batch_size)
+                             "table", e)
             except Exception:
                 logger.exception("TableTune controller could not start; "
                                  "running the static table")
         self._tabletune_lookup = StepLookup(
-            list(self.dynamic_sd_lookup), self.num_spec_tokens,
-            ControlFile(os.environ.get(CONTROL_FILE_ENV)), controller)
+            static, self.num_spec_tokens, ControlFile(os.environ.get(CONTROL_FILE_ENV)),
+            controller)
         self.dynamic_sd_lookup = self._tabletune_lookup
 
     def make_spec_decoding_stats(self, spec_decoding_stats, num_draft_tokens,

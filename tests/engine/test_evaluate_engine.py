@@ -14,24 +14,20 @@ pytestmark = pytest.mark.engine
 CPU_TABLE = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "cpu" / "table.json"
 
 
-def test_evaluate_counts_every_token_and_reports_losses(tmp_path, capsys):
-    rc = main(["evaluate", "--max-k", "2", "--arms", f"none,table:{CPU_TABLE}",
+def test_evaluate_counts_every_token(tmp_path, capsys):
+    rc = main(["evaluate", "--max-k", "2", "--arms", f"table:{CPU_TABLE}",
                "--concurrency", "1,3", "--requests-per-client", "2", "--max-tokens", "12",
                "--num-prompts", "8", "--out-dir", str(tmp_path)])
     assert rc == 0, capsys.readouterr().err
     doc = json.loads((tmp_path / "evaluate.json").read_text())
     assert doc["schema"] == "tabletune.evaluation/v1"
+    assert [r["concurrency"] for r in doc["results"]] == [1, 3]
     for r in doc["results"]:
         # Every request's tokens are counted, also when clients finish concurrently.
         assert r["requests"] == r["concurrency"] * 2
         assert r["output_tokens"] == r["requests"] * 12
         assert r["tokens_per_s"] > 0
-    losses = doc["losses"]["arms"]
-    assert losses["no speculation"]["worst_loss"] == pytest.approx(0.0)
-    table_arm = f"table {CPU_TABLE.name}"
-    # The measured table speculates at low B, where the pair's drafter agrees ~72 % of the time:
-    # it beats no speculation at concurrency 1.
-    assert losses[table_arm]["loss_by_concurrency"]["1"] < 0
+    assert doc["losses"] is None  # no baseline arm asked for
     assert (tmp_path / "evaluate.png").stat().st_size > 0
 
 
@@ -48,3 +44,10 @@ def test_doctor_compares_fixed_and_tabled_lengths_and_says_what_it_found(tmp_pat
     assert verdict["summary"] in out
     arms = {r["arm"] for r in doc["results"]}
     assert arms == {"no speculation", "fixed k=2", "k=2 via table"}
+    by = {r["arm"]: r["tokens_per_s"] for r in doc["results"]}
+    # The pair's drafter agrees ~72 % of the time and is cheap: at concurrency 2, fixed k = 2
+    # out-serves no speculation, and the losses are measured against the better of the two.
+    assert by["fixed k=2"] > by["no speculation"]
+    losses = doc["losses"]["arms"]
+    assert losses["fixed k=2"]["worst_loss"] == 0.0
+    assert losses["no speculation"]["worst_loss"] > 0

@@ -73,7 +73,7 @@ def test_engine_death_mid_profile_then_resume_remeasures_nothing(engine_out):
     out = engine_out / "resume"
     ckpt = out / "ckpt.jsonl"
     cmd = [sys.executable, "-m", "tabletune.cli", "profile", "--max-k", "1",
-           "--batch-sizes", "1,2,4", "--repeats", "1", "--max-num-seqs", "8",
+           "--batch-sizes", "1,2", "--repeats", "1", "--max-num-seqs", "8",
            "--checkpoint", str(ckpt), "--out", str(out / "profile.json")]
     cli = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.time() + 400
@@ -89,7 +89,7 @@ def test_engine_death_mid_profile_then_resume_remeasures_nothing(engine_out):
     assert "vLLM server died" in output, output[-3000:]
     assert not (out / "profile.json").exists()
     saved = _cells_in(ckpt)
-    assert 2 <= len(saved) < 6
+    assert 2 <= len(saved) < 4
 
     before = ckpt.read_text()
     resumed = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
@@ -97,7 +97,7 @@ def test_engine_death_mid_profile_then_resume_remeasures_nothing(engine_out):
     after = _cells_in(ckpt)
     # Every cell measured once: the resumed run appended only the missing ones.
     assert ckpt.read_text().startswith(before)
-    assert sorted(after) == sorted(set(after)) == sorted((b, k) for b in (1, 2, 4) for k in (0, 1))
+    assert sorted(after) == sorted(set(after)) == sorted((b, k) for b in (1, 2) for k in (0, 1))
     profile = load_json(out / "profile.json", "profile")
     first = json.loads(before.splitlines()[1])
     cell = profile.cell(first["batch_size"], first["k"])
