@@ -24,7 +24,8 @@ pytestmark = pytest.mark.engine
 
 
 def test_small_grid_profile_on_the_real_engine(pair_spec, engine_out):
-    settings = ProfileSettings(batch_sizes=(1, 8), repeats=3)
+    # Extra repeats of noisy cells are the profiler's default; this test needs only the three.
+    settings = ProfileSettings(batch_sizes=(1, 8), repeats=3, max_extra_repeats=0)
     profile = profile_step_times(pair_spec, batch_sizes=(1, 8), settings=settings,
                                  checkpoint=engine_out / "small.ckpt.jsonl",
                                  log_dir=engine_out / "small-logs", progress=False)
@@ -35,7 +36,7 @@ def test_small_grid_profile_on_the_real_engine(pair_spec, engine_out):
         # The engine logged steps with exactly B requests verifying k drafts each: the pinned
         # length really took effect.
         assert cell.engine_step_ms is not None and cell.engine_step_ms > 0
-        assert len(cell.samples_ms) >= 3
+        assert 2 <= len(cell.samples_ms) <= 3 and cell.client_step_ms is not None
     assert profile.step_ms(8, 2) > profile.step_ms(8, 0)
     assert profile.step_ms(8, 1) > profile.step_ms(8, 0)
     assert profile.meta["step_source"] in ("client", "engine")
