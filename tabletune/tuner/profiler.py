@@ -71,7 +71,6 @@ def parse_grid(text: str) -> tuple[int, ...]:
 @dataclass(frozen=True)
 class ProfileSettings:
     batch_sizes: tuple[int, ...]
-    lengths: tuple[int, ...] | None = None      # default 0..spec.max_k
     repeats: int = 3
     output_tokens: int = 65
     max_spread: float = 0.25                    # (max - min) / median of a cell's repeats
@@ -98,16 +97,13 @@ class RawCell:
     engine_samples_ms: list[float]
     engine_steps_seen: int = 0
 
-    @staticmethod
-    def spread(samples: Sequence[float]) -> float:
-        if len(samples) < 2:
-            return 0.0
-        med = statistics.median(samples)
-        return (max(samples) - min(samples)) / med if med > 0 else float("inf")
-
 
 def _relative_spread(samples: Sequence[float]) -> float:
-    return RawCell.spread(samples)
+    """(max - min) / median of a cell's repeats; 0 for a single repeat."""
+    if len(samples) < 2:
+        return 0.0
+    med = statistics.median(samples)
+    return (max(samples) - min(samples)) / med if med > 0 else float("inf")
 
 
 class Checkpoint:
@@ -164,7 +160,6 @@ class Checkpoint:
 def _settings_dict(s: ProfileSettings) -> dict:
     d = asdict(s)
     d["batch_sizes"] = list(s.batch_sizes)
-    d["lengths"] = list(s.lengths) if s.lengths is not None else None
     return d
 
 
@@ -289,10 +284,8 @@ def profile_step_times(spec: EngineSpec, *, batch_sizes: Sequence[int], checkpoi
     if mode not in PROFILE_MODES:
         raise ValueError(f"mode: {mode!r} is not one of {PROFILE_MODES}")
     settings = settings or ProfileSettings(batch_sizes=tuple(batch_sizes), repeats=repeats)
-    lengths = settings.lengths if settings.lengths is not None else tuple(range(spec.max_k + 1))
-    bad = [k for k in lengths if k < 0 or k > spec.max_k]
-    if bad:
-        raise ValueError(f"lengths: {bad!r} outside 0..max_k={spec.max_k}")
+    # Every length 0..K: the profile contract (and the builder) need the full grid.
+    lengths = tuple(range(spec.max_k + 1))
     max_b = max(settings.batch_sizes)
     run_spec = spec.with_(max_num_seqs=max(max_b, spec.max_num_seqs))
     fingerprint = deployment_fingerprint(run_spec)
