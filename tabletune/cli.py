@@ -35,6 +35,12 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dtype", default=None)
     g.add_argument("--engine-arg", action="append", default=[], metavar="ARG",
                    help="extra vLLM server argument (repeat; e.g. --engine-arg=--gpu-memory-utilization=0.8)")
+    g.add_argument("--runner", choices=("v1", "v2"), default=None,
+                   help="vLLM's GPU model runner (default on cuda: v2 for eagle/eagle3/mtp, "
+                        "which keeps full CUDA graphs with a table; v1 otherwise)")
+    g.add_argument("--cache-root", default=None, metavar="DIR",
+                   help="keep vLLM's compile caches under DIR (one folder per server role) so "
+                        "a later run of the same deployment starts faster")
     g.add_argument("--synthetic-acceptance", type=_float_list, default=None,
                    help="GPU only: emulate acceptance with vLLM's synthetic rates a_1,..,a_K")
 
@@ -58,7 +64,9 @@ def engine_spec_from_args(args: argparse.Namespace, *, max_batch_size: int | Non
 
     common = dict(max_k=args.max_k, tensor_parallel_size=args.tensor_parallel_size,
                   max_model_len=args.max_model_len, extra_args=tuple(args.engine_arg),
-                  synthetic_acceptance=args.synthetic_acceptance)
+                  synthetic_acceptance=args.synthetic_acceptance,
+                  runner=getattr(args, "runner", None),
+                  cache_root=getattr(args, "cache_root", None))
     if args.max_num_seqs or max_batch_size:
         common["max_num_seqs"] = max(args.max_num_seqs or 0, max_batch_size or 0)
     if args.model is None:
@@ -95,19 +103,25 @@ def add_profile_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mode", choices=("one-launch", "per-k"), default="one-launch",
                    help="one server with k pinned per phase (default), or one server per k")
     p.add_argument("--startup-timeout", type=float, default=600.0)
+    p.add_argument("--output-tokens", type=int, default=None,
+                   help="tokens per request in a timing window; step = (t_N - t_1)/(N - 1) "
+                        "(default: 65 on cpu, 129 on cuda, where steps are short and noisy)")
 
 
-def _run_profile(args, spec, out_dir: Path, checkpoint: Path | None = None) -> Profile:
+def _run_profile(args, spec, out_dir: Path, checkpoint: Path | None = None,
+                 on_first_server_ready=None) -> Profile:
     from tabletune.tuner.profiler import ProfileSettings, profile_step_times
 
     grid = _grid(args)
+    output_tokens = args.output_tokens or (129 if spec.device == "cuda" else 65)
     settings = ProfileSettings(batch_sizes=grid, repeats=args.repeats,
-                               max_spread=args.max_spread,
+                               max_spread=args.max_spread, output_tokens=output_tokens,
                                startup_timeout_s=args.startup_timeout)
     return profile_step_times(spec.with_(max_num_seqs=max(spec.max_num_seqs, max(grid))),
                               batch_sizes=grid, settings=settings,
                               checkpoint=checkpoint or out_dir / "profile.ckpt.jsonl",
-                              log_dir=out_dir / "logs", mode=args.mode)
+                              log_dir=out_dir / "logs", mode=args.mode,
+                              on_first_server_ready=on_first_server_ready)
 
 
 def add_acceptance_args(p: argparse.ArgumentParser) -> None:
@@ -135,10 +149,14 @@ def _prompts(args) -> list[str]:
     return prompts
 
 
+def _acceptance_spec(spec):
+    return spec.with_(max_num_seqs=max(spec.max_num_seqs, 64))
+
+
 def _run_acceptance(args, spec, out_dir: Path) -> Acceptance:
     from tabletune.tuner.acceptance import measure_acceptance
 
-    return measure_acceptance(spec.with_(max_num_seqs=max(spec.max_num_seqs, 64)), _prompts(args),
+    return measure_acceptance(_acceptance_spec(spec), _prompts(args),
                               temperature=args.temperature, max_tokens=args.max_tokens,
                               log_dir=out_dir / "logs")
 
@@ -234,16 +252,42 @@ def cmd_tune(args) -> int:
     print(f"tune: {spec.model} + {spec.drafter} ({spec.method}, K={spec.max_k}, {spec.device}); "
           f"B grid {list(grid)}; output {out}", flush=True)
     t0 = time.time()
-    profile = _run_profile(args, spec, out)
-    save_json(out / "profile.json", profile)
-    t_profile = time.time() - t0
-    t0 = time.time()
+    measured: dict = {}
+    on_ready = None
     if args.acceptance:
-        acceptance = load_json(args.acceptance, "acceptance")
-    else:
-        acceptance = _run_acceptance(args, spec, out)
+        measured["acceptance"] = load_json(args.acceptance, "acceptance")
+    elif args.overlap_startups:
+        # The acceptance server starts beside the profile's; acceptance is measured once both
+        # are up and before any cell is timed, so the two never share a timing window.
+        from tabletune.tuner.acceptance import (acceptance_from, check_acceptance_inputs,
+                                                launch_acceptance_server)
+
+        prompts = _prompts(args)
+        check_acceptance_inputs(prompts, args.temperature)
+        acc_server = launch_acceptance_server(_acceptance_spec(spec),
+                                              log_dir=out / "logs",
+                                              startup_timeout_s=args.startup_timeout)
+
+        def on_ready() -> None:
+            t = time.time()
+            measured["acceptance"] = acceptance_from(acc_server, prompts,
+                                                     temperature=args.temperature,
+                                                     max_tokens=args.max_tokens)
+            measured["acceptance_s"] = time.time() - t
+    try:
+        profile = _run_profile(args, spec, out, on_first_server_ready=on_ready)
+    finally:
+        if on_ready is not None and "acceptance" not in measured:
+            acc_server.stop()
+    save_json(out / "profile.json", profile)
+    t_profile = time.time() - t0 - measured.get("acceptance_s", 0.0)
+    t0 = time.time()
+    if "acceptance" not in measured:
+        measured["acceptance"] = _run_acceptance(args, spec, out)
+    acceptance = measured["acceptance"]
+    if not args.acceptance:
         save_json(out / "acceptance.json", acceptance)
-    t_acceptance = time.time() - t0
+    t_acceptance = time.time() - t0 + measured.get("acceptance_s", 0.0)
     result, doc = build_document(profile, acceptance, lengths=args.lengths,
                                  tie_margin=args.tie_margin,
                                  max_batch_size=args.table_max_batch_size,
@@ -317,6 +361,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_acceptance_args(p)
     add_build_args(p)
     p.add_argument("--acceptance", type=Path, help="reuse an acceptance file instead of measuring")
+    p.add_argument("--overlap-startups", action="store_true",
+                   help="start the acceptance server beside the profile's (GPU: give each a "
+                        "fixed --engine-arg=--kv-cache-memory-bytes=N)")
     p.add_argument("--out-dir", default="tabletune-out")
     p.set_defaults(func=cmd_tune)
 

@@ -80,26 +80,104 @@ class ArmResult:
 def run_arms(spec: EngineSpec, arms: Sequence[Arm], *, concurrency: Sequence[int],
              prompts: Sequence[str], max_tokens: int, requests_per_client: int,
              log_dir: Path, temperature: float = 0.0,
-             startup_timeout_s: float = 600.0) -> list[ArmResult]:
+             startup_timeout_s: float = 600.0, min_seconds: float | None = None,
+             one_server: bool = False, parallel_startups: int = 1,
+             startup_log: dict | None = None) -> list[ArmResult]:
+    """Load-test each arm at each concurrency level.
+
+    ``one_server``: every arm that serves through a table (``table``, ``fixed-table``) runs on
+    one server whose vLLM table holds every length; TableTune's scheduler switches arms through
+    its control file. That saves a start-up (minutes on a GPU) per arm; it is the same serving
+    path only where a table costs nothing by itself (V2 runner with the compatibility layer:
+    ``tabletune doctor`` says). ``parallel_startups`` servers start side by side, then are
+    measured one after another (give each a fixed ``--kv-cache-memory``: start-ups that overlap
+    race in vLLM's memory profiling otherwise).
+    """
     max_c = max(concurrency)
     run_spec = spec.with_(max_num_seqs=max(spec.max_num_seqs, max_c))
-    results = []
+    groups = _server_groups(run_spec, arms, max_c, log_dir, one_server, startup_timeout_s)
+    results: list[ArmResult] = []
+    for first in range(0, len(groups), max(1, parallel_startups)):
+        batch = groups[first:first + max(1, parallel_startups)]
+        try:
+            for server, _, _ in batch:
+                server.launch()
+            for server, _, _ in batch:
+                server.wait_ready()
+                if startup_log is not None:
+                    startup_log[server.log_path.name] = round(server.startup_s or 0.0, 1)
+            for server, control, members in batch:
+                for arm in members:
+                    if control is not None:
+                        _write_control(control, arm)
+                    results += _measure_arm(server, run_spec, arm, concurrency, prompts,
+                                            max_tokens, requests_per_client, temperature,
+                                            min_seconds, max_c)
+        finally:
+            for server, _, _ in batch:
+                server.stop()
+    return results
+
+
+def _server_groups(spec, arms, max_c, log_dir, one_server, startup_timeout_s):
+    """[(server, control file or None, arms it serves)] in the order of ``arms``."""
+    from tabletune.controller.lookup import CONTROL_FILE_ENV
+    from tabletune.tuner.profiler import SCHEDULER_CLS, table_with_every_length
+
+    groups, shared = [], None
     for i, arm in enumerate(arms):
-        server = VllmServer(run_spec, speculative=arm.speculative(run_spec, max_c),
+        if one_server and arm.kind in ("table", "fixed-table"):
+            if shared is None:
+                control = log_dir / "control.json"
+                control.parent.mkdir(parents=True, exist_ok=True)
+                control.write_text("{}")
+                # Longest length of any arm, so the every-length table covers them all.
+                top = max([spec.max_k] + [a.table.max_k for a in arms if a.table is not None])
+                shared_spec = spec.with_(max_k=top)
+                server = VllmServer(
+                    shared_spec, speculative=speculative_config(
+                        shared_spec, table_with_every_length(top, max_c)),
+                    log_path=log_dir / "shared-table-server.log",
+                    startup_timeout_s=startup_timeout_s,
+                    extra_env={CONTROL_FILE_ENV: str(control)},
+                    extra_args=("--scheduler-cls", SCHEDULER_CLS))
+                shared = (server, control, [])
+                groups.append(shared)
+            shared[2].append(arm)
+            continue
+        server = VllmServer(spec, speculative=arm.speculative(spec, max_c),
                             log_path=log_dir / f"arm{i}.log", extra_env=dict(arm.env),
                             startup_timeout_s=startup_timeout_s)
-        with server:
-            # One short warm-up at the highest load so the first level is not paying for it.
-            server.guarded(run_load, server.base_url, run_spec.served_model_name, prompts,
-                           concurrency=max_c, requests_per_worker=1, max_tokens=4)
-            for c in concurrency:
-                r = server.guarded(run_load, server.base_url, run_spec.served_model_name,
-                                   prompts, concurrency=c, requests_per_worker=requests_per_client,
-                                   max_tokens=max_tokens, temperature=temperature)
-                results.append(ArmResult(arm.name, c, r.tokens_per_s, r.requests,
-                                         r.output_tokens, r.wall_s))
-                print(f"  {arm.name:>22}  c={c:<4} {r.tokens_per_s:9.1f} tok/s", flush=True)
-    return results
+        groups.append((server, None, [arm]))
+    return groups
+
+
+def _write_control(path: Path, arm: Arm) -> None:
+    import os
+
+    doc = ({"force_k": arm.k} if arm.kind == "fixed-table"
+           else {"table": arm.table.to_vllm()})
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(doc))
+    os.replace(tmp, path)
+
+
+def _measure_arm(server, spec, arm, concurrency, prompts, max_tokens, requests_per_client,
+                 temperature, min_seconds, max_c) -> list[ArmResult]:
+    # One short warm-up at the highest load so the first level is not paying for it.
+    server.guarded(run_load, server.base_url, spec.served_model_name, prompts,
+                   concurrency=max_c, requests_per_worker=1, max_tokens=4)
+    out = []
+    for c in concurrency:
+        r = server.guarded(run_load, server.base_url, spec.served_model_name,
+                           prompts, concurrency=c, requests_per_worker=requests_per_client,
+                           max_tokens=max_tokens, temperature=temperature,
+                           min_seconds=min_seconds)
+        out.append(ArmResult(arm.name, c, r.tokens_per_s, r.requests, r.output_tokens,
+                             r.wall_s))
+        print(f"  {arm.name:>22}  c={c:<4} {r.tokens_per_s:9.1f} tok/s  "
+              f"({r.requests} requests, {r.wall_s:.1f} s)", flush=True)
+    return out
 
 
 def loss_table(results: Sequence[ArmResult], fixed_arms: Sequence[str]) -> dict:
@@ -157,9 +235,12 @@ def cmd_evaluate(args) -> int:
     arms = [parse_arm(t.strip(), spec.max_k) for t in arm_texts]
     out = Path(args.out_dir)
     started = time.time()
+    startups: dict = {}
     results = run_arms(spec, arms, concurrency=concurrency, prompts=prompts,
                        max_tokens=args.max_tokens, requests_per_client=args.requests_per_client,
-                       log_dir=out / "logs", temperature=args.temperature)
+                       log_dir=out / "logs", temperature=args.temperature,
+                       min_seconds=args.min_seconds, one_server=args.one_server,
+                       parallel_startups=args.parallel_startups, startup_log=startups)
     fixed = [a.name for a in arms if a.kind in ("none", "fixed")]
     # Losses need a baseline (no speculation or a fixed length); without one, throughput only.
     losses = loss_table(results, fixed) if fixed else None
@@ -239,6 +320,12 @@ def add_evaluate_parsers(sub, add_engine_args) -> None:
         p.add_argument("--concurrency", default=default_concurrency,
                        help="comma-separated concurrency levels")
         p.add_argument("--requests-per-client", type=int, default=4)
+        p.add_argument("--min-seconds", type=float, default=None,
+                       help="keep each level's clients sending requests until this long has "
+                            "passed (steady loads on fast engines)")
+        p.add_argument("--parallel-startups", type=int, default=1,
+                       help="start this many servers side by side (GPU; give each a fixed "
+                            "--engine-arg=--kv-cache-memory=BYTES)")
         p.add_argument("--out-dir", default="tabletune-eval")
 
     p = sub.add_parser("evaluate", help="load-test no speculation, fixed lengths and tables")
@@ -246,6 +333,10 @@ def add_evaluate_parsers(sub, add_engine_args) -> None:
     p.add_argument("--arms", help="comma-separated: none, fixed:K, fixed-table:K, docs, "
                    "table:PATH (default: none, fixed:1..K, docs, and --table if given)")
     p.add_argument("--table", help="a table.json to evaluate (adds arm table:PATH)")
+    p.add_argument("--one-server", action="store_true",
+                   help="serve every table and fixed-table arm from one server, switching "
+                        "through TableTune's control file (check with doctor that a table "
+                        "costs nothing on this engine first)")
     p.set_defaults(func=cmd_evaluate)
 
     p = sub.add_parser("doctor", help="does setting a table cost throughput on this engine?")

@@ -3,6 +3,8 @@
 vLLM calls :func:`register` in every engine process. It imports vLLM lazily and does nothing
 unless asked, so installing TableTune never changes an engine that does not opt in:
 
+* the engine-compatibility layer (:mod:`tabletune.vllm_compat`): fixes verified for this vLLM
+  version that let it serve a draft-length table; on other versions it applies nothing;
 * ``TABLETUNE_REJECT_ALL=1`` — reject every draft after the drafter and the verifier have both
   run. The profiler uses it where vLLM's synthetic rejection mode is unavailable (the CPU build),
   so each of B requests advances exactly one token per step and the batch stays at B.
@@ -20,6 +22,9 @@ _patched = False
 
 
 def register() -> None:
+    from tabletune.vllm_compat import install
+
+    install()  # logs what it applied; never raises
     if os.environ.get(REJECT_ALL_ENV, "") not in ("", "0"):
         _install_reject_all()
 

@@ -16,12 +16,19 @@ CONTROL_FILE_ENV = "TABLETUNE_CONTROL_FILE"
 
 
 class ControlFile:
-    """Polls a small JSON file; re-reads it only when its mtime changes (one stat per step)."""
+    """Polls a small JSON file; re-reads it only when its mtime changes (one stat per step).
+
+    ``{"force_k": k}`` pins k for every batch size (the one-launch profiler);
+    ``{"table": [[start, end, k], ...]}`` serves that table instead of the one the server was
+    started with (``tabletune evaluate`` switches arms on one server this way). A file that
+    cannot be read keeps the previous setting.
+    """
 
     def __init__(self, path: str | None) -> None:
         self.path = path
         self.mtime_ns = -1
         self.force_k: int | None = None
+        self.table_lookup: list[int] | None = None
 
     def poll(self) -> int | None:
         if not self.path:
@@ -30,13 +37,25 @@ class ControlFile:
             mtime = os.stat(self.path).st_mtime_ns
         except FileNotFoundError:
             self.force_k = None
+            self.table_lookup = None
             return None
         if mtime != self.mtime_ns:
             self.mtime_ns = mtime
             with open(self.path) as f:
-                value = json.load(f).get("force_k")
+                doc = json.load(f)
+            value = doc.get("force_k")
             self.force_k = None if value is None else int(value)
+            self.table_lookup = _dense_lookup(doc.get("table"))
         return self.force_k
+
+
+def _dense_lookup(ranges) -> list[int] | None:
+    if not ranges:
+        return None
+    from tabletune.core.tables import DraftTable
+
+    table = DraftTable.from_ranges(ranges, "control.table")
+    return [0] + table.lookup(table.max_batch_size)
 
 
 class StepLookup:
@@ -61,6 +80,9 @@ class StepLookup:
             forced = self.control.poll()
             if forced is not None:
                 return max(0, min(forced, self.max_k))
+            table = self.control.table_lookup
+            if table is not None:
+                return max(0, min(table[min(batch_size, len(table) - 1)], self.max_k))
             if self.controller is not None:
                 k = self.controller.k_for_step(batch_size)
                 return max(0, min(int(k), self.max_k))

@@ -76,13 +76,20 @@ class LoadResult:
 
 
 async def _load(base_url, model, prompts, concurrency, requests_per_worker, max_tokens,
-                temperature, timeout_s):
+                temperature, timeout_s, min_seconds):
     url = base_url + "/v1/completions"
     counter = {"tokens": 0, "requests": 0}
 
+    def more(i: int) -> bool:
+        # At least requests_per_worker each; with min_seconds, keep going until it has passed.
+        return i < requests_per_worker or (
+            min_seconds is not None and time.perf_counter() - start < min_seconds)
+
     async def worker(worker_id: int, session):
-        for i in range(requests_per_worker):
+        i = 0
+        while more(i):
             prompt = prompts[(worker_id * requests_per_worker + i) % len(prompts)]
+            i += 1
             # Await first: `counter[...] += await ...` would read the counter before the await
             # and drop every update made by other clients meanwhile.
             tokens = await _complete(session, url,
@@ -99,7 +106,8 @@ async def _load(base_url, model, prompts, concurrency, requests_per_worker, max_
 
 def run_load(base_url: str, model: str, prompts: Sequence[str], *, concurrency: int,
              requests_per_worker: int, max_tokens: int, temperature: float = 0.0,
-             timeout_s: float = 1800.0) -> LoadResult:
-    """Closed loop: ``concurrency`` clients each send ``requests_per_worker`` requests in turn."""
+             timeout_s: float = 1800.0, min_seconds: float | None = None) -> LoadResult:
+    """Closed loop: ``concurrency`` clients each send ``requests_per_worker`` requests in turn,
+    and with ``min_seconds`` go on starting requests until that much time has passed."""
     return asyncio.run(_load(base_url, model, list(prompts), concurrency, requests_per_worker,
-                             max_tokens, temperature, timeout_s))
+                             max_tokens, temperature, timeout_s, min_seconds))

@@ -159,6 +159,8 @@ class VllmServer:
         self.extra_args = tuple(extra_args)
         self.proc: subprocess.Popen | None = None
         self._log_file = None
+        self._launched_at = 0.0
+        self.startup_s: float | None = None
 
     @property
     def base_url(self) -> str:
@@ -191,19 +193,41 @@ class VllmServer:
         env.pop(REJECT_ALL_ENV, None)
         if self.reject_all and self.spec.device == "cpu":
             env[REJECT_ALL_ENV] = "1"
+        env.update(self.spec.runner_env())
+        if self.spec.cache_root:
+            env["VLLM_CACHE_ROOT"] = str(Path(self.spec.cache_root) / self.cache_key())
         env.update(dict(self.spec.env))
         env.update(self.extra_env)
         env["PYTHONUNBUFFERED"] = "1"
         return env
 
+    def cache_key(self) -> str:
+        """Names this server's compile cache: the same configuration finds its cache again,
+        and servers of different configurations started side by side never share one."""
+        import hashlib
+
+        cmd = self.command()
+        i = cmd.index("--port")
+        stable = cmd[:i] + cmd[i + 2:] + sorted(self.extra_env)
+        return hashlib.sha256(json.dumps(stable).encode()).hexdigest()[:12]
+
     def start(self) -> "VllmServer":
+        return self.launch().wait_ready()
+
+    def launch(self) -> "VllmServer":
+        """Start the process and return at once (several servers can start side by side)."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log_file = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
             self.command(), stdout=self._log_file, stderr=subprocess.STDOUT,
             env=self.environment(), start_new_session=True,
         )
-        deadline = time.monotonic() + self.startup_timeout_s
+        self._launched_at = time.monotonic()
+        return self
+
+    def wait_ready(self) -> "VllmServer":
+        """Wait until /health answers; on exit or timeout stop the server and raise."""
+        deadline = self._launched_at + self.startup_timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 tail = self.log_tail()
@@ -213,6 +237,7 @@ class VllmServer:
                     f"log {self.log_path}:\n{tail}"
                 )
             if self._healthy():
+                self.startup_s = time.monotonic() - self._launched_at
                 return self
             time.sleep(0.5)
         tail = self.log_tail()

@@ -11,6 +11,10 @@ from importlib import metadata
 from pathlib import Path
 
 
+# Drafting methods whose drafter runs inside the target's model runner (V2 supports these).
+V2_METHODS = ("eagle", "eagle3", "mtp")
+
+
 @dataclass(frozen=True)
 class EngineSpec:
     """A vLLM deployment to measure: target, drafter and the settings that change step time.
@@ -34,8 +38,15 @@ class EngineSpec:
     # Acceptance emulation on engines that support vLLM's synthetic rejection (GPU build):
     # unconditional rates a_1..a_K used for every arm of an evaluation.
     synthetic_acceptance: tuple[float, ...] | None = None
+    # vLLM's GPU model runner: "v1", "v2" or None for TableTune's default (see ``runner_name``).
+    runner: str | None = None
+    # Persistent compile caches: each server gets DIR/<its role> as VLLM_CACHE_ROOT, so a
+    # re-profile of the same deployment reuses torch.compile and graph artefacts.
+    cache_root: str | None = None
 
     def __post_init__(self) -> None:
+        if self.runner not in (None, "v1", "v2"):
+            raise ValueError(f"engine.runner: {self.runner!r} is not 'v1' or 'v2'")
         if self.max_k < 1:
             raise ValueError(f"engine.max_k: {self.max_k!r} must be >= 1")
         if self.device not in ("cpu", "cuda"):
@@ -56,6 +67,24 @@ class EngineSpec:
         settings = {"method": "draft_model", "max_k": 3, "device": "cpu", "dtype": "float32",
                     **overrides}
         return cls(model=str(pair.target), drafter=str(pair.drafter), **settings)
+
+    def runner_name(self) -> str | None:
+        """The GPU model runner this deployment uses; None on CPU (one runner there).
+
+        Default on CUDA: V2 for drafters that run inside the target's runner (EAGLE, EAGLE-3,
+        MTP) — it keeps a full CUDA graph per table length, while V1 falls back to piecewise
+        graphs as soon as a table is set — and V1 otherwise (V2 refuses ``draft_model``).
+        """
+        if self.device != "cuda":
+            return None
+        if self.runner:
+            return self.runner
+        return "v2" if self.method in V2_METHODS else "v1"
+
+    def runner_env(self) -> dict[str, str]:
+        runner = self.runner_name()
+        return {} if runner is None else {"VLLM_USE_V2_MODEL_RUNNER": "1" if runner == "v2"
+                                          else "0"}
 
     def with_(self, **changes) -> "EngineSpec":
         return replace(self, **changes)
@@ -138,6 +167,7 @@ def deployment_fingerprint(spec: EngineSpec) -> dict:
         "extra_args": list(spec.extra_args),
     }
     if spec.device == "cuda":
+        fp["runner"] = spec.runner_name()
         fp.update(_gpu_inventory())
     else:
         fp["cpu"] = _cpu_model()

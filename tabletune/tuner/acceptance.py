@@ -72,20 +72,25 @@ def measure_acceptance_on(server: VllmServer, prompts: Sequence[str], *, max_k: 
     )
 
 
-def measure_acceptance(spec: EngineSpec, prompts: Sequence[str], *, temperature: float = 0.0,
-                       max_tokens: int = 64, log_dir: Path | None = None,
-                       startup_timeout_s: float = 600.0) -> Acceptance:
-    """Start a server at the longest length K (no table), measure, stop it."""
-    if not prompts:
-        raise ContractError("prompts: empty — acceptance needs at least one prompt")
-    if temperature < 0:
-        raise ContractError(f"temperature: {temperature!r} must be >= 0")
+def launch_acceptance_server(spec: EngineSpec, *, log_dir: Path | None = None,
+                             startup_timeout_s: float = 600.0) -> VllmServer:
+    """Start (without waiting) the server an acceptance run measures: length K, no table."""
     log_dir = Path(log_dir) if log_dir else Path(".")
     server = VllmServer(spec, speculative=speculative_config(spec, None),
                         log_path=log_dir / "acceptance.log", startup_timeout_s=startup_timeout_s)
-    with server:
+    return server.launch()
+
+
+def acceptance_from(server: VllmServer, prompts: Sequence[str], *, temperature: float = 0.0,
+                    max_tokens: int = 64) -> Acceptance:
+    """Wait for a launched acceptance server, measure, stop it (also on failure)."""
+    spec = server.spec
+    try:
+        server.wait_ready()
         acc = measure_acceptance_on(server, prompts, max_k=spec.max_k, temperature=temperature,
                                     max_tokens=max_tokens)
+    finally:
+        server.stop()
     meta = dict(acc.meta)
     meta["fingerprint"] = deployment_fingerprint(spec)
     if spec.synthetic_acceptance is not None:
@@ -93,3 +98,19 @@ def measure_acceptance(spec: EngineSpec, prompts: Sequence[str], *, temperature:
     return Acceptance(rates=acc.rates, num_drafts=acc.num_drafts,
                       accepted_per_position=acc.accepted_per_position,
                       num_prompts=acc.num_prompts, temperature=acc.temperature, meta=meta)
+
+
+def check_acceptance_inputs(prompts: Sequence[str], temperature: float) -> None:
+    if not prompts:
+        raise ContractError("prompts: empty — acceptance needs at least one prompt")
+    if temperature < 0:
+        raise ContractError(f"temperature: {temperature!r} must be >= 0")
+
+
+def measure_acceptance(spec: EngineSpec, prompts: Sequence[str], *, temperature: float = 0.0,
+                       max_tokens: int = 64, log_dir: Path | None = None,
+                       startup_timeout_s: float = 600.0) -> Acceptance:
+    """Start a server at the longest length K (no table), measure, stop it."""
+    check_acceptance_inputs(prompts, temperature)
+    server = launch_acceptance_server(spec, log_dir=log_dir, startup_timeout_s=startup_timeout_s)
+    return acceptance_from(server, prompts, temperature=temperature, max_tokens=max_tokens)

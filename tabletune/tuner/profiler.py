@@ -273,13 +273,18 @@ ProgressFn = Callable[[int, int, str], None]
 def profile_step_times(spec: EngineSpec, *, batch_sizes: Sequence[int], checkpoint: Path,
                        repeats: int = 3, settings: ProfileSettings | None = None,
                        prompts: Sequence[str] | None = None, log_dir: Path | None = None,
-                       progress: bool = True, mode: str = "one-launch") -> Profile:
+                       progress: bool = True, mode: str = "one-launch",
+                       on_first_server_ready: Callable[[], None] | None = None) -> Profile:
     """Measure T(B, k) for every B in ``batch_sizes`` and k in 0..spec.max_k.
 
     ``mode="per-k"`` is the paper's method, one server per length with the table
     ``[[1, max_B, k]]``. ``mode="one-launch"`` starts one server whose table holds every length
     and pins k per phase through TableTune's scheduler (``force_k``): the same serving path and
     the same allocated drafter, without K server start-ups.
+
+    ``on_first_server_ready`` runs once, after the first server is up and before any cell is
+    timed (``tune`` measures acceptance on a server it started side by side there, so that
+    run never overlaps a timing window).
     """
     if mode not in PROFILE_MODES:
         raise ValueError(f"mode: {mode!r} is not one of {PROFILE_MODES}")
@@ -299,6 +304,9 @@ def profile_step_times(spec: EngineSpec, *, batch_sizes: Sequence[int], checkpoi
     started = time.time()
     try:
         for k, server in _servers_per_length(run_spec, lengths, settings, ckpt, log_dir, mode):
+            if on_first_server_ready is not None:
+                on_first_server_ready()
+                on_first_server_ready = None
             pending = [b for b in settings.batch_sizes if (b, k) not in ckpt.cells]
             timer = CellTimer(server, run_spec.served_model_name, prompts, settings)
             timer.warm_up(max(pending))

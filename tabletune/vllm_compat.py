@@ -1,0 +1,290 @@
+"""Engine-compatibility layer: version-gated fixes that let vLLM serve a draft-length table.
+
+Loaded by TableTune's ``vllm.general_plugins`` entry point (:func:`tabletune.vllm_plugin.register`)
+in every vLLM process. Each :class:`Fix` names the vLLM versions it was verified on and the
+upstream issue it works around. On any other version nothing is applied and that is logged
+once; every applied fix logs one line; a fix that fails to apply is logged and skipped. Nothing
+here may stop the engine from starting: :func:`install` never raises.
+
+``TABLETUNE_COMPAT=0`` turns the layer off (``tabletune doctor`` compares with and without it).
+``TABLETUNE_TRACE_GRAPHS=1`` adds a diagnostic, not a fix: every CUDA-graph dispatch of the V2
+runner is counted per (graph manager, graph mode, uniform query length) and the counts are logged
+every few seconds, so a step that leaves its full graph is visible in the server log.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.util
+import logging
+import os
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass
+from typing import Callable
+
+# Under "vllm." so records go through vLLM's own log handlers in the engine processes.
+logger = logging.getLogger("vllm.tabletune.compat")
+
+COMPAT_ENV = "TABLETUNE_COMPAT"
+TRACE_ENV = "TABLETUNE_TRACE_GRAPHS"
+# Set on the speculator by the runner wrapper: the draft length the scheduler chose for the
+# drafts of the step being run.
+SCHEDULED_K_ATTR = "_tabletune_scheduled_k"
+
+
+@dataclass(frozen=True)
+class Fix:
+    name: str
+    versions: frozenset[str]     # vLLM versions this fix was verified on
+    upstream: str                # the upstream issue or pull request it works around
+    what: str
+    apply: Callable[[], None]
+    # Applied when this module is first imported (at once if it already is), so processes that
+    # never load the code being fixed (the API server, the V1 runner) import nothing for it.
+    module: str = "vllm.v1.worker.gpu.model_runner"
+
+
+# ---------------------------------------------------------------------------------------------
+# a. Draft-decode CUDA-graph candidates (V2 runner: EAGLE, EAGLE-3, MTP drafters)
+#
+# With num_speculative_tokens_per_batch_size set, CudaGraphManager._init_candidates expands its
+# captured query lengths to k + (decode_query_len - K) for every length k in the table. That is
+# right for the target (query length K + 1) and the draft prefill (K + 1), but the drafter's
+# decode manager runs one token per request (query length 1), where the formula gives
+# k + 1 - K: 0 (ZeroDivisionError in round_up) for k = K - 1 and negative query lengths below.
+# A one-token decode needs exactly one graph family, so that manager is built without the table.
+
+
+def _fix_draft_decode_candidates() -> None:
+    from vllm.v1.worker.gpu import cudagraph_utils
+
+    manager_cls = cudagraph_utils.CudaGraphManager
+    original = manager_cls._init_candidates
+    if getattr(original, "_tabletune", False):
+        return
+
+    def _init_candidates(self) -> None:
+        spec = getattr(self.vllm_config, "speculative_config", None)
+        table = getattr(spec, "num_speculative_tokens_per_batch_size", None)
+        if self.decode_query_len != 1 or not table:
+            return original(self)
+        # The config object is shared; the manager is built once, on one thread, at start-up.
+        spec.num_speculative_tokens_per_batch_size = None
+        try:
+            return original(self)
+        finally:
+            spec.num_speculative_tokens_per_batch_size = table
+
+    _init_candidates._tabletune = True
+    manager_cls._init_candidates = _init_candidates
+
+
+# ---------------------------------------------------------------------------------------------
+# b. The speculator drafts the scheduled k, not K
+#
+# The V2 runner's autoregressive speculator (EAGLE, EAGLE-3, MTP) ignores
+# SchedulerOutput.num_spec_tokens_to_schedule and runs K draft steps every step; the scheduler
+# then throws the surplus away. The runner wrapper records the scheduled k on the speculator and
+# propose() runs with k draft steps. At k = 0 (and 1) only the draft prefill runs: it writes the
+# drafter's own KV cache for the tokens just accepted, which the drafter needs when k rises again.
+
+
+def _fix_speculator_honours_k() -> None:
+    from vllm.v1.worker.gpu import model_runner
+    from vllm.v1.worker.gpu.spec_decode.autoregressive import speculator
+
+    runner_cls = model_runner.GPUModelRunner
+    spec_cls = speculator.AutoRegressiveSpeculator
+    execute_model = runner_cls.execute_model
+    propose = spec_cls.propose
+    if getattr(propose, "_tabletune", False):
+        return
+
+    def execute_model_recording_k(self, scheduler_output, *args, **kwargs):
+        drafter = getattr(self, "speculator", None)
+        if drafter is not None and not kwargs.get("dummy_run", False):
+            k = getattr(scheduler_output, "num_spec_tokens_to_schedule", None)
+            setattr(drafter, SCHEDULED_K_ATTR, k if isinstance(k, int) else None)
+        return execute_model(self, scheduler_output, *args, **kwargs)
+
+    def propose_scheduled_k(self, *args, **kwargs):
+        k = getattr(self, SCHEDULED_K_ATTR, None)
+        full = self.num_speculative_steps
+        if kwargs.get("dummy_run", False) or k is None or not 0 <= k < full:
+            return propose(self, *args, **kwargs)
+        # propose() reads num_speculative_steps for its early exit (one step) and for the
+        # number of draft-decode steps; the captured graphs and buffers keep size K.
+        self.num_speculative_steps = max(k, 1)
+        try:
+            return propose(self, *args, **kwargs)
+        finally:
+            self.num_speculative_steps = full
+
+    execute_model_recording_k._tabletune = True
+    propose_scheduled_k._tabletune = True
+    runner_cls.execute_model = execute_model_recording_k
+    spec_cls.propose = propose_scheduled_k
+
+
+# ---------------------------------------------------------------------------------------------
+# Diagnostic: which CUDA graph each step dispatches to (finding 3 of the GPU issue).
+
+
+def _install_graph_trace() -> None:
+    from vllm.v1.worker.gpu import cudagraph_utils
+
+    manager_cls = cudagraph_utils.CudaGraphManager
+    original = manager_cls.dispatch
+    if getattr(original, "_tabletune", False):
+        return
+    counts: Counter = Counter()
+    state = {"last": time.monotonic()}
+
+    def role(manager) -> str:
+        if manager.decode_query_len == 1:
+            return "draft-decode"
+        if type(manager).__name__.startswith("Speculator"):
+            return "draft-prefill"
+        return "target"
+
+    def dispatch(self, num_reqs, num_tokens, uniform_token_count, num_active_loras):
+        desc = original(self, num_reqs, num_tokens, uniform_token_count, num_active_loras)
+        try:
+            counts[(role(self), desc.cg_mode.name, uniform_token_count)] += 1
+            now = time.monotonic()
+            if now - state["last"] >= 5.0:
+                state["last"] = now
+                summary = ", ".join(f"{r}/{m}/q={q}: {n}" for (r, m, q), n in
+                                    sorted(counts.items(), key=lambda kv: str(kv[0])))
+                logger.info("TableTune graph trace (dispatches since last line): %s", summary)
+                counts.clear()
+        except Exception:  # a diagnostic must never break a step
+            pass
+        return desc
+
+    dispatch._tabletune = True
+    manager_cls.dispatch = dispatch
+
+
+FIXES: tuple[Fix, ...] = (
+    Fix("draft-decode-graph-candidates", frozenset({"0.26.0"}),
+        "vllm-project/vllm#45953 (full graphs per table length)",
+        "the drafter's one-token decode graphs ignore the table's lengths; a table with "
+        "k < K no longer fails at start-up",
+        _fix_draft_decode_candidates),
+    Fix("speculator-drafts-scheduled-k", frozenset({"0.26.0"}),
+        "vllm-project/vllm#51510 (V2 speculator ignores the scheduled K; fix proposed in #57053)",
+        "the V2 speculator drafts the scheduled k instead of K (k = 0: draft prefill only)",
+        _fix_speculator_honours_k),
+)
+
+
+_installed_in_process = False
+
+
+def vllm_version() -> str:
+    try:
+        import vllm
+
+        return str(getattr(vllm, "__version__", "unknown"))
+    except Exception:
+        return "not-installed"
+
+
+def applicable_fixes(version: str) -> list[Fix]:
+    return [f for f in FIXES if version in f.versions]
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Runs callbacks right after one module has been executed by its own loader."""
+
+    def __init__(self, module: str) -> None:
+        self.module = module
+        self.callbacks: list[Callable[[], None]] = []
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != self.module:
+            return None
+        sys.meta_path.remove(self)  # find the real spec without finding ourselves again
+        spec = importlib.util.find_spec(fullname)
+        if spec is None or spec.loader is None:
+            return spec
+        loader, callbacks = spec.loader, self.callbacks
+
+        class _Loader(importlib.abc.Loader):
+            def create_module(self, s):
+                return loader.create_module(s)
+
+            def exec_module(self, module):
+                loader.exec_module(module)
+                for callback in callbacks:
+                    callback()
+
+        spec.loader = _Loader()
+        return spec
+
+
+def _when_imported(module: str, callback: Callable[[], None]) -> None:
+    if module in sys.modules:
+        callback()
+        return
+    for finder in sys.meta_path:
+        if isinstance(finder, _AfterImport) and finder.module == module:
+            finder.callbacks.append(callback)
+            return
+    finder = _AfterImport(module)
+    finder.callbacks.append(callback)
+    sys.meta_path.insert(0, finder)
+
+
+def _apply(fix: Fix, version: str, applied: list[str]) -> None:
+    try:
+        fix.apply()
+    except Exception as e:
+        logger.warning("TableTune compat: %s not applied on vLLM %s (%s: %s); skipped",
+                       fix.name, version, type(e).__name__, e)
+        return
+    applied.append(fix.name)
+    logger.info("TableTune compat: applied %s on vLLM %s — %s [%s]",
+                fix.name, version, fix.what, fix.upstream)
+
+
+def _apply_trace() -> None:
+    try:
+        _install_graph_trace()
+        logger.info("TableTune compat: CUDA-graph dispatch trace on (%s)", TRACE_ENV)
+    except Exception as e:
+        logger.warning("TableTune compat: graph trace not installed (%s: %s)",
+                       type(e).__name__, e)
+
+
+APPLIED: list[str] = []  # names of the fixes applied in this process, in order
+
+
+def install(version: str | None = None, fixes: tuple[Fix, ...] | None = None) -> list[str]:
+    """Arrange for the fixes verified for this vLLM version to apply; never raises.
+
+    Returns :data:`APPLIED`, which fills as the modules being fixed are imported.
+    """
+    global _installed_in_process
+    try:
+        if _installed_in_process:
+            return APPLIED
+        _installed_in_process = True
+        if os.environ.get(COMPAT_ENV, "1").strip().lower() in ("0", "off", "false", "no"):
+            logger.info("TableTune compat: disabled by %s; vLLM runs unpatched", COMPAT_ENV)
+            return APPLIED
+        version = version or vllm_version()
+        chosen = [f for f in (fixes or FIXES) if version in f.versions]
+        if not chosen:
+            logger.info("TableTune compat: no fix is verified for vLLM %s; applying none",
+                        version)
+        for fix in chosen:
+            _when_imported(fix.module, lambda fix=fix: _apply(fix, version, APPLIED))
+        if chosen and os.environ.get(TRACE_ENV, "") not in ("", "0"):
+            _when_imported(chosen[0].module, _apply_trace)
+    except Exception as e:  # nothing here may stop the engine from starting
+        logger.warning("TableTune compat: skipped (%s: %s)", type(e).__name__, e)
+    return APPLIED
