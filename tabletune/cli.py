@@ -420,6 +420,9 @@ def _add_optional_commands(sub) -> None:
         pass
     else:
         add_evaluate_parsers(sub, add_engine_args)
+    from tabletune.doctor import add_doctor_parser
+
+    add_doctor_parser(sub, add_engine_args)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,4 +1,4 @@
-"""Load tests against real servers: ``tabletune evaluate`` and the engine check ``tabletune doctor``.
+"""Load tests against real servers: ``tabletune evaluate`` (the engine check is ``doctor.py``).
 
 An *arm* is one way to serve: no speculation, a fixed length without a table (vLLM keeps its
 full CUDA graphs then), a fixed length through a one-range table, or a table. Each arm gets its
@@ -241,72 +241,22 @@ def cmd_evaluate(args) -> int:
                        log_dir=out / "logs", temperature=args.temperature,
                        min_seconds=args.min_seconds, one_server=args.one_server,
                        parallel_startups=args.parallel_startups, startup_log=startups)
-    fixed = [a.name for a in arms if a.kind in ("none", "fixed")]
+    # The per-load best fixed length: no speculation and fixed lengths; on one server also the
+    # lengths pinned there (same launch, same serving path as the tables they are compared to).
+    fixed = [a.name for a in arms if a.kind in ("none", "fixed")
+             or (args.one_server and a.kind == "fixed-table")]
     # Losses need a baseline (no speculation or a fixed length); without one, throughput only.
     losses = loss_table(results, fixed) if fixed else None
     path = _write_results(out, "evaluate", spec, results, losses,
                           {"arms": [a.name for a in arms], "wall_s": round(time.time() - started, 1),
                            "max_tokens": args.max_tokens,
-                           "requests_per_client": args.requests_per_client})
+                           "requests_per_client": args.requests_per_client,
+                           "min_seconds_per_level": args.min_seconds,
+                           "one_server": args.one_server, "startup_s": startups})
     if losses is not None:
         _print_losses(losses)
     else:
         print("no none/fixed:K arm: throughput only, no losses")
-    print(f"results → {path}")
-    return 0
-
-
-def engine_verdict(results: Sequence[ArmResult], k: int, tolerance: float = 0.03) -> dict:
-    """Does setting a table cost throughput on this engine? Compare k via a table with fixed k."""
-    by = {(r.arm, r.concurrency): r.tokens_per_s for r in results}
-    levels = sorted({r.concurrency for r in results})
-    fixed, tabled, none = f"fixed k={k}", f"k={k} via table", "no speculation"
-    table_cost = {c: 1.0 - by[(tabled, c)] / by[(fixed, c)] for c in levels}
-    spec_gain = {c: by[(fixed, c)] / by[(none, c)] - 1.0 for c in levels}
-    worst = max(table_cost.values())
-    verdict = {
-        "k": k,
-        "table_cost_by_concurrency": table_cost,
-        "speculation_gain_by_concurrency": spec_gain,
-        "table_costs_throughput": worst > tolerance,
-        "tolerance": tolerance,
-    }
-    lines = []
-    if worst > tolerance:
-        lines.append(f"Setting a table costs up to {worst:.0%} throughput at k={k} on this engine "
-                     "(vLLM drops full CUDA graphs to piecewise when a table is set).")
-    else:
-        lines.append(f"A table costs at most {max(worst, 0):.1%} at k={k} on this engine: "
-                     "tables are safe to adopt.")
-    table_vs_none = {c: by[(tabled, c)] / by[(none, c)] - 1.0 for c in levels}
-    if max(table_vs_none.values()) < 0:
-        lines.append("Through a table, speculation is slower than no speculation at every load "
-                     "tested: do not adopt a table on this engine yet.")
-    verdict["table_vs_none_by_concurrency"] = table_vs_none
-    if ("V2 runner: " + tabled, levels[0]) in by:
-        v2 = {c: 1.0 - by[("V2 runner: " + tabled, c)] / by[(fixed, c)] for c in levels}
-        verdict["v2_table_cost_by_concurrency"] = v2
-        lines.append(f"With VLLM_USE_V2_MODEL_RUNNER=1 the table costs up to {max(v2.values()):.0%}.")
-    verdict["summary"] = " ".join(lines)
-    return verdict
-
-
-def cmd_doctor(args) -> int:
-    spec, prompts, concurrency = _common(args)
-    k = args.k or spec.max_k
-    arms = [Arm("no speculation", "none"), Arm(f"fixed k={k}", "fixed", k=k),
-            Arm(f"k={k} via table", "fixed-table", k=k)]
-    if args.v2:
-        arms.append(Arm(f"V2 runner: k={k} via table", "fixed-table", k=k,
-                        env=(("VLLM_USE_V2_MODEL_RUNNER", "1"),)))
-    out = Path(args.out_dir)
-    results = run_arms(spec, arms, concurrency=concurrency, prompts=prompts,
-                       max_tokens=args.max_tokens, requests_per_client=args.requests_per_client,
-                       log_dir=out / "logs", temperature=args.temperature)
-    verdict = engine_verdict(results, k)
-    losses = loss_table(results, ["no speculation", f"fixed k={k}"])
-    path = _write_results(out, "doctor", spec, results, losses, {"verdict": verdict})
-    print(verdict["summary"])
     print(f"results → {path}")
     return 0
 
@@ -338,9 +288,3 @@ def add_evaluate_parsers(sub, add_engine_args) -> None:
                         "through TableTune's control file (check with doctor that a table "
                         "costs nothing on this engine first)")
     p.set_defaults(func=cmd_evaluate)
-
-    p = sub.add_parser("doctor", help="does setting a table cost throughput on this engine?")
-    load_args(p, "1,8,32")
-    p.add_argument("--k", type=int, default=None, help="length to check (default: K)")
-    p.add_argument("--v2", action="store_true", help="also try VLLM_USE_V2_MODEL_RUNNER=1")
-    p.set_defaults(func=cmd_doctor)

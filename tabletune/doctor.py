@@ -1,0 +1,290 @@
+"""``tabletune doctor``: can this engine serve this table at the speed its lengths promise?
+
+For each runner (V1 and V2 on CUDA; the one runner on CPU) the doctor starts the candidate
+table as it would be deployed, with every draft rejected so each of B requests advances one
+token per step, and answers three questions:
+
+1. **Does it start?** A start-up crash is reported with the engine's last log lines.
+2. **Does each length cost what it costs without a table?** For every length k in the table, the
+   step time at a batch size inside k's range, with k pinned through TableTune's scheduler,
+   against a server that runs k without any table (k = 0: no speculation).
+3. **Do transitions cost?** For every edge where the table changes length, the step time of the
+   new length measured right after a batch served at the old one, against the same length
+   measured after it had been running already.
+
+A runner is fit to deploy when it starts and every cost stays within the tolerance. The doctor
+reports an engine that fails; it never fails itself (bad arguments still exit 2).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+from tabletune.core.contracts import load_json
+from tabletune.core.errors import ContractError
+from tabletune.core.tables import DraftTable
+from tabletune.engine.server import EngineError, VllmServer, speculative_config
+from tabletune.engine.spec import EngineSpec, deployment_fingerprint
+
+DOCTOR_SCHEMA = "tabletune.doctor/v1"
+
+
+@dataclass(frozen=True)
+class Probe:
+    """Where the doctor measures a table: one batch size per length, and its edges."""
+
+    lengths: dict[int, int]                  # k -> batch size inside k's first range
+    edges: list[tuple[int, int, int, int]]   # (B before, k before, B after, k after)
+
+
+def probes(table: DraftTable, max_batch_size: int) -> Probe:
+    """One batch size per length (the middle of its first range, within the load) and every
+    length change the load can reach."""
+    lengths: dict[int, int] = {}
+    for start, end, k in table.ranges:
+        if start > max_batch_size:
+            break
+        lengths.setdefault(k, (start + min(end, max_batch_size)) // 2)
+    edges = []
+    for (s0, e0, k0), (s1, e1, k1) in zip(table.ranges, table.ranges[1:]):
+        if k0 != k1 and s1 <= max_batch_size:
+            edges.append((e0, k0, s1, k1))
+    return Probe(lengths, edges)
+
+
+# (server, batch size, windows or None for the default) -> step times in ms
+StepTimer = Callable[..., list[float]]
+
+
+def verdict(runner: str, started: bool, length_cost: dict[int, float],
+            transition_cost: dict[str, float], noise: float, tolerance: float,
+            error: str | None = None) -> dict:
+    """Pure judgement of one runner's measurements (costs are relative: 0.1 = 10 % slower)."""
+    allowed = max(tolerance, 2 * noise)
+    if not started:
+        return {"runner": runner, "starts": False, "deploy": False, "error": error,
+                "summary": f"{runner}: the engine does not start with this table: {error}"}
+    worst_length = max(length_cost.values(), default=0.0)
+    worst_transition = max(transition_cost.values(), default=0.0)
+    deploy = worst_length <= allowed and worst_transition <= allowed
+    parts = [f"{runner}: starts"]
+    if length_cost:
+        k = max(length_cost, key=length_cost.get)
+        parts.append(f"worst length cost {worst_length:+.1%} (k={k})")
+    if transition_cost:
+        edge = max(transition_cost, key=transition_cost.get)
+        parts.append(f"worst transition {worst_transition:+.1%} ({edge})")
+    parts.append(f"allowed {allowed:.1%} (tolerance {tolerance:.0%}, measured noise "
+                 f"{noise:.1%})")
+    parts.append("deploy" if deploy else "do not deploy")
+    return {"runner": runner, "starts": True, "deploy": deploy,
+            "worst_length_cost": worst_length, "worst_transition_cost": worst_transition,
+            "allowed": allowed, "error": error, "summary": "; ".join(parts)}
+
+
+def overall(verdicts: Sequence[dict]) -> dict:
+    fit = [v for v in verdicts if v["deploy"]]
+    if not fit:
+        return {"deploy": False, "runner": None,
+                "summary": "Do not deploy this table: no runner serves it at its lengths' speed."}
+    best = min(fit, key=lambda v: max(v["worst_length_cost"], v["worst_transition_cost"]))
+    return {"deploy": True, "runner": best["runner"],
+            "summary": f"Deploy this table on the {best['runner']} runner."}
+
+
+def _window_timer(prompts: Sequence[str], output_tokens: int, repeats: int) -> StepTimer:
+    from tabletune.engine.client import run_batch
+
+    def timer(server: VllmServer, batch_size: int, windows: int | None = None) -> list[float]:
+        out = []
+        model = server.spec.served_model_name
+        for _ in range(windows or repeats):
+            short = server.guarded(run_batch, server.base_url, model, prompts[:batch_size],
+                                   max_tokens=1)
+            long = server.guarded(run_batch, server.base_url, model, prompts[:batch_size],
+                                  max_tokens=output_tokens)
+            out.append((long.wall_s - short.wall_s) / (output_tokens - 1) * 1000.0)
+        return out
+
+    return timer
+
+
+def _spread(samples: Sequence[float]) -> float:
+    med = statistics.median(samples)
+    return (max(samples) - min(samples)) / med if len(samples) > 1 and med > 0 else 0.0
+
+
+def _pin(control: Path, doc: dict) -> None:
+    tmp = control.with_suffix(".tmp")
+    tmp.write_text(json.dumps(doc))
+    os.replace(tmp, control)
+
+
+def examine_runner(spec: EngineSpec, table: DraftTable, probe: Probe, *, runner: str,
+                   timer: StepTimer, log_dir: Path, tolerance: float,
+                   startup_timeout_s: float) -> dict:
+    """Measure one runner; every engine failure becomes part of the answer."""
+    from tabletune.controller.lookup import CONTROL_FILE_ENV
+    from tabletune.tuner.profiler import SCHEDULER_CLS
+
+    run_spec = spec.with_(max_k=max(1, table.max_k))
+    control = log_dir / f"control-{runner}.json"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    control.write_text("{}")
+    tabled: dict[int, list[float]] = {}
+    after_change: dict[str, list[float]] = {}
+    fixed: dict[int, list[float]] = {}
+    result = {"runner": runner, "probe_batch_sizes": probe.lengths,
+              "tabled_ms": tabled, "after_change_ms": after_change, "fixed_ms": fixed}
+    server = VllmServer(run_spec, speculative=speculative_config(
+        run_spec, table.to_vllm(), reject_all=True), reject_all=True,
+        log_path=log_dir / f"table-{runner}.log", startup_timeout_s=startup_timeout_s,
+        extra_env={CONTROL_FILE_ENV: str(control)},
+        extra_args=("--scheduler-cls", SCHEDULER_CLS))
+    try:
+        server.start()
+    except EngineError as e:
+        result["verdict"] = verdict(runner, False, {}, {}, 0.0, tolerance,
+                                    error=str(e).splitlines()[0] + " | " +
+                                    " / ".join(server.log_tail(6).splitlines()))
+        return result
+    try:
+        with server:
+            for k, b in probe.lengths.items():
+                _pin(control, {"force_k": k})
+                tabled[k] = timer(server, b)
+            _pin(control, {})
+            for b0, k0, b1, k1 in probe.edges:
+                timer(server, b0)                   # served at k0 ...
+                after_change[f"k={k0}→{k1} at B={b1}"] = timer(server, b1, 1)  # ... then k1
+        for k, b in probe.lengths.items():
+            fixed_spec = run_spec.with_(max_k=max(k, 1))
+            fixed_server = VllmServer(
+                fixed_spec, speculative=(speculative_config(fixed_spec, None, reject_all=True)
+                                         if k > 0 else None),
+                reject_all=k > 0, log_path=log_dir / f"fixed-k{k}-{runner}.log",
+                startup_timeout_s=startup_timeout_s)
+            with fixed_server:
+                fixed[k] = timer(fixed_server, b)
+    except EngineError as e:
+        result["verdict"] = verdict(runner, True, {}, {}, 0.0, tolerance, error=str(e)[:500])
+        result["verdict"]["deploy"] = False
+        result["verdict"]["summary"] = f"{runner}: the engine failed while measuring: {e}"[:600]
+        return result
+    med = statistics.median
+    length_cost = {k: med(tabled[k]) / med(fixed[k]) - 1.0 for k in probe.lengths}
+    edge_k = {f"k={k0}→{k1} at B={b1}": k1 for _, k0, _, k1 in probe.edges}
+    transition_cost = {e: med(v) / med(tabled[edge_k[e]]) - 1.0
+                       for e, v in after_change.items() if edge_k[e] in tabled}
+    noise = max([_spread(s) for s in list(tabled.values()) + list(fixed.values())], default=0)
+    result["length_cost"] = length_cost
+    result["transition_cost"] = transition_cost
+    result["noise"] = noise
+    result["verdict"] = verdict(runner, True, length_cost, transition_cost, noise, tolerance)
+    return result
+
+
+def _candidate_table(path: Path) -> DraftTable:
+    """A ``tabletune.table/v1`` document, or bare ranges ``[[start, end, k], ...]``."""
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, ValueError, RecursionError) as e:
+        raise ContractError(f"{path}: not a readable JSON file ({type(e).__name__})") from None
+    if isinstance(raw, list):
+        return DraftTable.from_ranges(raw, f"{path}")
+    return load_json(path, "table").table
+
+
+def runners_for(spec: EngineSpec, asked: str | None) -> list[str]:
+    if spec.device != "cuda":
+        return ["cpu"]
+    names = [r.strip() for r in (asked or "v1,v2").split(",") if r.strip()]
+    bad = [r for r in names if r not in ("v1", "v2")]
+    if bad or not names:
+        raise ContractError(f"--runners: {asked!r} must list v1 and/or v2")
+    return names
+
+
+def cmd_doctor(args) -> int:
+    from tabletune.cli import _prompts, engine_spec_from_args
+
+    if args.table:
+        table = _candidate_table(Path(args.table))
+    else:
+        from tabletune.core.tables import DOCS_TABLE
+
+        table = DOCS_TABLE
+    if not 0 <= args.tolerance < 1:
+        raise ContractError(f"--tolerance: {args.tolerance!r} must be in [0, 1)")
+    if args.max_batch_size < 1:
+        raise ContractError(f"--max-batch-size: {args.max_batch_size!r} must be >= 1")
+    if args.output_tokens < 2 or args.repeats < 1:
+        raise ContractError(f"--output-tokens/--repeats: {args.output_tokens!r}/"
+                            f"{args.repeats!r} must be >= 2 and >= 1")
+    spec = engine_spec_from_args(args, max_batch_size=args.max_batch_size)
+    runners = runners_for(spec, args.runners)
+    probe = probes(table, args.max_batch_size)
+    prompts = _prompts(args)
+    if len(prompts) < args.max_batch_size:
+        prompts = (prompts * (args.max_batch_size // len(prompts) + 1))[:args.max_batch_size]
+    timer = _window_timer(prompts, args.output_tokens, args.repeats)
+    out = Path(args.out_dir)
+    started = time.time()
+    results = []
+    for runner in runners:
+        runner_spec = spec if runner == "cpu" else spec.with_(runner=runner)
+        print(f"doctor: {runner} runner, table {table.to_vllm()}", flush=True)
+        results.append(examine_runner(runner_spec, table, probe, runner=runner, timer=timer,
+                                      log_dir=out / "logs", tolerance=args.tolerance,
+                                      startup_timeout_s=args.startup_timeout))
+        print("  " + results[-1]["verdict"]["summary"], flush=True)
+    decision = overall([r["verdict"] for r in results])
+    doc = {"schema": DOCTOR_SCHEMA, "fingerprint": deployment_fingerprint(spec),
+           "table": table.to_vllm(), "tolerance": args.tolerance,
+           "output_tokens": args.output_tokens, "repeats": args.repeats,
+           "runners": _jsonable(results), "decision": decision,
+           "wall_s": round(time.time() - started, 1)}
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "doctor.json"
+    path.write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
+    print(decision["summary"])
+    print(f"results → {path}")
+    return 0
+
+
+def _jsonable(obj):
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    return obj
+
+
+def add_doctor_parser(sub, add_engine_args) -> None:
+    from tabletune.cli import add_acceptance_args
+
+    p = sub.add_parser("doctor", help="can this engine serve this table at its lengths' speed? "
+                                      "(start-up, each length vs the same fixed length, "
+                                      "transitions; per runner)")
+    add_engine_args(p)
+    add_acceptance_args(p)
+    p.add_argument("--table", help="the candidate: a table.json, or a JSON list of ranges "
+                                   "[[start, end, k], ...] (default: vLLM's docs table)")
+    p.add_argument("--runners", default=None,
+                   help="cuda: comma-separated v1,v2 (default both); cpu has one runner")
+    p.add_argument("--max-batch-size", type=int, default=64,
+                   help="largest batch the probes use (default 64)")
+    p.add_argument("--output-tokens", type=int, default=33,
+                   help="tokens per timing window (step = (t_N - t_1)/(N - 1))")
+    p.add_argument("--repeats", type=int, default=2, help="windows per measurement")
+    p.add_argument("--tolerance", type=float, default=0.03,
+                   help="largest cost still fit to deploy (raised to twice the measured noise)")
+    p.add_argument("--startup-timeout", type=float, default=600.0)
+    p.add_argument("--out-dir", default="tabletune-doctor")
+    p.set_defaults(func=cmd_doctor)

@@ -1,0 +1,206 @@
+"""The engine-compatibility layer: version gate, log lines, never blocking start-up, and each
+fix's behaviour against stand-ins for the vLLM 0.26 classes it patches (a faked boundary)."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import types
+from dataclasses import dataclass
+
+import pytest
+
+from tabletune import vllm_compat
+from tabletune.vllm_compat import Fix, complete_candidates
+
+
+@pytest.fixture
+def fresh(monkeypatch):
+    """Each test installs as a new process would."""
+    monkeypatch.setattr(vllm_compat, "_installed_in_process", False)
+    monkeypatch.setattr(vllm_compat, "APPLIED", [])
+    monkeypatch.delenv(vllm_compat.COMPAT_ENV, raising=False)
+    monkeypatch.delenv(vllm_compat.TRACE_ENV, raising=False)
+    return monkeypatch
+
+
+def _messages(caplog):
+    return [r.getMessage() for r in caplog.records if r.name == "vllm.tabletune.compat"]
+
+
+def test_other_versions_get_nothing_and_it_is_said_once(fresh, caplog):
+    caplog.set_level(logging.INFO, logger="vllm.tabletune.compat")
+    assert vllm_compat.install("0.32.0") == []
+    assert vllm_compat.install("0.32.0") == []
+    assert _messages(caplog) == ["TableTune compat: no fix is verified for vLLM 0.32.0; "
+                                 "applying none"]
+
+
+def test_every_shipped_fix_names_its_versions_and_upstream():
+    assert {f.name for f in vllm_compat.FIXES} == {
+        "draft-decode-graph-candidates", "speculator-drafts-scheduled-k",
+        "graph-candidates-for-every-length"}
+    for fix in vllm_compat.FIXES:
+        assert fix.versions == frozenset({"0.26.0"})
+        assert fix.upstream and fix.what and fix.verified
+
+
+def test_the_layer_can_be_switched_off(fresh, caplog):
+    caplog.set_level(logging.INFO, logger="vllm.tabletune.compat")
+    fresh.setenv(vllm_compat.COMPAT_ENV, "0")
+    ran = []
+    fix = Fix("x", frozenset({"9.9"}), "u", "w", lambda: ran.append(1), module="json")
+    assert vllm_compat.install("9.9", fixes=(fix,)) == []
+    assert ran == []
+    assert "disabled by TABLETUNE_COMPAT" in _messages(caplog)[0]
+
+
+def test_a_fix_applies_when_its_module_is_imported_and_logs_one_line(fresh, caplog, tmp_path):
+    caplog.set_level(logging.INFO, logger="vllm.tabletune.compat")
+    (tmp_path / "tt_fake_runner.py").write_text("VALUE = 1\n")
+    fresh.syspath_prepend(str(tmp_path))
+    seen = []
+    fix = Fix("fake-fix", frozenset({"9.9"}), "upstream#1", "does a thing",
+              lambda: seen.append(sys.modules["tt_fake_runner"].VALUE), module="tt_fake_runner")
+    applied = vllm_compat.install("9.9", fixes=(fix,))
+    assert seen == [] and applied == []            # nothing imported yet: nothing patched
+    import tt_fake_runner  # noqa: F401
+
+    assert seen == [1] and applied == ["fake-fix"]
+    assert _messages(caplog) == ["TableTune compat: applied fake-fix on vLLM 9.9 — does a thing "
+                                 "[upstream#1]"]
+    sys.modules.pop("tt_fake_runner", None)
+
+
+def test_a_fix_that_fails_is_logged_and_skipped_and_the_others_still_apply(fresh, caplog):
+    caplog.set_level(logging.INFO, logger="vllm.tabletune.compat")
+
+    def broken():
+        raise AttributeError("GPUModelRunner has no attribute execute_model")
+
+    ok = []
+    fixes = (Fix("broken", frozenset({"9.9"}), "u", "w", broken, module="json"),
+             Fix("fine", frozenset({"9.9"}), "u", "w", lambda: ok.append(1), module="json"))
+    assert vllm_compat.install("9.9", fixes=fixes) == ["fine"]
+    assert ok == [1]
+    warning = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warning) == 1
+    assert "broken not applied on vLLM 9.9 (AttributeError" in warning[0].getMessage()
+
+
+def test_install_never_raises(fresh, caplog):
+    fresh.setattr(vllm_compat, "vllm_version", lambda: (_ for _ in ()).throw(OSError("boom")))
+    assert vllm_compat.install() == []
+    assert any("skipped (OSError: boom)" in m for m in _messages(caplog))
+
+
+# --- the fixes, against stand-ins shaped like vLLM 0.26's classes --------------------------
+
+
+@dataclass(frozen=True)
+class Desc:
+    num_tokens: int
+    uniform_token_count: int | None
+    num_active_loras: int = 0
+
+
+def test_every_length_finds_its_full_graph():
+    # Lengths 0..3 (q = 1..4): token count 12 (B = 4 at k = 2) falls in the 16-token bucket,
+    # which has graphs for q = 1, 2 and 4 only; the q = 3 graph for it is the 18-token one.
+    bucket16 = [Desc(16, 4), Desc(16, 2), Desc(16, 1), Desc(16, None)]
+    captured = {"FULL": [Desc(16, 4), Desc(16, 2), Desc(16, 1), Desc(9, 3), Desc(18, 3)],
+                "PIECEWISE": [Desc(16, None)]}
+    candidates = {(12, 0): list(bucket16), (16, 0): list(bucket16)}
+    assert complete_candidates(candidates, captured) == 2
+    assert candidates[(12, 0)] == [Desc(16, 4), Desc(16, 2), Desc(16, 1), Desc(18, 3),
+                                   Desc(16, None)]
+    # the first compatible graph for a q = 3 step of 12 tokens is now a full one
+    chosen = next(d for d in candidates[(12, 0)]
+                  if d.uniform_token_count in (None, 3) and d.num_tokens >= 12)
+    assert chosen == Desc(18, 3)
+
+
+def test_complete_candidates_leaves_one_length_tables_alone():
+    captured = {"FULL": [Desc(8, 2), Desc(16, 2)]}
+    candidates = {(7, 0): [Desc(8, 2)], (16, 0): [Desc(16, 2)]}
+    assert complete_candidates(candidates, captured) == 0
+    assert candidates == {(7, 0): [Desc(8, 2)], (16, 0): [Desc(16, 2)]}
+
+
+def _fake_vllm(monkeypatch, **modules):
+    for name, attrs in modules.items():
+        module = types.ModuleType(name)
+        for key, value in attrs.items():
+            setattr(module, key, value)
+        monkeypatch.setitem(sys.modules, name, module)
+        parent, _, child = name.rpartition(".")
+        if parent in sys.modules:
+            monkeypatch.setattr(sys.modules[parent], child, module, raising=False)
+
+
+def _package_chain(monkeypatch, name):
+    parts = name.split(".")
+    for i in range(1, len(parts)):
+        pkg = ".".join(parts[:i])
+        if pkg not in sys.modules or not hasattr(sys.modules[pkg], "__path__"):
+            m = types.ModuleType(pkg)
+            m.__path__ = []
+            monkeypatch.setitem(sys.modules, pkg, m)
+
+
+def test_the_drafter_decode_manager_is_built_without_the_table(monkeypatch):
+    seen = []
+
+    class CudaGraphManager:
+        def __init__(self, decode_query_len, spec):
+            self.decode_query_len = decode_query_len
+            self.vllm_config = types.SimpleNamespace(speculative_config=spec)
+            self._init_candidates()
+
+        def _init_candidates(self):
+            seen.append((self.decode_query_len,
+                         self.vllm_config.speculative_config.num_speculative_tokens_per_batch_size))
+
+    _package_chain(monkeypatch, "vllm.v1.worker.gpu.cudagraph_utils")
+    _fake_vllm(monkeypatch, **{"vllm.v1.worker.gpu.cudagraph_utils":
+                               {"CudaGraphManager": CudaGraphManager}})
+    vllm_compat._fix_draft_decode_candidates()
+    spec = types.SimpleNamespace(num_speculative_tokens_per_batch_size=[[1, 8, 1], [9, 64, 3]])
+    CudaGraphManager(4, spec)   # target: K + 1 = 4
+    CudaGraphManager(1, spec)   # drafter decode: one token per request
+    assert seen == [(4, [[1, 8, 1], [9, 64, 3]]), (1, None)]
+    assert spec.num_speculative_tokens_per_batch_size == [[1, 8, 1], [9, 64, 3]]
+
+
+def test_the_speculator_drafts_the_scheduled_length(monkeypatch):
+    steps_seen = []
+
+    class AutoRegressiveSpeculator:
+        num_speculative_steps = 3
+
+        def propose(self, *args, dummy_run=False, **kwargs):
+            steps_seen.append(self.num_speculative_steps)
+            return "drafts"
+
+    class GPUModelRunner:
+        def __init__(self):
+            self.speculator = AutoRegressiveSpeculator()
+
+        def execute_model(self, scheduler_output, dummy_run=False):
+            return self.speculator.propose(dummy_run=dummy_run)
+
+    _package_chain(monkeypatch, "vllm.v1.worker.gpu.spec_decode.autoregressive.speculator")
+    _fake_vllm(monkeypatch, **{
+        "vllm.v1.worker.gpu.model_runner": {"GPUModelRunner": GPUModelRunner},
+        "vllm.v1.worker.gpu.spec_decode.autoregressive.speculator":
+            {"AutoRegressiveSpeculator": AutoRegressiveSpeculator}})
+    vllm_compat._fix_speculator_honours_k()
+    runner = GPUModelRunner()
+    for k in (3, 2, 1, 0):
+        assert runner.execute_model(types.SimpleNamespace(num_spec_tokens_to_schedule=k)) == \
+            "drafts"
+    runner.execute_model(types.SimpleNamespace(num_spec_tokens_to_schedule=0), dummy_run=True)
+    # k = 3 runs all K steps, k = 2 two, k = 1 and k = 0 only the draft prefill; a dummy run
+    # (capture, profiling) keeps K; the speculator is left at K after every call.
+    assert steps_seen == [3, 2, 1, 1, 3]
+    assert runner.speculator.num_speculative_steps == 3
