@@ -211,7 +211,33 @@ def _write_plots(d: Path, profile: Profile, result) -> list[Path]:
 # Commands
 
 
+def _check_out(out, **inputs) -> None:
+    """Refuse an --out that is a directory or the same file as an input (by resolved path)."""
+    out = Path(out)
+    if out.is_dir():
+        raise ContractError(f"--out: {out} is a directory")
+    for option, path in inputs.items():
+        if path is None:
+            continue
+        same = out.resolve() == Path(path).resolve()
+        try:
+            same = same or out.samefile(path)  # a hard link or another name for the file
+        except OSError:
+            pass
+        if same:
+            raise ContractError(f"--out: {out} is the same file as --{option} "
+                                "(it would be overwritten)")
+
+
+def _check_min(value, option: str, minimum: int | float) -> None:
+    """An optional option, when given, is at least ``minimum`` (0 is not "unset")."""
+    if value is not None and not value >= minimum:
+        kind = "an integer" if isinstance(value, int) else "a number"
+        raise ContractError(f"{option}: {value!r} is not {kind} >= {minimum}")
+
+
 def cmd_profile(args) -> int:
+    _check_out(args.out, checkpoint=args.checkpoint)
     out = Path(args.out)
     spec = engine_spec_from_args(args, max_batch_size=max(_grid(args)))
     profile = _run_profile(args, spec, out.parent, checkpoint=args.checkpoint)
@@ -222,6 +248,7 @@ def cmd_profile(args) -> int:
 
 
 def cmd_acceptance(args) -> int:
+    _check_out(args.out, prompts=args.prompts)
     out = Path(args.out)
     spec = engine_spec_from_args(args)
     acc = _run_acceptance(args, spec, out.parent)
@@ -232,10 +259,18 @@ def cmd_acceptance(args) -> int:
 
 
 def cmd_build(args) -> int:
+    _check_out(args.out, profile=args.profile, acceptance=args.acceptance)
+    _check_min(args.table_max_batch_size, "--table-max-batch-size", 1)
+    _check_min(args.max_batch_size, "--max-batch-size", 1)
+    max_batch_size = args.table_max_batch_size or args.max_batch_size
+    if args.table_max_batch_size and args.max_batch_size and (
+            args.table_max_batch_size != args.max_batch_size):
+        raise ContractError(f"--table-max-batch-size: {args.table_max_batch_size} differs from "
+                            f"--max-batch-size {args.max_batch_size} (give one)")
     profile = load_json(args.profile, "profile")
     acceptance = load_json(args.acceptance, "acceptance")
     result, doc = build_document(profile, acceptance, lengths=args.lengths,
-                                 tie_margin=args.tie_margin, max_batch_size=args.max_batch_size)
+                                 tie_margin=args.tie_margin, max_batch_size=max_batch_size)
     save_json(args.out, doc)
     print(_describe_document(doc))
     if args.plots:
@@ -243,7 +278,50 @@ def cmd_build(args) -> int:
     return 0
 
 
+def _validate_tune_args(args) -> None:
+    """Every cheap check of ``tune``'s options, before any engine starts or file is written."""
+    for value, option, minimum in (
+            (args.max_k, "--max-k", 1), (args.max_batch_size, "--max-batch-size", 1),
+            (args.max_num_seqs, "--max-num-seqs", 1),
+            (args.tensor_parallel_size, "--tensor-parallel-size", 1),
+            (args.max_model_len, "--max-model-len", 1), (args.repeats, "--repeats", 1),
+            (args.output_tokens, "--output-tokens", 2), (args.num_prompts, "--num-prompts", 1),
+            (args.max_tokens, "--max-tokens", 1), (args.temperature, "--temperature", 0),
+            (args.tie_margin, "--tie-margin", 0),
+            (args.table_max_batch_size, "--table-max-batch-size", 1)):
+        _check_min(value, option, minimum)
+    for value, option in ((args.max_spread, "--max-spread"),
+                          (args.startup_timeout, "--startup-timeout")):
+        if not 0 < value < float("inf"):
+            raise ContractError(f"{option}: {value!r} is not a positive number")
+    if not args.tie_margin < float("inf"):
+        raise ContractError(f"--tie-margin: {args.tie_margin!r} is not a finite number")
+    if not args.temperature < float("inf"):
+        raise ContractError(f"--temperature: {args.temperature!r} is not a finite number")
+    if args.lengths is not None:
+        if not args.lengths:
+            raise ContractError("--lengths: () is empty")
+        for k in args.lengths:
+            if not 0 <= k <= args.max_k:
+                raise ContractError(f"--lengths: {k} is not a draft length 0..--max-k "
+                                    f"({args.max_k})")
+    if not _grid(args):
+        raise ContractError(f"--batch-sizes: {args.batch_sizes!r} has no batch size <= "
+                            f"--max-batch-size {args.max_batch_size}")
+    out = Path(args.out_dir)
+    if out.exists() and not out.is_dir():
+        raise ContractError(f"--out-dir: {out} is not a directory")
+    if args.acceptance is not None:
+        acc = load_json(args.acceptance, "acceptance")
+        if acc.max_k < args.max_k:
+            raise ContractError(f"--acceptance: {args.acceptance} has {acc.max_k} rates but "
+                                f"--max-k is {args.max_k} (K mismatch)")
+    elif args.prompts is not None and not args.prompts.is_file():
+        raise ContractError(f"--prompts: {args.prompts} is not a file")
+
+
 def cmd_tune(args) -> int:
+    _validate_tune_args(args)
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     started = time.time()
@@ -317,28 +395,76 @@ def _describe_document(doc: TableDocument) -> str:
     if g.get("tokens_per_s"):
         import numpy as np
 
-        m = np.asarray(g["tokens_per_s"], dtype=float)
-        lengths = list(g["lengths"])
-        bs = list(g["batch_sizes"])
+        m, lengths, bs, chosen_k = _goodput_block(g)
         best = m.max(axis=1)
-        fixed_worst = {k: float(np.max(1 - m[:, j] / best)) for j, k in enumerate(lengths)}
-        chosen = np.array([m[i, lengths.index(k)] for i, k in enumerate(g["chosen"])])
+        # Rows where no length has any goodput have no loss to speak of (and 0/0 is nan).
+        rows = best > 0
+
+        def worst(values) -> str:
+            return f"{float(np.max(1 - values[rows] / best[rows])):.1%}"
+
         lines.append(f"worst loss vs the per-B best fixed length over B 1–{bs[-1]}:")
-        lines.append(f"  this table: {float(np.max(1 - chosen / best)):.1%}")
+        if not rows.any():
+            lines.append("  none to report: the goodput block is zero at every batch size")
+            return "\n".join(lines)
+        chosen = np.array([m[i, lengths.index(k)] for i, k in enumerate(chosen_k)])
+        lines.append(f"  this table: {worst(chosen)}")
         docs = [DOCS_TABLE.k_for(b) for b in bs]
         if all(k in lengths for k in docs):
             dv = np.array([m[i, lengths.index(k)] for i, k in enumerate(docs)])
-            lines.append(f"  vLLM docs table: {float(np.max(1 - dv / best)):.1%}")
-        for k, w in fixed_worst.items():
-            lines.append(f"  fixed k={k}: {w:.1%}")
+            lines.append(f"  vLLM docs table: {worst(dv)}")
+        for j, k in enumerate(lengths):
+            lines.append(f"  fixed k={k}: {worst(m[:, j])}")
         if g.get("interpolated_batch_sizes"):
             lines.append("  (T(B,k) interpolated linearly between profiled batch sizes)")
     return "\n".join(lines)
 
 
+def _goodput_block(g: dict):
+    """The goodput block's matrix, lengths, batch sizes and chosen k, checked for shape."""
+    import numpy as np
+
+    from tabletune.core.errors import check_int, check_nonnegative, check_sequence, fail
+
+    p = "table.goodput"
+    for key in ("tokens_per_s", "lengths", "batch_sizes", "chosen"):
+        if key not in g:
+            fail(f"{p}.{key}", None, "is missing (needed to report the loss)")
+    lengths = [check_int(k, f"{p}.lengths[{j}]", minimum=0)
+               for j, k in enumerate(check_sequence(g["lengths"], f"{p}.lengths"))]
+    bs = [check_int(b, f"{p}.batch_sizes[{i}]", minimum=1)
+          for i, b in enumerate(check_sequence(g["batch_sizes"], f"{p}.batch_sizes"))]
+    chosen = [check_int(k, f"{p}.chosen[{i}]", minimum=0)
+              for i, k in enumerate(check_sequence(g["chosen"], f"{p}.chosen"))]
+    if not lengths or not bs:
+        fail(f"{p}.lengths" if not lengths else f"{p}.batch_sizes", [], "is empty")
+    rows = check_sequence(g["tokens_per_s"], f"{p}.tokens_per_s")
+    if len(rows) != len(bs):
+        fail(f"{p}.tokens_per_s", f"{len(rows)} rows",
+             f"do not match {p}.batch_sizes ({len(bs)} entries)")
+    m = []
+    for i, row in enumerate(rows):
+        row = check_sequence(row, f"{p}.tokens_per_s[{i}]")
+        if len(row) != len(lengths):
+            fail(f"{p}.tokens_per_s[{i}]", f"{len(row)} entries",
+                 f"do not match {p}.lengths ({len(lengths)} entries)")
+        m.append([check_nonnegative(v, f"{p}.tokens_per_s[{i}][{j}]") for j, v in enumerate(row)])
+    if len(chosen) != len(bs):
+        fail(f"{p}.chosen", f"{len(chosen)} entries",
+             f"do not match {p}.batch_sizes ({len(bs)} entries)")
+    for i, k in enumerate(chosen):
+        if k not in lengths:
+            fail(f"{p}.chosen[{i}]", k, f"is not one of {p}.lengths {lengths}")
+    return np.asarray(m, dtype=float), lengths, bs, chosen
+
+
 def cmd_show(args) -> int:
     doc = load_json(args.table, "table")
-    print(_describe_document(doc))
+    try:
+        text = _describe_document(doc)
+    except ContractError as exc:
+        raise ContractError(f"{args.table}: {exc}") from None
+    print(text)
     return 0
 
 

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from tabletune.core.builder import DEFAULT_TIE_MARGIN, StepTimes, build_table
+from tabletune.core.builder import DEFAULT_TIE_MARGIN, MAX_BATCH_SIZE, StepTimes, build_table
 from tabletune.core.errors import (
     ContractError,
     check_bool,
@@ -64,6 +64,11 @@ DEFAULT_EXPLORATION_EVERY = 50
 # The paper leaves N open; 500 engine steps is 2.5-10 s at 5-20 ms a step: fast enough to follow
 # a workload switch within a minute, long enough that a rebuild (~1 ms) is noise per step.
 DEFAULT_REBUILD_EVERY_STEPS = 500
+# Counts are blended as floats; past 2**53 a float no longer holds every integer, and no engine
+# drafts that many tokens. A larger count is corrupt input, refused before it reaches the blend.
+MAX_COUNT = 2**53
+# Rebuild records kept in memory (each holds two tables and K rates).
+MAX_HISTORY = 1_000_000
 
 Range = tuple[int, int, int]
 
@@ -119,7 +124,8 @@ class ControllerSettings:
             )
             object.__setattr__(self, "allowed_lengths", tuple(sorted(set(lengths))))
         if self.max_batch_size is not None:
-            check_int(self.max_batch_size, f"{p}.max_batch_size", minimum=1)
+            check_int(self.max_batch_size, f"{p}.max_batch_size", minimum=1,
+                      maximum=MAX_BATCH_SIZE)
 
     @classmethod
     def recommended(cls, **overrides: Any) -> ControllerSettings:
@@ -242,7 +248,7 @@ class Estimator:
         prior = validate_rates(prior_rates, "prior_rates")
         if not prior:
             fail("prior_rates", list(prior), "is empty (need a_1..a_K for K >= 1)")
-        history = check_int(history, "history", minimum=1)
+        history = check_int(history, "history", minimum=1, maximum=MAX_HISTORY)
 
         allowed = settings.allowed_lengths
         field = "settings.allowed_lengths"
@@ -302,14 +308,20 @@ class Estimator:
             # Exploration does not move the hysteresis state: it is one step off the table.
             self._explorations += 1
             return self._explore_k
-        if batch_size > self._max_b:
-            idx = self._max_b - 1
-        elif batch_size >= 1:
-            idx = batch_size - 1
-        else:
+        try:
+            if batch_size > self._max_b:
+                idx = self._max_b - 1
+                # Off the hot path (the table ends below B): a float such as 1e9 is no batch.
+                check_int(batch_size, "batch_size", minimum=1)
+            elif batch_size >= 1:
+                idx = batch_size - 1
+            else:
+                fail("batch_size", batch_size, "is not an integer >= 1")
+            r = self._range_of[idx]
+        except TypeError:
+            # A fractional batch size (2.5 indexes no list) or not a number at all.
             fail("batch_size", batch_size, "is not an integer >= 1")
         self._last_b = batch_size
-        r = self._range_of[idx]
         held = self._held
         if r != held:
             h = self._h
@@ -372,7 +384,7 @@ class Estimator:
         # Pairing gives drafted >= accepted, so accepted >= 0 covers both signs.
         if (not paired
                 or not all(isinstance(v, Integral) and v >= 0 for v in by_accepted)
-                or not all(isinstance(v, Integral) for v in by_drafted)):
+                or not all(isinstance(v, Integral) and v <= MAX_COUNT for v in by_drafted)):
             self._reject_many(drafted, accepted)
         hist_d, hist_a, K = self._hist_d, self._hist_a, self._K
         for d, c in by_drafted.items():
@@ -383,7 +395,7 @@ class Estimator:
 
     def _reject_many(self, drafted: Sequence[int], accepted: Sequence[int]) -> None:
         for j, (d, a) in enumerate(zip(drafted, accepted)):
-            d = check_int(d, f"observe_many.drafted[{j}]", minimum=0)
+            d = check_int(d, f"observe_many.drafted[{j}]", minimum=0, maximum=MAX_COUNT)
             a = check_int(a, f"observe_many.accepted[{j}]", minimum=0)
             if a > d:
                 fail(f"observe_many.accepted[{j}]", a, f"is above drafted[{j}] = {d}")
@@ -405,9 +417,11 @@ class Estimator:
         n = min(len(drafted_per_position), self._K)
         for i in range(n):
             d, a = drafted_per_position[i], accepted_per_position[i]
-            if not (isinstance(d, Integral) and isinstance(a, Integral) and 0 <= a <= d):
+            if not (isinstance(d, Integral) and isinstance(a, Integral)
+                    and 0 <= a <= d <= MAX_COUNT):
                 fail(f"observe_positions[{i}]", (d, a),
-                     "is not (drafted, accepted) integers with 0 <= accepted <= drafted")
+                     "is not (drafted, accepted) integers with 0 <= accepted <= drafted "
+                     "<= 2**53")
         pend_d, pend_a = self._pend_d, self._pend_a
         for i in range(n):
             pend_d[i] += int(drafted_per_position[i])
@@ -415,7 +429,7 @@ class Estimator:
 
     def _observe_unusual(self, d: Any, a: Any, where: str) -> None:
         for value, name in ((d, "num_drafted"), (a, "num_accepted")):
-            check_int(value, f"{where}.{name}", minimum=0)
+            check_int(value, f"{where}.{name}", minimum=0, maximum=MAX_COUNT)
         if a > d:
             fail(f"{where}.num_accepted", a, f"is above num_drafted = {d}")
         # Drafts beyond the prior's K: count the first K positions, which is exactly what the
@@ -650,7 +664,8 @@ class Estimator:
             StepTimes(cells, field="state.step_times"),
             s["prior_rates"],
             ControllerSettings.from_dict(s["settings"], "state.settings"),
-            history=check_int(s["history_limit"], "state.history_limit", minimum=1),
+            history=check_int(s["history_limit"], "state.history_limit", minimum=1,
+                              maximum=MAX_HISTORY),
         )
         K = est._K
         counts = []

@@ -37,6 +37,9 @@ __all__ = [
 # A length must beat the previous batch size's length by more than this (relative) to take
 # over; near-ties would otherwise split the table into many short ranges.
 DEFAULT_TIE_MARGIN = 0.005
+# A built table has one row per batch size 1..max_batch_size; no engine runs a million requests
+# in one step, so a larger bound is a typo (or 10**400) that would only exhaust memory.
+MAX_BATCH_SIZE = 1 << 20
 
 
 class StepTimes:
@@ -270,7 +273,8 @@ def build_table(
     rates = validate_rates(rates, "rates")
     if max_batch_size is None:
         max_batch_size = step_times.max_batch_size
-    max_batch_size = check_int(max_batch_size, "max_batch_size", minimum=1)
+    max_batch_size = check_int(max_batch_size, "max_batch_size", minimum=1,
+                               maximum=MAX_BATCH_SIZE)
     tie_margin = check_nonnegative(tie_margin, "tie_margin")
     lengths = _resolve_lengths(step_times, rates, lengths)
     batch_sizes = tuple(range(1, max_batch_size + 1))

@@ -41,6 +41,7 @@ __all__ = [
     "TableDocument",
     "check_compatible",
     "load_json",
+    "read_json_file",
     "save_json",
 ]
 
@@ -232,7 +233,7 @@ class Acceptance:
 
     def __post_init__(self) -> None:
         rates = validate_rates(self.rates, "acceptance.rates")
-        check_int(self.num_drafts, "acceptance.num_drafts", minimum=0)
+        num_drafts = check_int(self.num_drafts, "acceptance.num_drafts", minimum=0)
         accepted = check_sequence(self.accepted_per_position, "acceptance.accepted_per_position")
         if len(accepted) != len(rates):
             fail("acceptance.accepted_per_position", list(accepted),
@@ -241,6 +242,12 @@ class Acceptance:
             check_int(a, f"acceptance.accepted_per_position[{i}]", minimum=0)
             for i, a in enumerate(accepted)
         )
+        for i, a in enumerate(accepted):
+            # Position i+1 is drafted at most once per draft: more keeps than drafts is corrupt.
+            if a > num_drafts:
+                fail(f"acceptance.accepted_per_position[{i}]", a,
+                     f"is above acceptance.num_drafts = {num_drafts} (a position cannot be "
+                     "accepted more often than it was drafted)")
         check_int(self.num_prompts, "acceptance.num_prompts", minimum=0)
         temperature = check_nonnegative(self.temperature, "acceptance.temperature")
         check_dict(self.meta, "acceptance.meta")
@@ -352,19 +359,50 @@ def check_compatible(profile: Profile, acceptance: Acceptance) -> None:
 _READERS = {"profile": Profile, "acceptance": Acceptance, "table": TableDocument}
 
 
+# Profiles of a few thousand cells and tables are kilobytes to a few MiB; anything far larger is
+# the wrong file, and reading it whole would only exhaust memory.
+MAX_JSON_BYTES = 64 * 1024 * 1024
+
+
+def read_json_file(path: str | os.PathLike[str], what: str = "document") -> Any:
+    """Parse a JSON file; every failure is a ContractError that starts with the file path.
+
+    Refuses files above ``MAX_JSON_BYTES`` and nesting too deep for the parser (a
+    RecursionError from ``json.loads`` would otherwise escape as a traceback).
+    """
+    name = os.fspath(path)
+    limit = MAX_JSON_BYTES
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            # fstat covers regular files; the bounded read covers pipes and devices.
+            raw = f.read(limit + 1) if size <= limit else b""
+    except OSError as exc:
+        raise ContractError(f"{name}: cannot read {what} JSON: {exc}") from exc
+    if size > limit or len(raw) > limit:
+        raise ContractError(f"{name}: cannot read {what} JSON: the file is larger than "
+                            f"{limit // (1024 * 1024)} MiB")
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except RecursionError:
+        raise ContractError(f"{name}: cannot read {what} JSON: nested too deeply") from None
+    except ValueError as exc:
+        # JSONDecodeError, UnicodeDecodeError, or an integer literal beyond Python's digit limit.
+        raise ContractError(f"{name}: cannot read {what} JSON: {exc}") from exc
+
+
 def load_json(path: str | os.PathLike[str], kind: Kind) -> Profile | Acceptance | TableDocument:
     """Read and validate a document; every error message starts with the file path."""
     if kind not in _READERS:
         fail("kind", kind, f"is not one of {sorted(_READERS)}")
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-        data = json.loads(text)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ContractError(f"{os.fspath(path)}: cannot read {kind} JSON: {exc}") from exc
+    data = read_json_file(path, kind)
     try:
         return _READERS[kind].from_dict(data)
     except ContractError as exc:
         raise ContractError(f"{os.fspath(path)}: {exc}") from exc
+    except RecursionError:
+        # Parsed, but too deep to validate or show in a message (e.g. a nested meta value).
+        raise ContractError(f"{os.fspath(path)}: {kind} is nested too deeply") from None
 
 
 def save_json(
@@ -378,7 +416,7 @@ def save_json(
     data = doc.to_dict() if hasattr(doc, "to_dict") else doc
     try:
         text = json.dumps(data, indent=2, allow_nan=False) + "\n"
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, RecursionError) as exc:
         raise ContractError(f"{os.fspath(path)}: cannot encode document as JSON: {exc}") from exc
     target = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)

@@ -21,7 +21,11 @@ class ContractError(ValueError):
 
 def show(value: Any, limit: int = 80) -> str:
     """Short repr for messages: long lists would bury the field path."""
-    text = repr(value)
+    try:
+        text = repr(value)
+    except (ValueError, RecursionError):
+        # An int past Python's digit limit for str(), or a structure nested too deeply.
+        text = f"<{type(value).__name__} too large to show>"
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
@@ -29,33 +33,56 @@ def fail(field: str, value: Any, problem: str) -> NoReturn:
     raise ContractError(f"{field}: {show(value)} {problem}")
 
 
-def check_int(value: Any, field: str, minimum: int | None = None) -> int:
+def check_int(
+    value: Any, field: str, minimum: int | None = None, maximum: int | None = None
+) -> int:
     # bool is an Integral, but True as a batch size is a bug, not a 1.
     if isinstance(value, bool) or not isinstance(value, Integral):
         fail(field, value, "is not an integer")
     if minimum is not None and value < minimum:
         fail(field, value, f"is not an integer >= {minimum}")
+    if maximum is not None and value > maximum:
+        fail(field, value, f"is above {maximum}, the largest value allowed here")
     return int(value)
 
 
+def as_finite(value: Any) -> float | None:
+    """``value`` as a finite float, or None for a non-number, nan, inf or an int too big for a
+    float (``math.isfinite(10**400)`` raises OverflowError instead of saying False)."""
+    if isinstance(value, bool) or not isinstance(value, Real):
+        return None
+    try:
+        out = float(value)
+    except (OverflowError, ValueError, TypeError):
+        return None
+    return out if math.isfinite(out) else None
+
+
+def _fail_number(field: str, value: Any, problem: str) -> NoReturn:
+    if isinstance(value, Integral) and not isinstance(value, bool) and as_finite(value) is None:
+        fail(field, value, "is too large (beyond the range of a float)")
+    fail(field, value, problem)
+
+
 def check_number(value: Any, field: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value):
-        fail(field, value, "is not a finite number")
-    return float(value)
+    out = as_finite(value)
+    if out is None:
+        _fail_number(field, value, "is not a finite number")
+    return out
 
 
 def check_positive(value: Any, field: str) -> float:
-    ok = not isinstance(value, bool) and isinstance(value, Real)
-    if not ok or not math.isfinite(value) or value <= 0:
-        fail(field, value, "is not a positive number")
-    return float(value)
+    out = as_finite(value)
+    if out is None or out <= 0:
+        _fail_number(field, value, "is not a positive number")
+    return out
 
 
 def check_nonnegative(value: Any, field: str) -> float:
-    ok = not isinstance(value, bool) and isinstance(value, Real)
-    if not ok or not math.isfinite(value) or value < 0:
-        fail(field, value, "is not a non-negative number")
-    return float(value)
+    out = as_finite(value)
+    if out is None or out < 0:
+        _fail_number(field, value, "is not a non-negative number")
+    return out
 
 
 def check_sequence(value: Any, field: str) -> Sequence[Any]:

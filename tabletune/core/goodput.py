@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from numbers import Real
 
-from tabletune.core.errors import check_int, check_positive, check_sequence, fail
+from tabletune.core.errors import as_finite, check_int, check_positive, check_sequence, fail
 
 __all__ = ["tau", "goodput", "validate_rates", "monotone_rates", "RATE_TOLERANCE"]
 
@@ -40,11 +39,10 @@ def validate_rates(rates: Sequence[float], field: str = "acceptance.rates") -> t
     out: list[float] = []
     for i, value in enumerate(rates):
         name = f"{field}[{i}]"
-        if isinstance(value, bool) or not isinstance(value, Real):
-            fail(name, value, "is not a number in [0, 1]")
-        value = float(value)
-        if not math.isfinite(value) or not 0.0 <= value <= 1.0:
-            fail(name, value, "is not a number in [0, 1]")
+        finite = as_finite(value)
+        if finite is None or not 0.0 <= finite <= 1.0:
+            fail(name, value if finite is None else finite, "is not a number in [0, 1]")
+        value = finite
         if out and value > out[-1] + RATE_TOLERANCE:
             fail(
                 name,

@@ -15,7 +15,6 @@ runs at base(B).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -25,7 +24,7 @@ import numpy as np
 
 from tabletune.controller.estimator import ControllerSettings
 from tabletune.core.builder import BuildResult, StepTimes, build_table
-from tabletune.core.contracts import Profile, load_json
+from tabletune.core.contracts import Profile, load_json, read_json_file
 from tabletune.core.errors import (
     ContractError,
     check_dict,
@@ -479,11 +478,10 @@ def load_scenario(name_or_path: str | Path) -> Scenario:
         if not path.exists():
             fail("scenario", str(name_or_path), f"is not a shipped scenario {scenario_names()} "
                  "or a file")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ContractError(f"{path}: cannot read scenario JSON: {exc}") from exc
+    data = read_json_file(path, "scenario")
     try:
         return Scenario.from_dict(data, base_dir=path.parent)
     except ContractError as exc:
         raise ContractError(f"{path}: {exc}") from exc
+    except RecursionError:
+        raise ContractError(f"{path}: scenario is nested too deeply") from None

@@ -29,7 +29,7 @@ def load_prompts(path: Path, *, field: str = "prompt") -> list[str]:
         if path.suffix in (".jsonl", ".json"):
             try:
                 value = json.loads(line).get(field)
-            except (json.JSONDecodeError, AttributeError):
+            except (ValueError, AttributeError, RecursionError):
                 raise ContractError(f"{path}:{n}: not a JSON object") from None
             if not isinstance(value, str) or not value.strip():
                 raise ContractError(f"{path}:{n}.{field}: {value!r} is not a non-empty string")

@@ -20,10 +20,11 @@ import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from tabletune.core.contracts import Profile, ProfileCell
-from tabletune.core.errors import ContractError
+from tabletune.core.errors import (ContractError, check_dict, check_int, check_number,
+                                   check_sequence, fail)
 from tabletune.engine.client import run_batch
 from tabletune.engine.model_pair import synthetic_prompts
 from tabletune.engine.server import EngineError, VllmServer, speculative_config
@@ -106,8 +107,61 @@ def _relative_spread(samples: Sequence[float]) -> float:
     return (max(samples) - min(samples)) / med if med > 0 else float("inf")
 
 
+_RAW_CELL_FIELDS = ("batch_size", "k", "client_samples_ms", "engine_samples_ms",
+                    "engine_steps_seen")
+
+
+def raw_cell_from_dict(d: Any) -> RawCell:
+    """A checkpoint record as a RawCell; a ContractError names the bad field.
+
+    A finished cell must have at least one client repeat, finite samples and a non-negative
+    median for each timing source it holds: the profile uses those medians as step times.
+    """
+    d = check_dict(d, "record")
+    for key in sorted(set(d) - set(_RAW_CELL_FIELDS), key=str):
+        fail(str(key), d[key], f"is not a checkpoint field (known: {', '.join(_RAW_CELL_FIELDS)})")
+    for key in _RAW_CELL_FIELDS[:4]:
+        if key not in d:
+            fail(key, None, "is missing")
+    samples = {}
+    for key in ("client_samples_ms", "engine_samples_ms"):
+        seq = check_sequence(d[key], key)
+        values = [check_number(v, f"{key}[{i}]") for i, v in enumerate(seq)]
+        if values:
+            # Single repeats may dip below zero in noise (differences of two timings); their
+            # median is the step time and cannot.
+            med = _median(values)
+            if med < 0:
+                fail(key, values, f"has median {med!r} ms, a negative step time")
+        samples[key] = values
+    if not samples["client_samples_ms"]:
+        fail("client_samples_ms", [], "is empty (a finished cell has at least one repeat)")
+    return RawCell(
+        batch_size=check_int(d["batch_size"], "batch_size", minimum=1),
+        k=check_int(d["k"], "k", minimum=0),
+        client_samples_ms=samples["client_samples_ms"],
+        engine_samples_ms=samples["engine_samples_ms"],
+        engine_steps_seen=check_int(d.get("engine_steps_seen", 0), "engine_steps_seen",
+                                    minimum=0),
+    )
+
+
+def _json_line(line: str) -> Any:
+    """One JSONL record; ValueError when it is not JSON (or too deeply nested to parse)."""
+    try:
+        return json.loads(line)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+
+
 class Checkpoint:
-    """Append-only JSONL of finished cells, tied to one deployment fingerprint."""
+    """Append-only JSONL of finished cells, tied to one deployment fingerprint.
+
+    A crash mid-write leaves at most one torn last line (no newline at the end of the file). On
+    load that tail is cut off (or, when it is a whole record that only lacks its newline, kept and
+    terminated), so the next append starts on a line of its own and a checkpoint survives any
+    number of interrupted runs.
+    """
 
     def __init__(self, path: Path, fingerprint: dict, settings: ProfileSettings) -> None:
         self.path = Path(path)
@@ -120,16 +174,31 @@ class Checkpoint:
             self._append({"schema": CHECKPOINT_SCHEMA, "fingerprint": fingerprint,
                           "settings": _settings_dict(settings)})
 
+    def _error(self, line: int, problem: str) -> ContractError:
+        return ContractError(f"{self.path}: line {line}: {problem}")
+
     def _load(self) -> None:
-        lines = self.path.read_text().splitlines()
+        data = self.path.read_bytes()
+        complete = data.rfind(b"\n") + 1  # bytes up to and including the last newline
         try:
-            header = json.loads(lines[0])
-        except (json.JSONDecodeError, IndexError):
-            raise ContractError(f"{self.path}: line 1 is not a checkpoint header") from None
+            text = data[:complete].decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ContractError(f"{self.path}: not a UTF-8 checkpoint ({exc})") from None
+        # A torn tail may end inside a character; it is cut off below unless it parses.
+        tail = data[complete:].decode("utf-8", errors="replace")
+        lines = text.split("\n")[:-1]
+        try:
+            header = _json_line(lines[0])
+        except (ValueError, IndexError):
+            header = None
+        if not isinstance(header, dict):
+            raise self._error(1, "not a checkpoint header")
         if header.get("schema") != CHECKPOINT_SCHEMA:
             raise ContractError(f"{self.path}.schema: {header.get('schema')!r} is not "
                                 f"{CHECKPOINT_SCHEMA!r}")
         saved = header.get("fingerprint", {})
+        if not isinstance(saved, dict):
+            raise self._error(1, f"fingerprint: {saved!r} is not an object (dict)")
         for key in sorted(set(saved) | set(self.fingerprint)):
             if saved.get(key) != self.fingerprint.get(key):
                 raise ContractError(
@@ -137,14 +206,33 @@ class Checkpoint:
                     f"deployment has {self.fingerprint.get(key)!r}; use a new checkpoint")
         for n, line in enumerate(lines[1:], start=2):
             try:
-                d = json.loads(line)
-            except json.JSONDecodeError:
-                # A crash mid-write leaves at most one torn last line; everything before it holds.
-                if n == len(lines):
-                    continue
-                raise ContractError(f"{self.path}: line {n} is not JSON") from None
-            cell = RawCell(**d)
+                d = _json_line(line)
+            except ValueError as exc:
+                raise self._error(n, f"not JSON ({exc})") from None
+            cell = self._cell(n, d)
             self.cells[(cell.batch_size, cell.k)] = cell
+        if tail:
+            self._repair_tail(tail, complete)
+
+    def _cell(self, n: int, d: Any) -> RawCell:
+        try:
+            return raw_cell_from_dict(d)
+        except ContractError as exc:
+            raise self._error(n, str(exc)) from None
+
+    def _repair_tail(self, tail: str, complete: int) -> None:
+        """The last line has no newline: a crash hit mid-write."""
+        try:
+            cell = raw_cell_from_dict(_json_line(tail))
+        except ValueError:  # torn (ContractError is a ValueError too): the cell is re-measured
+            os.truncate(self.path, complete)
+            return
+        # The whole record made it; only its newline did not.
+        with open(self.path, "a") as f:
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        self.cells[(cell.batch_size, cell.k)] = cell
 
     def _append(self, record: dict) -> None:
         with open(self.path, "a") as f:
@@ -153,6 +241,11 @@ class Checkpoint:
             os.fsync(f.fileno())
 
     def add(self, cell: RawCell) -> None:
+        # A record that would be refused on resume is refused now, before it is written.
+        try:
+            raw_cell_from_dict(asdict(cell))
+        except ContractError as exc:
+            raise ContractError(f"cell B={cell.batch_size}, k={cell.k}: {exc}") from None
         self._append(asdict(cell))
         self.cells[(cell.batch_size, cell.k)] = cell
 

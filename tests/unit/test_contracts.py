@@ -387,3 +387,69 @@ def test_save_json_replaces_and_accepts_plain_dicts(tmp_path):
     save_json(path, make_acceptance())
     assert json.loads(path.read_text())["schema"] == ACCEPTANCE_SCHEMA
     assert oct(path.stat().st_mode & 0o777) == oct(0o644)
+
+
+# ---------------------------------------------------------------------------- hostile files
+
+
+def test_acceptance_counts_above_the_number_of_drafts_are_refused(tmp_path):
+    with pytest.raises(ContractError, match=r"^acceptance\.accepted_per_position\[0\]: 10001 is "
+                                            r"above acceptance\.num_drafts = 10000"):
+        Acceptance.from_dict(acceptance_dict(accepted_per_position=[10_001, 5000, 3000]))
+    with pytest.raises(ContractError, match=r"accepted_per_position\[2\]: 5 is above "
+                                            r"acceptance\.num_drafts = 0"):
+        Acceptance((0.0, 0.0, 0.0), 0, (0, 0, 5), 1, 0.0)
+    path = tmp_path / "acc.json"
+    path.write_text(json.dumps(acceptance_dict(num_drafts=100)))
+    with pytest.raises(ContractError, match=rf"^{path}: acceptance\.accepted_per_position\[0\]: "
+                                            r"7000 is above acceptance\.num_drafts = 100"):
+        load_json(path, "acceptance")
+    # Equal counts (every draft accepted at that position) are fine.
+    assert Acceptance((1.0,), 5, (5,), 1, 0.0).accepted_per_position == (5,)
+
+
+def test_deeply_nested_json_is_a_contract_error_naming_the_file(tmp_path):
+    path = tmp_path / "deep.json"
+    path.write_text("[" * 5000 + "]" * 5000)
+    for kind in ("profile", "acceptance", "table"):
+        with pytest.raises(ContractError, match=rf"^{path}: cannot read {kind} JSON: nested too "
+                                                "deeply"):
+            load_json(path, kind)
+    # Shallow enough to parse, too deep to validate and quote in a message.
+    d = profile_dict()
+    d["fingerprint"] = json.loads("[" * 900 + "]" * 900)
+    path.write_text(json.dumps(d))
+    with pytest.raises(ContractError, match=rf"^{path}: profile"):
+        load_json(path, "profile")
+
+
+def test_json_files_above_the_size_limit_are_refused_unread(tmp_path):
+    from tabletune.core.contracts import MAX_JSON_BYTES
+
+    path = tmp_path / "huge.json"
+    with open(path, "wb") as f:
+        f.truncate(MAX_JSON_BYTES + 1)  # sparse: nothing is written or read
+    with pytest.raises(ContractError, match=rf"^{path}: cannot read table JSON: the file is "
+                                            r"larger than 64 MiB"):
+        load_json(path, "table")
+
+
+def test_integer_literals_beyond_pythons_digit_limit_name_the_file(tmp_path):
+    path = tmp_path / "digits.json"
+    d = acceptance_dict()
+    path.write_text(json.dumps(d).replace('"num_drafts": 10000', '"num_drafts": ' + "9" * 5000))
+    with pytest.raises(ContractError, match=rf"^{path}: cannot read acceptance JSON: Exceeds"):
+        load_json(path, "acceptance")
+
+
+def test_numbers_beyond_the_float_range_are_refused_by_name():
+    from tabletune.core.errors import check_nonnegative, check_number, check_positive
+
+    for check in (check_number, check_positive, check_nonnegative):
+        with pytest.raises(ContractError, match=r"^x: 1000.* is too large \(beyond the range of "
+                                                r"a float\)"):
+            check(10**400, "x")
+    with pytest.raises(ContractError, match=r"^acceptance\.rates\[0\]: 1000.* is not a number in"):
+        Acceptance.from_dict(acceptance_dict(rates=[10**400, 0.5, 0.3]))
+    with pytest.raises(ContractError, match=r"profile\.cells\[0\]\.step_ms: 1000.* is too large"):
+        ProfileCell(1, 0, 10**400, ()).validated("profile.cells[0]")

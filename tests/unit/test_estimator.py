@@ -378,6 +378,44 @@ def test_from_state_names_bad_fields():
         Estimator.from_state(missing)
 
 
+# ------------------------------------------------------------------------------- hostile input
+
+
+@pytest.mark.parametrize("batch_size", [2.5, 8.0, "8", None, 1e9])
+def test_a_fractional_or_non_integer_batch_size_is_a_contract_error(batch_size):
+    est = make()
+    with pytest.raises(ContractError, match=r"^batch_size: .* is not an integer"):
+        est.on_step(batch_size)
+    assert est.on_step(8) == DOCS_TABLE.k_for(8)
+
+
+def test_counts_beyond_a_float_are_refused_before_they_reach_the_blend():
+    est = make()
+    huge = 10**400
+    with pytest.raises(ContractError, match=r"^observe_positions\[0\]: \(1000"):
+        est.observe_positions([huge, 0, 0], [0, 0, 0])
+    with pytest.raises(ContractError, match=r"^observe\.num_drafted: 1000.* is above "
+                                            r"9007199254740992"):
+        est.observe(huge, 1)
+    with pytest.raises(ContractError, match=r"^observe_many\.drafted\[1\]: 1000.* is above"):
+        est.observe_many([3, huge], [1, 1])
+    assert est.live_counts == ((0.0, 0.0, 0.0), (0.0, 0.0, 0.0))
+    est.rebuild()  # nothing poisoned the counts: the blend still runs
+    state = est.state()
+    with pytest.raises(ContractError, match=r"^state\.drafted\[0\]: 1000.* is too large"):
+        Estimator.from_state({**state, "drafted": [huge, 0.0, 0.0]})
+    with pytest.raises(ContractError, match=r"^state\.history_limit: 1000.* is above 1000000"):
+        Estimator.from_state({**state, "history_limit": huge})
+    with pytest.raises(ContractError, match=r"^settings\.prior_weight: 1000.* is too large"):
+        ControllerSettings(prior_weight=huge)
+    with pytest.raises(ContractError, match=r"^settings\.max_batch_size: 1000.* is above 1048576"):
+        ControllerSettings(max_batch_size=huge)
+    with pytest.raises(ContractError, match=r"^prior_rates\[0\]: 1000.* is not a number in"):
+        Estimator(DOCS_TABLE, step_times(), (huge, 0.5, 0.3))
+    with pytest.raises(ContractError, match=r"step_times\[\(1, 0\)\]: 1000.* is too large"):
+        StepTimes({(1, 0): huge, (1, 1): 5.0})
+
+
 def test_controller_and_simulator_import_no_engine_or_plotting_stack():
     code = (
         "import json, sys\n"

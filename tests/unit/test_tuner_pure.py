@@ -137,3 +137,108 @@ def test_cli_build_rejects_bad_input_and_overwrites_nothing(tmp_path, capsys):
     rc = main(["build", "--profile", str(tmp_path / "profile.json"),
                "--acceptance", str(tmp_path / "acc3.json"), "--out", str(out)])
     assert rc == 0 and json.loads(out.read_text())["schema"] == "tabletune.table/v1"
+
+
+FP = {"engine": "vllm", "model": "m"}
+
+
+def _torn(path, text='{"batch_size": 2, "k"'):
+    with open(path, "a") as f:
+        f.write(text)  # crash mid-write: no newline
+
+
+def test_a_torn_checkpoint_resumes_twice_in_a_row_without_loss(tmp_path):
+    path = tmp_path / "c.jsonl"
+    Checkpoint(path, FP, SETTINGS).add(RawCell(1, 0, [10.0, 11.0, 10.5], [9.0, 9.1, 9.2], 120))
+    _torn(path)
+    first = Checkpoint(path, FP, SETTINGS)  # resume 1 cuts the torn tail ...
+    first.add(RawCell(2, 0, [20.0, 21.0, 20.5], [], 0))  # ... so this lands on its own line
+    _torn(path, '{"batch_size": 1, "k": 1, "client_sam')
+    second = Checkpoint(path, FP, SETTINGS)
+    assert sorted(second.cells) == [(1, 0), (2, 0)]
+    second.add(RawCell(1, 1, [30.0], [], 0))
+    third = Checkpoint(path, FP, SETTINGS)
+    assert sorted(third.cells) == [(1, 0), (1, 1), (2, 0)]
+    assert third.cells[(2, 0)].client_samples_ms == [20.0, 21.0, 20.5]
+    lines = path.read_text().split("\n")
+    assert lines[-1] == "" and all(json.loads(line) for line in lines[:-1])
+
+
+def test_a_whole_last_record_that_only_lacks_its_newline_is_kept(tmp_path):
+    path = tmp_path / "c.jsonl"
+    Checkpoint(path, FP, SETTINGS).add(RawCell(1, 0, [10.0], [], 0))
+    _torn(path, json.dumps({"batch_size": 2, "k": 0, "client_samples_ms": [12.0],
+                            "engine_samples_ms": [], "engine_steps_seen": 0}))
+    Checkpoint(path, FP, SETTINGS).add(RawCell(1, 1, [11.0], [], 0))
+    assert sorted(Checkpoint(path, FP, SETTINGS).cells) == [(1, 0), (1, 1), (2, 0)]
+
+
+def test_a_torn_tail_cut_inside_a_character_is_cut_off_too(tmp_path):
+    path = tmp_path / "c.jsonl"
+    Checkpoint(path, FP, SETTINGS).add(RawCell(1, 0, [10.0], [], 0))
+    with open(path, "ab") as f:
+        f.write(b'{"batch_size": 2, "k": 0, "note": "\xe2\x82')  # torn mid-character
+    resumed = Checkpoint(path, FP, SETTINGS)
+    resumed.add(RawCell(2, 0, [12.0], [], 0))
+    assert sorted(Checkpoint(path, FP, SETTINGS).cells) == [(1, 0), (2, 0)]
+
+
+GOOD_RECORD = {"batch_size": 2, "k": 1, "client_samples_ms": [10.0, 11.0],
+               "engine_samples_ms": [9.0], "engine_steps_seen": 3}
+
+
+@pytest.mark.parametrize(("record", "message"), [
+    ({**GOOD_RECORD, "spread": 0.1}, r"line 3: spread: 0\.1 is not a checkpoint field"),
+    ([2, 1, [10.0]], r"line 3: record: \[2, 1, \[10\.0\]\] is not an object"),
+    ({k: v for k, v in GOOD_RECORD.items() if k != "k"}, r"line 3: k: None is missing"),
+    ({**GOOD_RECORD, "batch_size": "2"}, r"line 3: batch_size: '2' is not an integer"),
+    ({**GOOD_RECORD, "client_samples_ms": 10.0}, r"line 3: client_samples_ms: 10\.0 is not a list"),
+    ({**GOOD_RECORD, "client_samples_ms": []}, r"line 3: client_samples_ms: \[\] is empty"),
+    ({**GOOD_RECORD, "engine_steps_seen": -1}, r"line 3: engine_steps_seen: -1 is not an integer"),
+])
+def test_checkpoint_records_of_the_wrong_shape_name_the_line(tmp_path, record, message):
+    path = tmp_path / "c.jsonl"
+    Checkpoint(path, FP, SETTINGS).add(RawCell(1, 0, [10.0], [], 0))
+    with open(path, "a") as f:
+        f.write(json.dumps(record) + "\n")
+    with pytest.raises(ContractError, match=rf"^{path}: {message}"):
+        Checkpoint(path, FP, SETTINGS)
+
+
+@pytest.mark.parametrize(("field", "samples", "message"), [
+    ("client_samples_ms", [-3.0, -2.0, 1.0], r"client_samples_ms: \[-3\.0, -2\.0, 1\.0\] has "
+                                             r"median -2\.0 ms, a negative step time"),
+    ("engine_samples_ms", [-1.0], r"engine_samples_ms: \[-1\.0\] has median -1\.0 ms"),
+    ("client_samples_ms", [10.0, float("nan")], r"client_samples_ms\[1\]: nan is not a finite"),
+    ("engine_samples_ms", [float("inf")], r"engine_samples_ms\[0\]: inf is not a finite"),
+])
+def test_checkpoint_cells_with_a_negative_or_non_finite_median_are_refused_at_load(
+        tmp_path, field, samples, message):
+    path = tmp_path / "c.jsonl"
+    Checkpoint(path, FP, SETTINGS)
+    with open(path, "a") as f:
+        f.write(json.dumps({**GOOD_RECORD, field: samples}) + "\n")  # NaN/Infinity as Python does
+    with pytest.raises(ContractError, match=rf"^{path}: line 2: {message}"):
+        Checkpoint(path, FP, SETTINGS)
+    # A single repeat may dip below zero in noise; only the median is the step time.
+    ok = Checkpoint(tmp_path / "ok.jsonl", FP, SETTINGS)
+    ok.add(RawCell(1, 0, [-0.5, 10.0, 11.0], [], 0))
+
+
+def test_checkpoint_refuses_to_write_a_cell_it_could_not_resume_from(tmp_path):
+    path = tmp_path / "c.jsonl"
+    ckpt = Checkpoint(path, FP, SETTINGS)
+    before = path.read_text()
+    with pytest.raises(ContractError, match=r"^cell B=1, k=0: client_samples_ms\[0\]: nan is not"):
+        ckpt.add(RawCell(1, 0, [float("nan")], [], 0))
+    assert path.read_text() == before and not ckpt.cells
+
+
+@pytest.mark.parametrize("first_line", ['["not", "a", "header"]', "{torn", "[" * 5000])
+def test_a_checkpoint_whose_first_line_is_no_header_is_refused_and_left_alone(tmp_path,
+                                                                               first_line):
+    path = tmp_path / "c.jsonl"
+    path.write_text(first_line + "\n")
+    with pytest.raises(ContractError, match=rf"^{path}: line 1: not a checkpoint header"):
+        Checkpoint(path, FP, SETTINGS)
+    assert path.read_text() == first_line + "\n"
