@@ -403,7 +403,9 @@ def _describe_document(doc: TableDocument) -> str:
         def worst(values) -> str:
             return f"{float(np.max(1 - values[rows] / best[rows])):.1%}"
 
-        lines.append(f"worst loss vs the per-B best fixed length over B 1–{bs[-1]}:")
+        lines.append(f"worst loss vs the per-B best fixed length over B 1–{bs[-1]} (modelled "
+                     "from the profile the table was chosen from: in-sample; `tabletune "
+                     "evaluate` measures):")
         if not rows.any():
             lines.append("  none to report: the goodput block is zero at every batch size")
             return "\n".join(lines)

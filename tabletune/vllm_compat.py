@@ -47,6 +47,16 @@ class Fix:
     module: str = "vllm.v1.worker.gpu.model_runner"
 
 
+def _patch(owner, name: str, flag: str, make: Callable[[Callable], Callable]) -> None:
+    """Replace ``owner.name`` by ``make(original)``, once per process (``flag`` marks it)."""
+    original = getattr(owner, name)
+    if getattr(original, flag, False):
+        return
+    wrapper = make(original)
+    setattr(wrapper, flag, True)
+    setattr(owner, name, wrapper)
+
+
 # ---------------------------------------------------------------------------------------------
 # a. Draft-decode CUDA-graph candidates (V2 runner: EAGLE, EAGLE-3, MTP drafters)
 #
@@ -61,26 +71,21 @@ class Fix:
 def _fix_draft_decode_candidates() -> None:
     from vllm.v1.worker.gpu import cudagraph_utils
 
-    manager_cls = cudagraph_utils.CudaGraphManager
-    original = manager_cls._init_candidates
-    if getattr(original, "_tabletune_draft_decode", False):
-        return
+    def make(original):
+        def _init_candidates(self) -> None:
+            spec = getattr(self.vllm_config, "speculative_config", None)
+            table = getattr(spec, "num_speculative_tokens_per_batch_size", None)
+            if self.decode_query_len != 1 or not table:
+                return original(self)
+            # The config object is shared; managers are built once, on one thread, at start-up.
+            spec.num_speculative_tokens_per_batch_size = None
+            try:
+                return original(self)
+            finally:
+                spec.num_speculative_tokens_per_batch_size = table
+        return _init_candidates
 
-    def _init_candidates(self) -> None:
-        spec = getattr(self.vllm_config, "speculative_config", None)
-        table = getattr(spec, "num_speculative_tokens_per_batch_size", None)
-        if self.decode_query_len != 1 or not table:
-            return original(self)
-        # The config object is shared; the manager is built once, on one thread, at start-up.
-        spec.num_speculative_tokens_per_batch_size = None
-        try:
-            return original(self)
-        finally:
-            spec.num_speculative_tokens_per_batch_size = table
-
-    _init_candidates._tabletune = True
-    _init_candidates._tabletune_draft_decode = True
-    manager_cls._init_candidates = _init_candidates
+    _patch(cudagraph_utils.CudaGraphManager, "_init_candidates", "_tabletune_draft_decode", make)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -97,37 +102,35 @@ def _fix_speculator_honours_k() -> None:
     from vllm.v1.worker.gpu import model_runner
     from vllm.v1.worker.gpu.spec_decode.autoregressive import speculator
 
-    runner_cls = model_runner.GPUModelRunner
-    spec_cls = speculator.AutoRegressiveSpeculator
-    execute_model = runner_cls.execute_model
-    propose = spec_cls.propose
-    if getattr(propose, "_tabletune", False):
-        return
+    def make_execute_model(execute_model):
+        def execute_model_recording_k(self, scheduler_output, *args, **kwargs):
+            drafter = getattr(self, "speculator", None)
+            if drafter is not None and not kwargs.get("dummy_run", False):
+                k = getattr(scheduler_output, "num_spec_tokens_to_schedule", None)
+                setattr(drafter, SCHEDULED_K_ATTR, k if isinstance(k, int) else None)
+            return execute_model(self, scheduler_output, *args, **kwargs)
+        return execute_model_recording_k
 
-    def execute_model_recording_k(self, scheduler_output, *args, **kwargs):
-        drafter = getattr(self, "speculator", None)
-        if drafter is not None and not kwargs.get("dummy_run", False):
-            k = getattr(scheduler_output, "num_spec_tokens_to_schedule", None)
-            setattr(drafter, SCHEDULED_K_ATTR, k if isinstance(k, int) else None)
-        return execute_model(self, scheduler_output, *args, **kwargs)
+    def make_propose(propose):
+        def propose_scheduled_k(self, *args, **kwargs):
+            k = getattr(self, SCHEDULED_K_ATTR, None)
+            full = self.num_speculative_steps
+            if kwargs.get("dummy_run", False) or k is None or not 0 <= k < full:
+                return propose(self, *args, **kwargs)
+            # propose() reads num_speculative_steps for its early exit (one step) and for the
+            # number of draft-decode steps; the captured graphs and buffers keep size K. The
+            # runner holds one step between execute_model and sample_tokens (which proposes),
+            # so the recorded k is this step's.
+            self.num_speculative_steps = max(k, 1)
+            try:
+                return propose(self, *args, **kwargs)
+            finally:
+                self.num_speculative_steps = full
+        return propose_scheduled_k
 
-    def propose_scheduled_k(self, *args, **kwargs):
-        k = getattr(self, SCHEDULED_K_ATTR, None)
-        full = self.num_speculative_steps
-        if kwargs.get("dummy_run", False) or k is None or not 0 <= k < full:
-            return propose(self, *args, **kwargs)
-        # propose() reads num_speculative_steps for its early exit (one step) and for the
-        # number of draft-decode steps; the captured graphs and buffers keep size K.
-        self.num_speculative_steps = max(k, 1)
-        try:
-            return propose(self, *args, **kwargs)
-        finally:
-            self.num_speculative_steps = full
-
-    execute_model_recording_k._tabletune = True
-    propose_scheduled_k._tabletune = True
-    runner_cls.execute_model = execute_model_recording_k
-    spec_cls.propose = propose_scheduled_k
+    _patch(model_runner.GPUModelRunner, "execute_model", "_tabletune_scheduled_k",
+           make_execute_model)
+    _patch(speculator.AutoRegressiveSpeculator, "propose", "_tabletune_scheduled_k", make_propose)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -183,20 +186,15 @@ def complete_candidates(candidates: dict, capture_descs: dict) -> int:
 def _fix_candidates_for_every_length() -> None:
     from vllm.v1.worker.gpu import cudagraph_utils
 
-    manager_cls = cudagraph_utils.CudaGraphManager
-    original = manager_cls._init_candidates
-    if getattr(original, "_tabletune_every_length", False):
-        return
+    def make(original):
+        def _init_candidates(self) -> None:
+            original(self)
+            spec = getattr(self.vllm_config, "speculative_config", None)
+            if getattr(spec, "num_speculative_tokens_per_batch_size", None):
+                complete_candidates(self._candidates, self._capture_descs)
+        return _init_candidates
 
-    def _init_candidates(self) -> None:
-        original(self)
-        spec = getattr(self.vllm_config, "speculative_config", None)
-        if getattr(spec, "num_speculative_tokens_per_batch_size", None):
-            complete_candidates(self._candidates, self._capture_descs)
-
-    _init_candidates._tabletune = True
-    _init_candidates._tabletune_every_length = True
-    manager_cls._init_candidates = _init_candidates
+    _patch(cudagraph_utils.CudaGraphManager, "_init_candidates", "_tabletune_every_length", make)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -206,10 +204,6 @@ def _fix_candidates_for_every_length() -> None:
 def _install_graph_trace() -> None:
     from vllm.v1.worker.gpu import cudagraph_utils
 
-    manager_cls = cudagraph_utils.CudaGraphManager
-    original = manager_cls.dispatch
-    if getattr(original, "_tabletune", False):
-        return
     counts: Counter = Counter()
     state = {"last": time.monotonic()}
 
@@ -220,23 +214,25 @@ def _install_graph_trace() -> None:
             return "draft-prefill"
         return "target"
 
-    def dispatch(self, num_reqs, num_tokens, uniform_token_count, num_active_loras):
-        desc = original(self, num_reqs, num_tokens, uniform_token_count, num_active_loras)
-        try:
-            counts[(role(self), desc.cg_mode.name, uniform_token_count)] += 1
-            now = time.monotonic()
-            if now - state["last"] >= 5.0:
-                state["last"] = now
-                summary = ", ".join(f"{r}/{m}/q={q}: {n}" for (r, m, q), n in
-                                    sorted(counts.items(), key=lambda kv: str(kv[0])))
-                logger.info("TableTune graph trace (dispatches since last line): %s", summary)
-                counts.clear()
-        except Exception:  # a diagnostic must never break a step
-            pass
-        return desc
+    def make(original):
+        def dispatch(self, num_reqs, num_tokens, uniform_token_count, num_active_loras):
+            desc = original(self, num_reqs, num_tokens, uniform_token_count, num_active_loras)
+            try:
+                counts[(role(self), desc.cg_mode.name, uniform_token_count)] += 1
+                now = time.monotonic()
+                if now - state["last"] >= 5.0:
+                    state["last"] = now
+                    summary = ", ".join(f"{r}/{m}/q={q}: {n}" for (r, m, q), n in
+                                        sorted(counts.items(), key=lambda kv: str(kv[0])))
+                    logger.info("TableTune graph trace (dispatches since last line): %s",
+                                summary)
+                    counts.clear()
+            except Exception:  # a diagnostic must never break a step
+                pass
+            return desc
+        return dispatch
 
-    dispatch._tabletune = True
-    manager_cls.dispatch = dispatch
+    _patch(cudagraph_utils.CudaGraphManager, "dispatch", "_tabletune_trace", make)
 
 
 FIXES: tuple[Fix, ...] = (

@@ -195,6 +195,7 @@ def test_the_speculator_drafts_the_scheduled_length(monkeypatch):
         "vllm.v1.worker.gpu.spec_decode.autoregressive.speculator":
             {"AutoRegressiveSpeculator": AutoRegressiveSpeculator}})
     vllm_compat._fix_speculator_honours_k()
+    vllm_compat._fix_speculator_honours_k()   # a second install wraps nothing twice
     runner = GPUModelRunner()
     for k in (3, 2, 1, 0):
         assert runner.execute_model(types.SimpleNamespace(num_spec_tokens_to_schedule=k)) == \
