@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import time
 from pathlib import Path
@@ -553,8 +554,23 @@ def _add_optional_commands(sub) -> None:
     add_doctor_parser(sub, add_engine_args)
 
 
+class Terminated(BaseException):
+    """The process got SIGTERM or SIGHUP (a timeout, an Airflow task kill, a closed terminal).
+
+    A BaseException, like KeyboardInterrupt, so no `except Exception` on the way swallows it.
+    """
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _raise_terminated(signum, frame):
+    raise Terminated(signum)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    from tabletune.engine.server import EngineError
+    from tabletune.engine.server import EngineError, stop_all_servers
 
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["registry"]:
@@ -564,15 +580,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         return registry_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
+    # SIGTERM and SIGHUP unwind like Ctrl-C: every `with server` and `finally` runs, so no
+    # engine (API server, engine core, workers) outlives the command.
+    previous = {}
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        try:
+            previous[signum] = signal.signal(signum, _raise_terminated)
+        except ValueError:  # not the main thread (e.g. called from a worker thread)
+            pass
     try:
         return int(args.func(args) or 0)
     except (ContractError, ValueError, EngineError, FileNotFoundError) as e:
         print(f"tabletune {args.command}: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(f"tabletune {args.command}: interrupted (finished profile cells are kept in the "
-              "checkpoint; rerun the same command to resume)", file=sys.stderr)
-        return 130
+    except (KeyboardInterrupt, Terminated) as e:
+        stop_all_servers()
+        why = e.args[0] if isinstance(e, Terminated) else "SIGINT"
+        print(f"tabletune {args.command}: interrupted ({why}); engines stopped; finished "
+              "profile cells are kept in the checkpoint (rerun the same command to resume)",
+              file=sys.stderr)
+        return 128 + (e.signum if isinstance(e, Terminated) else signal.SIGINT)
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ evaluator, the engine check and the tests.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import re
@@ -16,6 +17,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -139,6 +141,19 @@ def speculative_config(spec: EngineSpec, table: list[list[int]] | None, *,
     return cfg
 
 
+# Every server this process started and has not stopped yet: whatever ends the process (an
+# exception, SIGTERM/SIGINT/SIGHUP through the CLI, a normal exit) takes them down with it.
+_LIVE_SERVERS: "weakref.WeakSet[VllmServer]" = weakref.WeakSet()
+
+
+def stop_all_servers() -> None:
+    for server in list(_LIVE_SERVERS):
+        server.stop()
+
+
+atexit.register(stop_all_servers)
+
+
 class VllmServer:
     """A vLLM server subprocess in its own process group.
 
@@ -222,11 +237,19 @@ class VllmServer:
             self.command(), stdout=self._log_file, stderr=subprocess.STDOUT,
             env=self.environment(), start_new_session=True,
         )
+        _LIVE_SERVERS.add(self)
         self._launched_at = time.monotonic()
         return self
 
     def wait_ready(self) -> "VllmServer":
-        """Wait until /health answers; on exit or timeout stop the server and raise."""
+        """Wait until /health answers; on exit, timeout or interruption stop it and raise."""
+        try:
+            return self._wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _wait_ready(self) -> "VllmServer":
         deadline = self._launched_at + self.startup_timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -329,6 +352,7 @@ class VllmServer:
         if self._log_file is not None:
             self._log_file.close()
             self._log_file = None
+        _LIVE_SERVERS.discard(self)
 
     def __enter__(self) -> "VllmServer":
         return self.start()
