@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
+from tabletune.core.atomic import atomic_write_text
 from tabletune.core.builder import StepTimes, build_table, table_loss
 from tabletune.core.contracts import Acceptance, Profile, TableDocument, check_compatible, load_json, save_json
 from tabletune.core.errors import ContractError
@@ -376,9 +377,9 @@ def cmd_tune(args) -> int:
     timing = {"profile_s": round(t_profile, 1), "acceptance_s": round(t_acceptance, 1),
               "total_s": round(time.time() - started, 1), "mode": args.mode,
               "cells": len(profile.cells), "batch_sizes": list(grid)}
-    (out / "timing.json").write_text(json.dumps(timing, indent=2) + "\n")
+    atomic_write_text(out / "timing.json", json.dumps(timing, indent=2) + "\n")
     summary = _describe_document(doc)
-    (out / "summary.txt").write_text(summary + "\n")
+    atomic_write_text(out / "summary.txt", summary + "\n")
     print(summary)
     print(f"tune finished in {timing['total_s']:.0f} s (profile {t_profile:.0f} s, acceptance "
           f"{t_acceptance:.0f} s); files in {out}")

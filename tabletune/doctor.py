@@ -19,13 +19,13 @@ reports an engine that fails; it never fails itself (bad arguments still exit 2)
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
+from tabletune.core.atomic import atomic_write_text
 from tabletune.core.contracts import load_json
 from tabletune.core.errors import ContractError
 from tabletune.core.tables import DraftTable
@@ -121,9 +121,7 @@ def _spread(samples: Sequence[float]) -> float:
 
 
 def _pin(control: Path, doc: dict) -> None:
-    tmp = control.with_suffix(".tmp")
-    tmp.write_text(json.dumps(doc))
-    os.replace(tmp, control)
+    atomic_write_text(control, json.dumps(doc))
 
 
 def examine_runner(spec: EngineSpec, table: DraftTable, probe: Probe, *, runner: str,
@@ -136,7 +134,7 @@ def examine_runner(spec: EngineSpec, table: DraftTable, probe: Probe, *, runner:
     run_spec = spec.with_(max_k=max(1, table.max_k))
     control = log_dir / f"control-{runner}.json"
     log_dir.mkdir(parents=True, exist_ok=True)
-    control.write_text("{}")
+    atomic_write_text(control, "{}")
     tabled: dict[int, list[float]] = {}
     after_change: dict[str, list[float]] = {}
     fixed: dict[int, list[float]] = {}
@@ -252,7 +250,7 @@ def cmd_doctor(args) -> int:
            "wall_s": round(time.time() - started, 1)}
     out.mkdir(parents=True, exist_ok=True)
     path = out / "doctor.json"
-    path.write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
+    atomic_write_text(path, json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
     print(decision["summary"])
     print(f"results → {path}")
     return 0

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Sequence
 
+from tabletune.core.atomic import atomic_write_text
 from tabletune.core.contracts import load_json, save_json
 from tabletune.core.errors import ContractError
 from tabletune.core.tables import DOCS_TABLE, DraftTable
@@ -130,7 +131,7 @@ def _server_groups(spec, arms, max_c, log_dir, one_server, startup_timeout_s):
             if shared is None:
                 control = log_dir / "control.json"
                 control.parent.mkdir(parents=True, exist_ok=True)
-                control.write_text("{}")
+                atomic_write_text(control, "{}")
                 # Longest length of any arm, so the every-length table covers them all.
                 top = max([spec.max_k] + [a.table.max_k for a in arms if a.table is not None])
                 shared_spec = spec.with_(max_k=top)
@@ -153,13 +154,9 @@ def _server_groups(spec, arms, max_c, log_dir, one_server, startup_timeout_s):
 
 
 def _write_control(path: Path, arm: Arm) -> None:
-    import os
-
     doc = ({"force_k": arm.k} if arm.kind == "fixed-table"
            else {"table": arm.table.to_vllm()})
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(doc))
-    os.replace(tmp, path)
+    atomic_write_text(path, json.dumps(doc))
 
 
 def _measure_arm(server, spec, arm, concurrency, prompts, max_tokens, requests_per_client,
@@ -202,7 +199,7 @@ def _write_results(out_dir: Path, kind: str, spec: EngineSpec, results, losses, 
     doc = {"schema": RESULTS_SCHEMA, "kind": kind, "fingerprint": deployment_fingerprint(spec),
            "results": [asdict(r) for r in results], "losses": losses, **extra}
     path = out_dir / f"{kind}.json"
-    path.write_text(json.dumps(doc, indent=2) + "\n")
+    atomic_write_text(path, json.dumps(doc, indent=2) + "\n")
     arms: dict[str, list] = {}
     for r in results:
         arms.setdefault(r.arm, []).append((r.concurrency, r.tokens_per_s))

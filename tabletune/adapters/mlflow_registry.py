@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
+from tabletune.core.atomic import atomic_replace
 from tabletune.core.contracts import Acceptance, Profile, TableDocument, save_json
 from tabletune.core.errors import ContractError
 from tabletune.pipeline.errors import (
@@ -691,7 +692,7 @@ def _write_cache(cache_dir: Path, model_name: str, version: str, raw: Mapping[st
             save_json(staging / filename, raw[kind])
         if target.exists():
             shutil.rmtree(target)
-        os.replace(staging, target)
+        atomic_replace(staging, target)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise

@@ -17,8 +17,19 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tabletune.pipeline.errors import PromptSourceError, PromptSourceUnavailable
-from tabletune.pipeline.sampling import PromptSample, partition_dates, sample_prompts
+from tabletune.pipeline.errors import (
+    PromptObjectUnreadable,
+    PromptSourceError,
+    PromptSourceUnavailable,
+)
+from tabletune.pipeline.sampling import (
+    DECODE_ERRORS,
+    PromptSample,
+    decode_error_reason,
+    parse_staged_sample,
+    partition_dates,
+    sample_prompts,
+)
 
 __all__ = [
     "S3Location",
@@ -147,7 +158,13 @@ class S3PromptSource:
         return sorted(keys)
 
     def lines(self, key: str) -> Iterator[bytes]:
-        """The object's lines (decompressed if ``.gz``), streamed."""
+        """The object's lines (decompressed if ``.gz``), streamed.
+
+        A ``.gz`` object that is not gzip, is damaged or cut short raises PromptObjectUnreadable
+        naming the object (permanent: the same bytes fail again), which ``sample`` skips and
+        counts; endpoint errors stay PromptSourceUnavailable/PromptSourceError.
+        """
+        uri = f"s3://{self.bucket}/{key}"
         try:
             body = self.client.get_object(Bucket=self.bucket, Key=key)["Body"]
             if key.endswith(".gz"):
@@ -155,8 +172,10 @@ class S3PromptSource:
                     yield from f
             else:
                 yield from body.iter_lines()
+        except DECODE_ERRORS as exc:
+            raise PromptObjectUnreadable(key, decode_error_reason(exc), where=uri) from exc
         except Exception as exc:  # noqa: BLE001 - translated
-            raise _translate(exc, self.client, f"reading s3://{self.bucket}/{key}") from exc
+            raise _translate(exc, self.client, f"reading {uri}") from exc
 
     def describe(self, days: Sequence[dt.date]) -> str:
         first, last = self.partition_prefix(days[0]), self.partition_prefix(days[-1])
@@ -173,9 +192,12 @@ class S3PromptSource:
             objects, size=size, seed=seed, min_prompts=min_prompts,
             field_name=self.field_name, where=self.describe(dates),
         )
-        log.info("sampled %d of %d valid prompts from %d objects (%d malformed lines skipped)",
-                 len(sample.prompts), sample.lines_valid, len(sample.objects),
-                 sample.lines_malformed)
+        log.info("sampled %d of %d valid prompts from %d objects (%d malformed lines skipped, "
+                 "%d unreadable objects skipped)", len(sample.prompts), sample.lines_valid,
+                 len(sample.objects), sample.lines_malformed, len(sample.unreadable_objects))
+        if sample.unreadable_objects:
+            log.warning("unreadable prompt objects skipped (corrupt or truncated): %s",
+                        ", ".join(f"s3://{self.bucket}/{k}" for k in sample.unreadable_objects))
         return sample
 
 
@@ -191,11 +213,12 @@ def stage_sample(client: Any, location: S3Location, prompts: Sequence[str]) -> S
 
 
 def read_staged_sample(client: Any, location: S3Location) -> list[str]:
+    """The staged prompts; a torn or foreign line is a ContractError naming the object and line."""
     try:
         body = client.get_object(Bucket=location.bucket, Key=location.key)["Body"].read()
     except Exception as exc:  # noqa: BLE001 - translated
         raise _translate(exc, client, f"reading {location.uri}") from exc
-    prompts = [json.loads(line)["prompt"] for line in body.decode("utf-8").splitlines() if line]
+    prompts = parse_staged_sample(body, location.uri)
     if not prompts:
         raise PromptSourceError(f"{location.uri}: staged sample is empty")
     return prompts

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tabletune.controller.estimator import ControllerSettings, Estimator, Rebuild
+from tabletune.core.atomic import atomic_write_text
 from tabletune.core.builder import StepTimes
 from tabletune.core.contracts import Acceptance, Profile, TableDocument, check_compatible, load_json
 from tabletune.core.errors import ContractError
@@ -142,9 +143,7 @@ class ControllerRuntime:
     def _write_state(self) -> None:
         est = self.estimator
         state = {"source": self.source, "time": time.time(), **est.state()}
-        tmp = self.out_dir / "state.json.tmp"
-        tmp.write_text(json.dumps(state))
-        os.replace(tmp, self.out_dir / "state.json")
+        atomic_write_text(self.out_dir / "state.json", json.dumps(state))
         lines = [
             "# HELP tabletune_acceptance_estimate Blended acceptance estimate a-hat_i.",
             "# TYPE tabletune_acceptance_estimate gauge",
@@ -156,9 +155,7 @@ class ControllerRuntime:
                   "# TYPE tabletune_steps_total counter", f"tabletune_steps_total {est.steps}",
                   "# TYPE tabletune_table_k gauge"]
         lines += [f'tabletune_table_k{{start="{s}",end="{e}"}} {k}' for s, e, k in est.table.ranges]
-        tmp = self.out_dir / "metrics.prom.tmp"
-        tmp.write_text("\n".join(lines) + "\n")
-        os.replace(tmp, self.out_dir / "metrics.prom")
+        atomic_write_text(self.out_dir / "metrics.prom", "\n".join(lines) + "\n")
 
 
 def build_runtime(prior: PriorBundle, *, static_lookup: list[int], num_spec_tokens: int,

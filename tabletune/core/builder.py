@@ -16,8 +16,8 @@ from tabletune.core.contracts import Profile, TableDocument
 from tabletune.core.errors import (
     check_int,
     check_nonnegative,
-    check_positive,
     check_sequence,
+    check_step_ms,
     fail,
 )
 from tabletune.core.goodput import tau, validate_rates
@@ -66,7 +66,7 @@ class StepTimes:
                 fail(field, key, "is not a (batch_size, k) key")
             b = check_int(key[0], f"{field}[{key!r}].batch_size", minimum=1)
             k = check_int(key[1], f"{field}[{key!r}].k", minimum=0)
-            values[(b, k)] = check_positive(ms, f"{field}[({b}, {k})]")
+            values[(b, k)] = check_step_ms(ms, f"{field}[({b}, {k})]")
         batch_sizes = tuple(sorted({b for b, _ in values}))
         lengths = tuple(sorted({k for _, k in values}))
         for b in batch_sizes:
@@ -182,7 +182,8 @@ def _batch_sizes(batch_sizes: Sequence[int], name: str = "batch_sizes") -> tuple
     batch_sizes = check_sequence(batch_sizes, name)
     if not batch_sizes:
         fail(name, batch_sizes, "is empty")
-    return tuple(check_int(b, f"{name}[{i}]", minimum=1) for i, b in enumerate(batch_sizes))
+    return tuple(check_int(b, f"{name}[{i}]", minimum=1, maximum=MAX_BATCH_SIZE)
+                 for i, b in enumerate(batch_sizes))
 
 
 def fixed_length_goodput(

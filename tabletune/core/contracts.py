@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
+from tabletune.core.atomic import atomic_write_text
 from tabletune.core.errors import (
     ContractError,
     check_bool,
@@ -23,8 +22,8 @@ from tabletune.core.errors import (
     check_int,
     check_nonnegative,
     check_number,
-    check_positive,
     check_sequence,
+    check_step_ms,
     check_str,
     fail,
 )
@@ -68,8 +67,8 @@ def _check_keys(d: Mapping[str, Any], prefix: str, required: set[str], optional:
         fail(f"{prefix}.{key}", d[key], "is not a known field (put extras in meta)")
 
 
-def _optional_positive(value: Any, name: str) -> float | None:
-    return None if value is None else check_positive(value, name)
+def _optional_step_ms(value: Any, name: str) -> float | None:
+    return None if value is None else check_step_ms(value, name)
 
 
 # --------------------------------------------------------------------------------------------
@@ -96,7 +95,7 @@ class ProfileCell:
         return ProfileCell(
             batch_size=check_int(self.batch_size, f"{name}.batch_size", minimum=1),
             k=check_int(self.k, f"{name}.k", minimum=0),
-            step_ms=check_positive(self.step_ms, f"{name}.step_ms"),
+            step_ms=check_step_ms(self.step_ms, f"{name}.step_ms"),
             # Single repeats are differences of two timings and may dip below zero in noise.
             samples_ms=tuple(
                 check_number(s, f"{name}.samples_ms[{j}]") for j, s in enumerate(samples)
@@ -104,8 +103,8 @@ class ProfileCell:
             spread=check_nonnegative(self.spread, f"{name}.spread"),
             source=check_str(self.source, f"{name}.source"),
             flagged=check_bool(self.flagged, f"{name}.flagged"),
-            engine_step_ms=_optional_positive(self.engine_step_ms, f"{name}.engine_step_ms"),
-            client_step_ms=_optional_positive(self.client_step_ms, f"{name}.client_step_ms"),
+            engine_step_ms=_optional_step_ms(self.engine_step_ms, f"{name}.engine_step_ms"),
+            client_step_ms=_optional_step_ms(self.client_step_ms, f"{name}.client_step_ms"),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -418,20 +417,5 @@ def save_json(
         text = json.dumps(data, indent=2, allow_nan=False) + "\n"
     except (TypeError, ValueError, RecursionError) as exc:
         raise ContractError(f"{os.fspath(path)}: cannot encode document as JSON: {exc}") from exc
-    target = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            # mkstemp makes the file owner-only; readers in other processes expect a normal file.
-            os.fchmod(f.fileno(), 0o644)
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+    atomic_write_text(path, text)
 

@@ -78,6 +78,23 @@ def check_positive(value: Any, field: str) -> float:
     return out
 
 
+# A decode step takes microseconds at the very least and never days: a step time outside this
+# range is a unit mix-up or a corrupt value, and dividing by 1e-320 overflows to inf goodput.
+# Within it every goodput and every extrapolated step time the builder computes is a finite float.
+MIN_STEP_MS = 1e-6
+MAX_STEP_MS = 1e9
+
+
+def check_step_ms(value: Any, field: str) -> float:
+    """A step time in ms: positive, finite and in [MIN_STEP_MS, MAX_STEP_MS]."""
+    out = check_positive(value, field)
+    if out < MIN_STEP_MS:
+        fail(field, value, f"is implausibly small for a step time (below {MIN_STEP_MS:g} ms)")
+    if out > MAX_STEP_MS:
+        fail(field, value, f"is implausibly large for a step time (above {MAX_STEP_MS:g} ms)")
+    return out
+
+
 def check_nonnegative(value: Any, field: str) -> float:
     out = as_finite(value)
     if out is None or out < 0:

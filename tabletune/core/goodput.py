@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from tabletune.core.errors import as_finite, check_int, check_positive, check_sequence, fail
+from tabletune.core.errors import as_finite, check_int, check_sequence, check_step_ms, fail
 
 __all__ = ["tau", "goodput", "validate_rates", "monotone_rates", "RATE_TOLERANCE"]
 
@@ -29,7 +29,7 @@ def tau(rates: Sequence[float], k: int) -> float:
 def goodput(batch_size: int, step_ms: float, rates: Sequence[float], k: int) -> float:
     """Tokens per second kept by a batch of ``batch_size`` requests at draft length k."""
     batch_size = check_int(batch_size, "batch_size", minimum=1)
-    step_ms = check_positive(step_ms, "step_ms")
+    step_ms = check_step_ms(step_ms, "step_ms")
     return batch_size * tau(rates, k) / (step_ms / 1000.0)
 
 

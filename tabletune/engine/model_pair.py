@@ -15,6 +15,8 @@ import random
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from tabletune.core.atomic import atomic_replace, atomic_write_text
+
 PAIR_FORMAT_VERSION = 1
 
 
@@ -165,7 +167,7 @@ def build_pair(design: PairDesign = PairDesign(), cache_dir: Path | None = None)
     (staging / "READY").write_text(design.key())
     root.parent.mkdir(parents=True, exist_ok=True)
     try:
-        os.replace(staging, root)
+        atomic_replace(staging, root)
     except OSError:
         # Another process finished first; its copy is identical.
         import shutil
@@ -198,5 +200,5 @@ def greedy_agreement(pair: ModelPair, num_prompts: int = 8, new_tokens: int = 48
             agree += int((t == d).sum())
             total += int(t.numel())
     value = agree / total
-    cache.write_text(json.dumps({"greedy_agreement": value, "tokens": total}))
+    atomic_write_text(cache, json.dumps({"greedy_agreement": value, "tokens": total}))
     return value

@@ -12,6 +12,7 @@ __all__ = [
     "PermanentPipelineError",
     "PromptSourceError",
     "PromptSourceUnavailable",
+    "PromptObjectUnreadable",
     "RegistryUnavailable",
     "RegistryStateError",
     "PromotionConflict",
@@ -34,6 +35,19 @@ class PromptSourceError(PermanentPipelineError):
 
 class PromptSourceUnavailable(PipelineError):
     """The S3 endpoint could not be reached or refused the request (may succeed on retry)."""
+
+
+class PromptObjectUnreadable(PromptSourceError):
+    """One prompt object's bytes cannot be decoded (a corrupt or truncated ``.gz``).
+
+    Re-reading the same bytes cannot help, so it is permanent; the sampler skips the object,
+    counts it and names it, the way it skips a malformed line.
+    """
+
+    def __init__(self, key: str, reason: str, where: str | None = None) -> None:
+        super().__init__(f"{where or key}: unreadable prompt object: {reason}")
+        self.key = key
+        self.reason = reason
 
 
 class RegistryUnavailable(PipelineError):

@@ -140,7 +140,9 @@ def sample_prompts(
     sample = source.sample(end=end_date, days=days, size=size, seed=seed, min_prompts=min_prompts)
     staged = stage_sample(s3_client, S3Location(bucket, staging_key), sample.prompts)
     stats = sample.stats()
-    registry.log_metrics(mlflow_run_id, {k: v for k, v in stats.items() if k != "sample_seed"})
+    # Counts are metrics; the seed and the unreadable objects' keys go to sample.json only.
+    registry.log_metrics(mlflow_run_id, {k: v for k, v in stats.items()
+                                         if k != "sample_seed" and isinstance(v, int)})
     registry.log_json(mlflow_run_id, "sample/sample.json", {
         **stats,
         "window_end": end_date.isoformat(),

@@ -4,6 +4,7 @@ import importlib.util
 import json
 import math
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -361,3 +362,48 @@ def test_numpy_inputs_and_a_tables_lengths_are_accepted():
     assert [r.batch_size for r in report.rows] == list(range(1, 129))
     with pytest.raises(ContractError, match=r"^rates: .* is not a list"):
         build_table(step_times, np.array([PAPER_RATES]))
+
+
+# ---------------------------------------------------------------------------- float safety
+
+
+def test_implausibly_small_or_large_step_times_are_refused_by_name():
+    for value, word in ((1e-320, "small"), (1e300, "large")):
+        with pytest.raises(ContractError) as err:
+            StepTimes({(4, 0): 5.0, (4, 1): value})
+        assert str(err.value).startswith(
+            f"step_times[(4, 1)]: {value!r} is implausibly {word} for a step time")
+        with pytest.raises(ContractError) as err:
+            goodput(4, value, PAPER_RATES, 1)
+        assert str(err.value).startswith(f"step_ms: {value!r} is implausibly {word}")
+
+
+EXTREME_SHAPES = {
+    "all at the minimum": lambda i, k, lo, hi: lo,
+    "all at the maximum": lambda i, k, lo, hi: hi,
+    "steepest rise into extrapolation": lambda i, k, lo, hi: lo if i < 2 else hi,
+    "rise then fall (held flat)": lambda i, k, lo, hi: (lo, hi, lo)[i],
+    "min and max across lengths": lambda i, k, lo, hi: lo if k % 2 else hi,
+}
+
+
+@pytest.mark.parametrize("name", list(EXTREME_SHAPES))
+def test_valid_profiles_at_the_extremes_build_without_float_warnings(name):
+    from tabletune.core.builder import MAX_BATCH_SIZE
+    from tabletune.core.errors import MAX_STEP_MS, MIN_STEP_MS
+
+    shape = EXTREME_SHAPES[name]
+    step_times = StepTimes({(b, k): shape(i, k, MIN_STEP_MS, MAX_STEP_MS)
+                            for i, b in enumerate((1, 2, 64)) for k in range(4)})
+    rates = (1.0, 1.0, 1.0)  # the largest goodputs
+    with warnings.catch_warnings(), np.errstate(over="raise", divide="raise", invalid="raise"):
+        warnings.simplefilter("error")
+        result = build_table(step_times, rates, max_batch_size=2048)
+        loss = table_loss(result.table, step_times, rates, result.batch_sizes)
+        far = fixed_length_goodput(step_times, (0.0, 0.0, 0.0), [1, MAX_BATCH_SIZE], [0, 3])
+        far_ms = step_times.grid([MAX_BATCH_SIZE])
+    assert np.isfinite(result.goodput).all() and (result.goodput > 0).all(), name
+    assert np.isfinite(far).all() and (far > 0).all(), name
+    assert np.isfinite(far_ms).all(), name
+    assert math.isfinite(loss.worst_loss), name
+    json.dumps(result.to_document({}).to_dict(), allow_nan=False)  # what save_json needs

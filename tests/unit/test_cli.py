@@ -234,3 +234,19 @@ def test_tune_with_good_arguments_gets_past_validation(docs, no_engine):
                        str(docs / "acceptance.json")]):
         with pytest.raises(AssertionError, match="engine work started"):
             main(["tune", "--out-dir", str(docs / "out"), *extra])
+
+
+def test_a_denormal_step_time_is_blamed_on_the_cell_not_the_output_file(docs, capsys):
+    doc = json.loads((docs / "profile.json").read_text())
+    doc["cells"][2]["step_ms"] = 1e-320
+    (docs / "tiny.json").write_text(json.dumps(doc))
+    out = docs / "table.json"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no numpy overflow warning on the way
+        rc = main(["build", "--profile", str(docs / "tiny.json"),
+                   "--acceptance", str(docs / "acceptance.json"), "--out", str(out)])
+    assert rc == 2
+    assert capsys.readouterr().err == (
+        f"tabletune build: error: {docs / 'tiny.json'}: profile.cells[2].step_ms: 1e-320 is "
+        "implausibly small for a step time (below 1e-06 ms)\n")
+    assert not out.exists()

@@ -146,6 +146,34 @@ def test_bad_step_times(value):
         Profile.from_dict(d)
 
 
+@pytest.mark.parametrize("field", ["step_ms", "engine_step_ms", "client_step_ms"])
+@pytest.mark.parametrize("value, problem", [
+    (1e-320, "is implausibly small for a step time (below 1e-06 ms)"),
+    (5e-7, "is implausibly small for a step time (below 1e-06 ms)"),
+    (1e300, "is implausibly large for a step time (above 1e+09 ms)"),
+])
+def test_implausible_step_times_are_refused_naming_the_cell(tmp_path, field, value, problem):
+    d = profile_dict()
+    d["cells"][5][field] = value
+    with pytest.raises(ContractError) as err:
+        Profile.from_dict(d)
+    assert str(err.value) == f"profile.cells[5].{field}: {value!r} {problem}"
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(d))
+    with pytest.raises(ContractError, match=rf"^{path}: profile\.cells\[5\]\.{field}: "):
+        load_json(path, "profile")
+
+
+def test_step_times_at_the_plausible_limits_are_accepted():
+    from tabletune.core.errors import MAX_STEP_MS, MIN_STEP_MS
+
+    d = profile_dict()
+    d["cells"][0]["step_ms"] = MIN_STEP_MS
+    d["cells"][1]["step_ms"] = MAX_STEP_MS
+    profile = Profile.from_dict(d)
+    assert profile.step_ms(1, 0) == MIN_STEP_MS and profile.step_ms(1, 1) == MAX_STEP_MS
+
+
 def test_missing_cell_names_the_cell():
     d = profile_dict()
     del d["cells"][6]  # B=2, k=2

@@ -99,3 +99,82 @@ def test_partition_dates_cover_the_window_oldest_first():
     assert days == [dt.date(2026, 2, 28), dt.date(2026, 3, 1), dt.date(2026, 3, 2)]
     with pytest.raises(ValueError):
         partition_dates(dt.date(2026, 3, 2), 0)
+
+
+# ---------------------------------------------------------------------------- unreadable objects
+
+
+def _cut_short(lines, after, error):
+    """An object's lines that stop with ``error`` after ``after`` lines (a truncated .gz)."""
+    yield from lines[:after]
+    raise error
+
+
+@pytest.mark.parametrize("error", [
+    EOFError("Compressed file ended before the end-of-stream marker was reached"),
+    __import__("gzip").BadGzipFile("Not a gzipped file (b'{\"')"),
+    __import__("zlib").error("Error -3 while decompressing data: invalid distance too far back"),
+])
+def test_an_unreadable_object_is_skipped_counted_and_named(error, caplog):
+    good = jsonl(*(f"good {i}" for i in range(40)))
+    later = jsonl(*(f"later {i}" for i in range(40)))
+    torn = jsonl(*(f"torn {i}" for i in range(30))) + [b"{broken"]
+    alone = sample_prompts([("a.jsonl", good), ("c.jsonl", later)], size=10, seed=7,
+                           min_prompts=1)
+    with caplog.at_level("WARNING", logger="tabletune.sampling"):
+        sample = sample_prompts(
+            [("a.jsonl", good), ("b.jsonl.gz", _cut_short(torn, 31, error)), ("c.jsonl", later)],
+            size=10, seed=7, min_prompts=1)
+    # The lines the object yielded before the error are taken back out: the sample is exactly
+    # the one the readable objects alone give.
+    assert sample.prompts == alone.prompts
+    assert sample.lines_valid == 80 and sample.lines_malformed == 0
+    assert sample.malformed_examples == ()
+    assert sample.objects == ("a.jsonl", "c.jsonl")
+    assert sample.unreadable_objects == ("b.jsonl.gz",)
+    stats = sample.stats()
+    assert stats["prompt_objects_unreadable"] == 1
+    assert stats["unreadable_objects"] == ["b.jsonl.gz"]
+    warning = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warning) == 1 and "b.jsonl.gz" in warning[0]
+    assert "torn" not in warning[0] and '{"' not in warning[0]  # no object bytes in logs
+
+
+def test_only_unreadable_objects_fail_naming_them():
+    from tabletune.pipeline.errors import PromptObjectUnreadable
+
+    objects = [("x.jsonl.gz", _cut_short(jsonl("secret"), 1, EOFError())),
+               ("y.jsonl.gz", _cut_short([], 0, PromptObjectUnreadable("y.jsonl.gz", "bad")))]
+    with pytest.raises(PromptSourceError) as err:
+        sample_prompts(objects, size=10, seed=0, min_prompts=1, where="s3://b/p")
+    message = str(err.value)
+    assert "only 0 valid prompts in 2 objects" in message
+    assert "2 unreadable objects skipped: x.jsonl.gz, y.jsonl.gz" in message
+    assert "secret" not in message
+
+
+# ---------------------------------------------------------------------------- staged sample
+
+
+@pytest.mark.parametrize("body, line, problem", [
+    (b'{"prompt": "a"}\n{"prompt": "b', 2, "is not a complete JSON object (torn"),
+    (b'{"prompt": "a"}\n\n{"text": "b"}\n', 3, "has no 'prompt' field"),
+    (b'{"prompt": "a"}\n["b"]\n', 2, "is a JSON list, not an object"),
+    (b'{"prompt": 3}\n', 1, "'prompt' is not a string (int)"),
+    (b'{"prompt": "a"}\n{"prompt": "\xff"}\n', 2, "is not UTF-8"),
+])
+def test_a_bad_staged_sample_line_is_a_contract_error_naming_file_and_line(body, line, problem):
+    from tabletune.core.errors import ContractError
+    from tabletune.pipeline.sampling import parse_staged_sample
+
+    with pytest.raises(ContractError) as err:
+        parse_staged_sample(body, "s3://b/staging/prompts.jsonl")
+    assert str(err.value).startswith(f"s3://b/staging/prompts.jsonl: line {line}: {problem}")
+
+
+def test_staged_prompts_with_unicode_line_separators_round_trip():
+    from tabletune.pipeline.sampling import parse_staged_sample
+
+    prompts = ["a\u2028b", "c\x1cd\x85e", "f\r\ng"]
+    body = "".join(json.dumps({"prompt": p}, ensure_ascii=False) + "\n" for p in prompts)
+    assert parse_staged_sample(body.encode(), "s3://b/k") == prompts
