@@ -10,7 +10,9 @@ Connections (define them in the UI, with ``airflow connections add`` or as
 * ``tabletune_s3`` (type ``aws``): login = access key id, password = secret key,
   extra ``{"endpoint_url": ..., "region_name": ...}``. Without login, boto3's own chain is used.
 * ``tabletune_mlflow`` (type ``http``): host/port/schema of the tracking server, optional login
-  and password (basic auth), extra ``{"ui_url": ..., "experiment": "tabletune"}``.
+  and password (basic auth) or extra ``token`` (bearer), extra ``{"ui_url": ...,
+  "experiment": "tabletune"}``. The credentials reach the MLflow client during each call only,
+  never the task's environment (which an engine started by the task would inherit).
 * ``tabletune_engine`` (optional, type ``generic``): extra ``{"spec": {EngineSpec fields}}``.
   Without it the engine is the built-in CPU model pair (``EngineSpec.embedded_default()``).
 """
@@ -94,21 +96,26 @@ class TableTuneMlflowHook(BaseHook):
         return f"{scheme}://{host}{port}"
 
     def get_conn(self) -> Any:
-        from tabletune.adapters.mlflow_registry import MlflowRegistry
+        from tabletune.adapters.mlflow_registry import MlflowRegistry, apply_mlflow_http_defaults
 
         conn = self.get_connection(self.mlflow_conn_id)
         extra = conn.extra_dejson
-        if conn.login and conn.password:
-            # The MLflow client reads basic-auth credentials from the environment only; this is
-            # the task's own process, so they go no further.
-            os.environ["MLFLOW_TRACKING_USERNAME"] = conn.login
-            os.environ["MLFLOW_TRACKING_PASSWORD"] = conn.password
+        # This runs in the task's own process (a TableTune entry point): bound every MLflow
+        # client call here unless the deployment set MLflow's HTTP variables itself.
+        apply_mlflow_http_defaults()
+        basic = bool(conn.login and conn.password)
+        # The credentials go to the registry object, which hands them to the MLflow client for
+        # the duration of each call only: nothing lands in os.environ for an engine (a vLLM
+        # child process of this task) to inherit.
         return MlflowRegistry(
             self.tracking_uri(),
             experiment=extra.get("experiment", "tabletune"),
             attempts=int(extra.get("attempts", 3)),
             retry_delay_s=float(extra.get("retry_delay_s", 2.0)),
             ui_url=extra.get("ui_url"),
+            username=conn.login if basic else None,
+            password=conn.password if basic else None,
+            token=extra.get("token") or None,
         )
 
 

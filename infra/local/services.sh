@@ -58,8 +58,10 @@ export AWS_SECRET_ACCESS_KEY="$TT_S3_SECRET"
 export AWS_DEFAULT_REGION=us-east-1
 export MLFLOW_TRACKING_URI="$mlflow"
 export MLFLOW_S3_ENDPOINT_URL="$s3"
-# A dead tracking server should fail a call in seconds, not after MLflow's default ~4 minutes;
-# TableTune's adapter adds its own bounded retries on top.
+# A dead tracking server should fail a call in seconds, not after MLflow's default ~4 minutes.
+# TableTune's entry points (registry CLI, Airflow hook) default these same values themselves
+# (apply_mlflow_http_defaults); here they also bound the test processes, which make MLflow
+# clients directly. TableTune's adapter adds its own bounded retries on top.
 export MLFLOW_HTTP_REQUEST_MAX_RETRIES=2
 export MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR=1
 export MLFLOW_HTTP_REQUEST_TIMEOUT=60

@@ -14,6 +14,9 @@ gains ``--scheduler-cls tabletune.vllm_scheduler.TableTuneScheduler``:
 ``TABLETUNE_CONTROLLER_OUT``       folder for ``rebuilds.jsonl`` (one record per rebuild),
                                    ``state.json`` and ``metrics.prom`` (Prometheus text format,
                                    for a node-exporter textfile collector); optional
+``TABLETUNE_CONTROLLER_ALLOW_FOREIGN_PRIOR``  ``1`` serves a prior whose fingerprint (vLLM
+                                   version, model, drafter, method, device, GPU) differs from
+                                   this engine's, with a warning; by default it is refused
 
 This module imports no vLLM; the scheduler hands it plain numbers.
 """
@@ -24,6 +27,7 @@ import json
 import logging
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,6 +44,7 @@ logger = logging.getLogger("vllm.tabletune.controller")
 PRIOR_ENV = "TABLETUNE_CONTROLLER"
 SETTINGS_ENV = "TABLETUNE_CONTROLLER_SETTINGS"
 OUT_ENV = "TABLETUNE_CONTROLLER_OUT"
+ALLOW_FOREIGN_ENV = "TABLETUNE_CONTROLLER_ALLOW_FOREIGN_PRIOR"
 # Fault injection for tests of the fallback path: raise inside k_for_step after N steps.
 FAULT_ENV = "TABLETUNE_CONTROLLER_FAULT_AFTER_STEPS"
 
@@ -65,8 +70,13 @@ def load_prior(uri: str, *, cache_dir: Path | None = None) -> PriorBundle:
             raise ContractError(f"{PRIOR_ENV}: {uri!r} needs MLFLOW_TRACKING_URI")
         cache = cache_dir or Path(os.environ.get(
             "TABLETUNE_PRIOR_CACHE", Path.home() / ".cache" / "tabletune" / "priors"))
-        table, profile, acceptance = load_production_prior(name, tracking_uri=tracking,
-                                                           cache_dir=cache)
+        from tabletune.pipeline.errors import PriorUnavailable
+
+        try:
+            table, profile, acceptance = load_production_prior(name, tracking_uri=tracking,
+                                                               cache_dir=cache)
+        except PriorUnavailable as exc:  # registry down and no usable cache: refuse, say why
+            raise ContractError(f"{PRIOR_ENV}: {uri!r}: {exc}") from exc
         bundle = PriorBundle(table, profile, acceptance, uri)
     else:
         folder = Path(uri)
@@ -89,6 +99,85 @@ def check_prior_fits_engine(prior: PriorBundle, *, num_spec_tokens: int) -> None
         raise ContractError(
             f"prior acceptance.rates: {prior.acceptance.max_k} rates but the engine drafts up to "
             f"{num_spec_tokens}")
+
+
+# Fingerprint fields that must agree between the prior's profile and the running engine: a
+# prior measured on another vLLM, model pair, method or device has other step times.
+FINGERPRINT_FIELDS = ("engine", "engine_version", "model", "drafter", "method", "device", "gpu",
+                      "tensor_parallel_size")
+_UNKNOWN = (None, "", "unknown", "not-installed")
+
+
+def engine_fingerprint(scheduler, *, want_gpu: bool = True) -> dict:
+    """The running engine's side of ``deployment_fingerprint``, from the scheduler's vllm_config.
+
+    Model and drafter identities are computed as the profiler computed them (path plus a hash of
+    ``config.json``, ``tabletune.engine.spec._model_identity``), the vLLM version by the same
+    function. Whatever cannot be read is left out (and so never counts as a mismatch).
+    """
+    from tabletune.engine import spec as engine_spec
+
+    config = getattr(scheduler, "vllm_config", None)
+    model_config = getattr(config, "model_config", None)
+    spec_config = getattr(config, "speculative_config", None)
+    device_config = getattr(config, "device_config", None)
+    parallel = getattr(config, "parallel_config", None)
+    dist, version = engine_spec.engine_version()
+    device = getattr(device_config, "device_type", None) or getattr(device_config, "device", None)
+    fp = {
+        "engine": dist,
+        "engine_version": version,
+        "model": engine_spec._model_identity(getattr(model_config, "model", None)),
+        "drafter": engine_spec._model_identity(getattr(spec_config, "model", None)),
+        "method": getattr(spec_config, "method", None),
+        "device": None if device is None else str(device),
+        "tensor_parallel_size": getattr(parallel, "tensor_parallel_size", None),
+    }
+    if want_gpu and fp["device"] == "cuda":
+        fp["gpu"] = engine_spec._gpu_inventory().get("gpu")  # nvidia-smi, as the profiler did
+    return {k: v for k, v in fp.items() if v not in _UNKNOWN}
+
+
+def _same_model(a: str, b: str) -> bool:
+    """Identities ``path#confighash``: paths compared normalized, hashes when both have one."""
+    path_a, _, hash_a = str(a).partition("#")
+    path_b, _, hash_b = str(b).partition("#")
+    if os.path.normpath(path_a) != os.path.normpath(path_b):
+        return False
+    return not (hash_a and hash_b) or hash_a == hash_b
+
+
+def fingerprint_mismatches(prior: PriorBundle, engine: Mapping) -> list[str]:
+    """``field: prior value vs engine value`` for each field both sides know and disagree on."""
+    recorded = prior.profile.fingerprint
+    out = []
+    for key in FINGERPRINT_FIELDS:
+        theirs, ours = recorded.get(key), engine.get(key)
+        if theirs in _UNKNOWN or ours in _UNKNOWN:
+            continue  # a key missing on either side is not a mismatch
+        same = (_same_model(theirs, ours) if key in ("model", "drafter")
+                else str(theirs) == str(ours))
+        if not same:
+            out.append(f"prior profile.fingerprint.{key}: {theirs!r} but the engine has {ours!r}")
+    return out
+
+
+def check_prior_matches_engine(prior: PriorBundle, engine: Mapping, *,
+                               allow_foreign: bool = False) -> None:
+    """Refuse a prior measured on another deployment (unless ``allow_foreign``: then warn)."""
+    mismatches = fingerprint_mismatches(prior, engine)
+    if not mismatches:
+        return
+    if allow_foreign:
+        logger.warning("TableTune controller: serving a foreign prior (%s=1): %s",
+                       ALLOW_FOREIGN_ENV, "; ".join(mismatches))
+        return
+    raise ContractError("; ".join(mismatches) + f"; re-profile this deployment, or set "
+                        f"{ALLOW_FOREIGN_ENV}=1 to serve this prior anyway")
+
+
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
 
 
 class ControllerRuntime:
@@ -160,9 +249,16 @@ class ControllerRuntime:
 
 def build_runtime(prior: PriorBundle, *, static_lookup: list[int], num_spec_tokens: int,
                   max_num_seqs: int, settings: ControllerSettings | None = None,
-                  out_dir: Path | None = None) -> ControllerRuntime:
-    """Controller starting from the engine's own table, with the prior's step times and rates."""
+                  out_dir: Path | None = None, engine: Mapping | None = None,
+                  allow_foreign_prior: bool = False) -> ControllerRuntime:
+    """Controller starting from the engine's own table, with the prior's step times and rates.
+
+    ``engine`` is the running engine's fingerprint (``engine_fingerprint``); when given, the
+    prior's must agree with it (see ``check_prior_matches_engine``).
+    """
     check_prior_fits_engine(prior, num_spec_tokens=num_spec_tokens)
+    if engine is not None:
+        check_prior_matches_engine(prior, engine, allow_foreign=allow_foreign_prior)
     start = DraftTable.from_lookup(static_lookup[1:max_num_seqs + 1])
     base = settings or ControllerSettings()
     if base.max_batch_size is None:
@@ -185,10 +281,12 @@ def controller_from_env(scheduler) -> ControllerRuntime | None:
         except json.JSONDecodeError as e:
             raise ContractError(f"{SETTINGS_ENV}: not JSON ({e})") from None
     prior = load_prior(uri)
+    engine = engine_fingerprint(scheduler, want_gpu="gpu" in prior.profile.fingerprint)
     runtime = build_runtime(prior, static_lookup=list(scheduler.dynamic_sd_lookup),
                             num_spec_tokens=scheduler.num_spec_tokens,
                             max_num_seqs=scheduler.scheduler_config.max_num_seqs,
-                            settings=settings, out_dir=os.environ.get(OUT_ENV) or None)
+                            settings=settings, out_dir=os.environ.get(OUT_ENV) or None,
+                            engine=engine, allow_foreign_prior=_env_flag(ALLOW_FOREIGN_ENV))
     if os.environ.get(FAULT_ENV):
         runtime.fault_after_steps = int(os.environ[FAULT_ENV])
     logger.info("TableTune controller on: prior %s, start table %s, settings %s", uri,

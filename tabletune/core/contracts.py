@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -41,6 +42,7 @@ __all__ = [
     "check_compatible",
     "load_json",
     "read_json_file",
+    "read_regular_file",
     "save_json",
 ]
 
@@ -363,24 +365,59 @@ _READERS = {"profile": Profile, "acceptance": Acceptance, "table": TableDocument
 MAX_JSON_BYTES = 64 * 1024 * 1024
 
 
+def read_regular_file(path: str | os.PathLike[str], what: str = "document",
+                      limit: int = MAX_JSON_BYTES) -> bytes:
+    """The bytes of a regular file of at most ``limit`` bytes; anything else is a ContractError.
+
+    A FIFO, socket or device is refused before it is opened: opening a FIFO for reading waits
+    for a writer, so a ``table.json`` that is a pipe would hang whoever reads it (an engine at
+    start-up). The open itself is non-blocking and re-checked, in case the path was swapped
+    between the two looks.
+    """
+    name = os.fspath(path)
+    try:
+        before = os.stat(path)
+    except OSError as exc:
+        raise ContractError(f"{name}: cannot read {what}: {exc}") from exc
+    if not stat.S_ISREG(before.st_mode):
+        raise ContractError(f"{name}: cannot read {what}: not a regular file "
+                            f"({_file_kind(before.st_mode)})")
+    if before.st_size > limit:
+        raise ContractError(f"{name}: cannot read {what}: the file is larger than "
+                            f"{limit // (1024 * 1024)} MiB")
+    try:
+        flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+        fd = os.open(path, flags)
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                raise ContractError(f"{name}: cannot read {what}: not a regular file")
+            raw = f.read(limit + 1)  # bounded even if the file grew since the stat
+    except OSError as exc:
+        raise ContractError(f"{name}: cannot read {what}: {exc}") from exc
+    if len(raw) > limit:
+        raise ContractError(f"{name}: cannot read {what}: the file is larger than "
+                            f"{limit // (1024 * 1024)} MiB")
+    return raw
+
+
+def _file_kind(mode: int) -> str:
+    for test, label in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISDIR, "a directory"),
+                        (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+                        (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return label
+    return "not a plain file"
+
+
 def read_json_file(path: str | os.PathLike[str], what: str = "document") -> Any:
     """Parse a JSON file; every failure is a ContractError that starts with the file path.
 
-    Refuses files above ``MAX_JSON_BYTES`` and nesting too deep for the parser (a
-    RecursionError from ``json.loads`` would otherwise escape as a traceback).
+    Reads regular files only (see ``read_regular_file``), refuses files above
+    ``MAX_JSON_BYTES`` and nesting too deep for the parser (a RecursionError from ``json.loads``
+    would otherwise escape as a traceback).
     """
     name = os.fspath(path)
-    limit = MAX_JSON_BYTES
-    try:
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            # fstat covers regular files; the bounded read covers pipes and devices.
-            raw = f.read(limit + 1) if size <= limit else b""
-    except OSError as exc:
-        raise ContractError(f"{name}: cannot read {what} JSON: {exc}") from exc
-    if size > limit or len(raw) > limit:
-        raise ContractError(f"{name}: cannot read {what} JSON: the file is larger than "
-                            f"{limit // (1024 * 1024)} MiB")
+    raw = read_regular_file(path, f"{what} JSON")
     try:
         return json.loads(raw.decode("utf-8"))
     except RecursionError:

@@ -59,13 +59,22 @@ def registry_main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not args.tracking_uri:
         parser.error("--tracking-uri or MLFLOW_TRACKING_URI is required")
+    if args.model_name is not None:
+        try:
+            _model_name(args)
+        except ValueError:
+            parser.error(f"--model-name: {args.model_name!r} is not a registered model name or "
+                         f"deployment key (letters, digits, '.', '_' and '-', starting with a "
+                         f"letter or digit)")
 
-    from tabletune.adapters.mlflow_registry import MlflowRegistry
+    from tabletune.adapters.mlflow_registry import MlflowRegistry, apply_mlflow_http_defaults
     from tabletune.core.contracts import load_json
     from tabletune.core.errors import ContractError
     from tabletune.pipeline import flows
     from tabletune.pipeline.errors import PipelineError
 
+    # A process entry point: bound MLflow's HTTP calls unless the user set MLflow's variables.
+    apply_mlflow_http_defaults()
     registry = MlflowRegistry(args.tracking_uri)
     model_name = _model_name(args)
     try:

@@ -98,3 +98,200 @@ def test_control_file_pins_k_and_clamps_to_max(tmp_path):
     assert lookup[5] == 1 and lookup[1] == 1
     path.write_text(json.dumps({"force_k": 9, "pad": "x"}))  # size change → re-read
     assert lookup[3] == 3
+
+
+# --------------------------------------------------------------------------------------------
+# The prior's fingerprint against the running engine
+
+
+def _engine_scheduler(model="/models/target", drafter="/models/draft", method="draft_model",
+                      device="cpu", tp=1):
+    """What controller_from_env reads from vLLM's scheduler, as plain objects."""
+    from types import SimpleNamespace as NS
+
+    config = NS(model_config=NS(model=model),
+                speculative_config=NS(model=drafter, method=method),
+                device_config=NS(device_type=device),
+                parallel_config=NS(tensor_parallel_size=tp))
+    return NS(vllm_config=config, dynamic_sd_lookup=[0] + [1] * 64, num_spec_tokens=3,
+              scheduler_config=NS(max_num_seqs=64))
+
+
+def _prior_with_fingerprint(tmp_path, fingerprint):
+    profile = make_profile(fingerprint=fingerprint)
+    acceptance = make_acceptance()
+    doc = build_table(StepTimes.from_profile(profile), acceptance.rates).to_document({})
+    return _write_prior(tmp_path / "prior", PriorBundle(doc, profile, acceptance, "test"))
+
+
+@pytest.fixture
+def engine_env(monkeypatch):
+    """A controller environment on a fixed vLLM version, with no escape hatch set."""
+    from tabletune.engine import spec as engine_spec
+
+    monkeypatch.setattr(engine_spec, "engine_version", lambda: ("vllm", "0.32.0"))
+    monkeypatch.delenv("TABLETUNE_CONTROLLER_ALLOW_FOREIGN_PRIOR", raising=False)
+    for name in ("TABLETUNE_CONTROLLER_SETTINGS", "TABLETUNE_CONTROLLER_OUT",
+                 "TABLETUNE_CONTROLLER_FAULT_AFTER_STEPS"):
+        monkeypatch.delenv(name, raising=False)
+    return monkeypatch
+
+
+_SAME = {"engine": "vllm", "engine_version": "0.32.0", "device": "cpu",
+         "model": "/models/target", "drafter": "/models/draft", "method": "draft_model",
+         "tensor_parallel_size": 1}
+
+
+def test_a_prior_from_another_deployment_is_refused_naming_each_field_and_both_values(
+        tmp_path, engine_env):
+    from tabletune.controller.runtime import controller_from_env
+
+    folder = _prior_with_fingerprint(tmp_path, {**_SAME, "engine_version": "0.31.0",
+                                                "model": "/models/other", "method": "eagle3"})
+    engine_env.setenv("TABLETUNE_CONTROLLER", str(folder))
+    with pytest.raises(ContractError) as err:
+        controller_from_env(_engine_scheduler())
+    message = str(err.value)
+    assert "profile.fingerprint.engine_version: '0.31.0' but the engine has '0.32.0'" in message
+    assert ("profile.fingerprint.model: '/models/other' but the engine has '/models/target'"
+            in message)
+    assert "profile.fingerprint.method: 'eagle3' but the engine has 'draft_model'" in message
+    assert "TABLETUNE_CONTROLLER_ALLOW_FOREIGN_PRIOR=1" in message
+    assert "drafter" not in message.split(";")[0]  # the fields that agree are not named
+
+
+def test_a_rebuilt_model_is_noticed_by_its_config_hash(tmp_path, engine_env):
+    from tabletune.controller.runtime import controller_from_env
+    from tabletune.engine.spec import _model_identity
+
+    target, draft = tmp_path / "target", tmp_path / "draft"
+    for path in (target, draft):
+        path.mkdir()
+        (path / "config.json").write_text('{"hidden_size": 64}')
+    folder = _prior_with_fingerprint(tmp_path, {**_SAME, "model": _model_identity(str(target)),
+                                                "drafter": _model_identity(str(draft))})
+    engine_env.setenv("TABLETUNE_CONTROLLER", str(folder))
+    scheduler = _engine_scheduler(model=str(target), drafter=str(draft) + "/")
+    assert controller_from_env(scheduler) is not None  # same files (a trailing / is no change)
+    (draft / "config.json").write_text('{"hidden_size": 128}')
+    with pytest.raises(ContractError, match=r"profile.fingerprint.drafter: '.*draft#[0-9a-f]{12}' "
+                                            r"but the engine has '.*draft/#[0-9a-f]{12}'"):
+        controller_from_env(scheduler)
+
+
+def test_the_gpu_name_is_compared_when_both_sides_know_it(tmp_path, engine_env):
+    from tabletune.controller.runtime import controller_from_env
+    from tabletune.engine import spec as engine_spec
+
+    folder = _prior_with_fingerprint(tmp_path, {**_SAME, "device": "cuda", "gpu": "NVIDIA H100"})
+    engine_env.setenv("TABLETUNE_CONTROLLER", str(folder))
+    engine_env.setattr(engine_spec, "_gpu_inventory", lambda: {"gpu": "NVIDIA H200"})
+    with pytest.raises(ContractError, match="profile.fingerprint.gpu: 'NVIDIA H100' but the "
+                                            "engine has 'NVIDIA H200'"):
+        controller_from_env(_engine_scheduler(device="cuda"))
+    engine_env.setattr(engine_spec, "_gpu_inventory", lambda: {})  # no nvidia-smi: unknown
+    assert controller_from_env(_engine_scheduler(device="cuda")) is not None
+
+
+def test_keys_missing_on_either_side_are_not_a_mismatch(tmp_path, engine_env):
+    from tabletune.controller.runtime import controller_from_env
+
+    # An older profile that recorded only the engine and the device, and an engine whose
+    # speculative config says nothing about a drafter (e.g. MTP).
+    folder = _prior_with_fingerprint(tmp_path, {"engine": "vllm", "engine_version": "0.32.0",
+                                                "device": "cpu", "gpu": "NVIDIA H200"})
+    engine_env.setenv("TABLETUNE_CONTROLLER", str(folder))
+    assert controller_from_env(_engine_scheduler(drafter=None, method=None)) is not None
+
+
+def test_the_escape_hatch_serves_a_foreign_prior_with_a_warning(tmp_path, engine_env, caplog):
+    from tabletune.controller.runtime import controller_from_env
+
+    folder = _prior_with_fingerprint(tmp_path, {**_SAME, "model": "/models/other"})
+    engine_env.setenv("TABLETUNE_CONTROLLER", str(folder))
+    engine_env.setenv("TABLETUNE_CONTROLLER_ALLOW_FOREIGN_PRIOR", "1")
+    with caplog.at_level(logging.WARNING, logger="vllm.tabletune.controller"):
+        assert controller_from_env(_engine_scheduler()) is not None
+    assert any("foreign prior" in r.message and "/models/other" in r.message
+               for r in caplog.records)
+
+
+def test_the_scheduler_logs_the_refusal_and_runs_the_static_table(tmp_path, engine_env, caplog):
+    """The scheduler subclass on stand-ins for vLLM's scheduler modules (no vLLM import)."""
+    import importlib
+    import sys
+    import types
+
+    class FakeScheduler:
+        def __init__(self, vllm_config):
+            fake = _engine_scheduler()
+            self.vllm_config = vllm_config
+            self.dynamic_sd_lookup = fake.dynamic_sd_lookup
+            self.num_spec_tokens = fake.num_spec_tokens
+            self.scheduler_config = fake.scheduler_config
+
+    sched_mod = types.ModuleType("vllm.v1.core.sched.scheduler")
+    sched_mod.Scheduler = FakeScheduler
+    async_mod = types.ModuleType("vllm.v1.core.sched.async_scheduler")
+    async_mod.AsyncScheduler = type("AsyncScheduler", (FakeScheduler,), {})
+    for name in ("vllm", "vllm.v1", "vllm.v1.core", "vllm.v1.core.sched"):
+        engine_env.setitem(sys.modules, name, sys.modules.get(name) or types.ModuleType(name))
+    engine_env.setitem(sys.modules, "vllm.v1.core.sched.scheduler", sched_mod)
+    engine_env.setitem(sys.modules, "vllm.v1.core.sched.async_scheduler", async_mod)
+    import tabletune
+
+    engine_env.delitem(sys.modules, "tabletune.vllm_scheduler", raising=False)
+    engine_env.setattr(tabletune, "vllm_scheduler", None, raising=False)  # undone after the test
+    module = importlib.import_module("tabletune.vllm_scheduler")
+    engine_env.setitem(sys.modules, "tabletune.vllm_scheduler", module)
+
+    folder = _prior_with_fingerprint(tmp_path, {**_SAME, "model": "/models/other"})
+    engine_env.setenv("TABLETUNE_CONTROLLER", str(folder))
+    with caplog.at_level(logging.ERROR, logger="vllm.tabletune.scheduler"):
+        scheduler = module.TableTuneScheduler(_engine_scheduler().vllm_config)
+    assert scheduler.dynamic_sd_lookup.controller is None  # the static table runs
+    assert scheduler.dynamic_sd_lookup[1] == 1
+    refusal = [r.getMessage() for r in caplog.records if "refused its prior" in r.getMessage()]
+    assert len(refusal) == 1 and "profile.fingerprint.model: '/models/other'" in refusal[0]
+    assert "running the static table" in refusal[0]
+
+
+# --------------------------------------------------------------------------------------------
+# Prior files that are not regular files
+
+
+def test_a_prior_file_that_is_a_fifo_is_refused_without_blocking(tmp_path):
+    import os
+    import threading
+
+    folder = _write_prior(tmp_path / "prior", _prior())
+    (folder / "table.json").unlink()
+    os.mkfifo(folder / "table.json")
+    outcome = {}
+
+    def load():
+        try:
+            load_prior(str(folder))
+        except ContractError as exc:
+            outcome["error"] = exc
+
+    reader = threading.Thread(target=load, daemon=True)
+    reader.start()
+    reader.join(10)
+    if reader.is_alive():  # unblock the old behaviour's open() so the thread can end
+        with open(folder / "table.json", "wb"):
+            pass
+        pytest.fail("reading a prior whose table.json is a FIFO blocked")
+    assert "table.json: cannot read table JSON: not a regular file (a FIFO)" in str(
+        outcome["error"])
+
+
+def test_a_prior_file_above_the_size_cap_is_refused_unread(tmp_path):
+    from tabletune.core.contracts import MAX_JSON_BYTES
+
+    folder = _write_prior(tmp_path / "prior", _prior())
+    with open(folder / "profile.json", "r+b") as f:
+        f.truncate(MAX_JSON_BYTES + 1)  # sparse
+    with pytest.raises(ContractError, match=r"profile.json: cannot read profile JSON: the file is "
+                                            r"larger than 64 MiB"):
+        load_prior(str(folder))
