@@ -279,3 +279,40 @@ def test_no_credentials_or_prompt_text_reach_mlflow(services, seeded, model, uni
                    services.env["TABLETUNE_AIRFLOW_PASSWORD"]):
         assert secret not in blob
     assert "confidential customer prompt" not in blob
+
+
+def test_a_promotion_whose_tracking_server_stops_midway_changes_nothing(services, seeded,
+                                                                          model, monkeypatch):
+    registry_up, _ = seeded
+    version = weekly_candidate(registry_up, model, "dies-midway", (0.8, 0.6, 0.45))[3]
+    relay = TcpRelay(services.tracking_uri)
+    dying = MlflowRegistry(relay.url, attempts=2, retry_delay_s=0.1)
+    read_version = dying.read_version
+
+    def read_then_die(*args, **kwargs):
+        # Lock held, documents validated, no alias moved yet: the server goes away now.
+        out = read_version(*args, **kwargs)
+        relay.close()
+        return out
+
+    monkeypatch.setattr(dying, "read_version", read_then_die)
+    with pytest.raises(RegistryUnavailable, match=f"{relay.url} unreachable"):
+        dying.promote(model, version, expected_production="1", lock_timeout_s=5)
+    state = registry_up.alias_state(model)
+    assert state.production == "1" and state.previous is None
+    assert registry_up.version_tags(model, version).get("tabletune.status") != "production"
+
+
+def test_a_lock_left_by_a_holder_whose_server_died_is_broken_after_its_lease(services, seeded,
+                                                                              model):
+    registry_up, _ = seeded
+    version = weekly_candidate(registry_up, model, "after-dead-lock", (0.8, 0.6, 0.45))[3]
+    relay = TcpRelay(services.tracking_uri)
+    dying = MlflowRegistry(relay.url, attempts=2, retry_delay_s=0.1)
+    with pytest.raises(RegistryUnavailable):
+        with dying.promotion_lock(model, owner="dying", lease_s=2.0):
+            relay.close()   # the holder can no longer release its lock
+    assert registry_up.model_exists(f"{model}.lock")
+    state = registry_up.promote(model, version, expected_production="1", lock_timeout_s=30)
+    assert state.production == version and state.previous == "1"
+    assert not registry_up.model_exists(f"{model}.lock")
