@@ -146,6 +146,35 @@ def speculative_config(spec: EngineSpec, table: list[list[int]] | None, *,
 _LIVE_SERVERS: "weakref.WeakSet[VllmServer]" = weakref.WeakSet()
 
 
+def _signal_group(group: int, signum: int) -> None:
+    try:
+        os.killpg(group, signum)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _group_alive(group: int) -> bool:
+    """Whether any process of the group still runs (zombies waiting for a reaper do not)."""
+    try:
+        os.killpg(group, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return True
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            # "pid (comm) state ppid pgrp ...": comm may hold spaces, so split after ")".
+            state, _, pgrp = entry.joinpath("stat").read_text().rsplit(")", 1)[1].split()[:3]
+        except (OSError, ValueError, IndexError):
+            continue
+        if int(pgrp) == group and state != "Z":
+            return True
+    return False
+
+
 def stop_all_servers() -> None:
     for server in list(_LIVE_SERVERS):
         server.stop()
@@ -330,29 +359,36 @@ class VllmServer:
         return SpecDecodeCounters.from_metrics(self.metrics(), self.spec.max_k)
 
     def stop(self, timeout_s: float = 30.0) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-            try:
-                self.proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                pass
+        """Take the server's whole process group down (API server, engine core, workers) and
+        return only once none of it is left: SIGTERM, then SIGKILL after ``timeout_s``."""
         if self.proc is not None:
+            group = self.proc.pid  # its own session: the group id is its pid
+            if self.proc.poll() is None or _group_alive(group):
+                _signal_group(group, signal.SIGTERM)
+                deadline = time.monotonic() + timeout_s
+                while time.monotonic() < deadline and _group_alive(group):
+                    self._reap()
+                    if self.proc.returncode is not None:
+                        # The API server is gone: its engine core gets a few seconds more.
+                        deadline = min(deadline, time.monotonic() + 5.0)
+                    time.sleep(0.2)
             # The engine core may outlive the API process: take the whole group down.
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                pass
+            _signal_group(group, signal.SIGKILL)
+            deadline = time.monotonic() + 10.0
+            while time.monotonic() < deadline and _group_alive(group):
+                self._reap()
+                time.sleep(0.1)
+            self._reap()
         if self._log_file is not None:
             self._log_file.close()
             self._log_file = None
         _LIVE_SERVERS.discard(self)
+
+    def _reap(self) -> None:
+        try:
+            self.proc.wait(timeout=0)
+        except subprocess.TimeoutExpired:
+            pass
 
     def __enter__(self) -> "VllmServer":
         return self.start()
