@@ -170,8 +170,24 @@ def _group_alive(group: int) -> bool:
             state, _, pgrp = entry.joinpath("stat").read_text().rsplit(")", 1)[1].split()[:3]
         except (OSError, ValueError, IndexError):
             continue
-        if int(pgrp) == group and state != "Z":
+        if int(pgrp) == group and (state != "Z" or _threads_running(entry)):
             return True
+    return False
+
+
+def _threads_running(proc_entry: Path) -> bool:
+    """A process whose main thread has exited shows "Z" while its other threads still run
+    (being killed, say): it is not gone until every thread is."""
+    try:
+        tasks = list(proc_entry.joinpath("task").iterdir())
+    except OSError:
+        return False
+    for task in tasks:
+        try:
+            if task.joinpath("stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+                return True
+        except (OSError, IndexError):
+            continue
     return False
 
 
@@ -378,7 +394,10 @@ class VllmServer:
             while time.monotonic() < deadline and _group_alive(group):
                 self._reap()
                 time.sleep(0.1)
-            self._reap()
+            try:  # our own child: wait until the kernel has let go of it, then reap it
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
         if self._log_file is not None:
             self._log_file.close()
             self._log_file = None
