@@ -180,6 +180,9 @@ class TcpRelay:
                 client, _ = self.listener.accept()
             except OSError:
                 return
+            if not self.open:  # accepted while closing: the server is down
+                client.close()
+                return
             upstream = socket.create_connection(self.target)
             self.sockets += [client, upstream]
             for a, b in ((client, upstream), (upstream, client)):
@@ -203,6 +206,12 @@ class TcpRelay:
         import socket
 
         self.open = False
+        try:
+            # Wakes the accept() blocked in the relay's thread: close() alone leaves the
+            # listening socket alive (and accepting) until that accept() returns.
+            self.listener.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         self.listener.close()
         for s in self.sockets:  # kept-alive connections die with the server too
             try:
