@@ -121,20 +121,22 @@ def _spread(samples: Sequence[float]) -> float:
 
 
 def _pin(control: Path, doc: dict) -> None:
-    atomic_write_text(control, json.dumps(doc))
+    from tabletune.controller.lookup import write_control
+
+    write_control(control, force_k=doc.get("force_k"), table=doc.get("table"))
 
 
 def examine_runner(spec: EngineSpec, table: DraftTable, probe: Probe, *, runner: str,
                    timer: StepTimer, log_dir: Path, tolerance: float,
                    startup_timeout_s: float) -> dict:
     """Measure one runner; every engine failure becomes part of the answer."""
-    from tabletune.controller.lookup import CONTROL_FILE_ENV
+    from tabletune.controller.lookup import CONTROL_FILE_ENV, write_control
     from tabletune.tuner.profiler import SCHEDULER_CLS
 
     run_spec = spec.with_(max_k=max(1, table.max_k))
     control = log_dir / f"control-{runner}.json"
     log_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(control, "{}")
+    write_control(control)
     tabled: dict[int, list[float]] = {}
     after_change: dict[str, list[float]] = {}
     fixed: dict[int, list[float]] = {}

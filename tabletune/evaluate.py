@@ -122,7 +122,7 @@ def run_arms(spec: EngineSpec, arms: Sequence[Arm], *, concurrency: Sequence[int
 
 def _server_groups(spec, arms, max_c, log_dir, one_server, startup_timeout_s):
     """[(server, control file or None, arms it serves)] in the order of ``arms``."""
-    from tabletune.controller.lookup import CONTROL_FILE_ENV
+    from tabletune.controller.lookup import CONTROL_FILE_ENV, write_control
     from tabletune.tuner.profiler import SCHEDULER_CLS, table_with_every_length
 
     groups, shared = [], None
@@ -131,7 +131,7 @@ def _server_groups(spec, arms, max_c, log_dir, one_server, startup_timeout_s):
             if shared is None:
                 control = log_dir / "control.json"
                 control.parent.mkdir(parents=True, exist_ok=True)
-                atomic_write_text(control, "{}")
+                write_control(control)
                 # Longest length of any arm, so the every-length table covers them all.
                 top = max([spec.max_k] + [a.table.max_k for a in arms if a.table is not None])
                 shared_spec = spec.with_(max_k=top)
@@ -154,9 +154,12 @@ def _server_groups(spec, arms, max_c, log_dir, one_server, startup_timeout_s):
 
 
 def _write_control(path: Path, arm: Arm) -> None:
-    doc = ({"force_k": arm.k} if arm.kind == "fixed-table"
-           else {"table": arm.table.to_vllm()})
-    atomic_write_text(path, json.dumps(doc))
+    from tabletune.controller.lookup import write_control
+
+    if arm.kind == "fixed-table":
+        write_control(path, force_k=arm.k)
+    else:
+        write_control(path, table=arm.table.to_vllm())
 
 
 def _measure_arm(server, spec, arm, concurrency, prompts, max_tokens, requests_per_client,

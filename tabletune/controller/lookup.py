@@ -49,6 +49,20 @@ class ControlFile:
         return self.force_k
 
 
+def write_control(path, *, force_k: int | None = None,
+                  table: list[list[int]] | None = None) -> None:
+    """The writer's side of :class:`ControlFile`: pin ``force_k`` for every batch size, or serve
+    ``table``; neither clears the control. Atomic, so the engine never reads half a file."""
+    from tabletune.core.atomic import atomic_write_text
+
+    doc: dict = {}
+    if force_k is not None:
+        doc["force_k"] = force_k
+    if table is not None:
+        doc["table"] = table
+    atomic_write_text(path, json.dumps(doc))
+
+
 def _dense_lookup(ranges) -> list[int] | None:
     if not ranges:
         return None

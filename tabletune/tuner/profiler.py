@@ -22,7 +22,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
-from tabletune.core.atomic import atomic_write_text
 from tabletune.core.contracts import Profile, ProfileCell
 from tabletune.core.errors import (ContractError, check_dict, check_int, check_number,
                                    check_sequence, fail)
@@ -463,7 +462,9 @@ def _servers_per_length(spec, lengths, settings, ckpt, log_dir, mode):
 
 
 def _write_control(path: Path, force_k: int | None) -> None:
-    atomic_write_text(path, json.dumps({"force_k": force_k}))
+    from tabletune.controller.lookup import write_control
+
+    write_control(path, force_k=force_k)
 
 
 def _progress_bar(total: int, enabled: bool):
