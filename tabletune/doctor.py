@@ -128,8 +128,12 @@ def _pin(control: Path, doc: dict) -> None:
 
 def examine_runner(spec: EngineSpec, table: DraftTable, probe: Probe, *, runner: str,
                    timer: StepTimer, log_dir: Path, tolerance: float,
-                   startup_timeout_s: float) -> dict:
-    """Measure one runner; every engine failure becomes part of the answer."""
+                   startup_timeout_s: float, side_by_side: bool = False) -> dict:
+    """Measure one runner; every engine failure becomes part of the answer.
+
+    ``side_by_side`` launches the table server and every fixed-length server at once (GPU:
+    minutes of start-up each; give them a fixed ``--kv-cache-memory``), then measures them one
+    after another; otherwise each starts when the previous one is done."""
     from tabletune.controller.lookup import CONTROL_FILE_ENV, write_control
     from tabletune.tuner.profiler import SCHEDULER_CLS
 
@@ -147,36 +151,46 @@ def examine_runner(spec: EngineSpec, table: DraftTable, probe: Probe, *, runner:
         log_path=log_dir / f"table-{runner}.log", startup_timeout_s=startup_timeout_s,
         extra_env={CONTROL_FILE_ENV: str(control)},
         extra_args=("--scheduler-cls", SCHEDULER_CLS))
+    fixed_servers = {}
+    for k in probe.lengths:
+        fixed_spec = run_spec.with_(max_k=max(k, 1))
+        fixed_servers[k] = VllmServer(
+            fixed_spec, speculative=(speculative_config(fixed_spec, None, reject_all=True)
+                                     if k > 0 else None),
+            reject_all=k > 0, log_path=log_dir / f"fixed-k{k}-{runner}.log",
+            startup_timeout_s=startup_timeout_s)
     try:
-        server.start()
-    except EngineError as e:
-        result["verdict"] = verdict(runner, False, {}, {}, 0.0, tolerance,
-                                    error=str(e).splitlines()[0] + " | " +
-                                    " / ".join(server.log_tail(6).splitlines()))
-        return result
-    try:
-        with server:
-            for k, b in probe.lengths.items():
-                _pin(control, {"force_k": k})
-                tabled[k] = timer(server, b)
-            _pin(control, {})
-            for b0, k0, b1, k1 in probe.edges:
-                timer(server, b0)                   # served at k0 ...
-                after_change[f"k={k0}→{k1} at B={b1}"] = timer(server, b1, 1)  # ... then k1
+        if side_by_side:
+            for s in (server, *fixed_servers.values()):
+                s.launch()
+        try:
+            server.wait_ready() if side_by_side else server.start()
+        except EngineError as e:
+            result["verdict"] = verdict(runner, False, {}, {}, 0.0, tolerance,
+                                        error=str(e).splitlines()[0] + " | " +
+                                        " / ".join(server.log_tail(6).splitlines()))
+            return result
         for k, b in probe.lengths.items():
-            fixed_spec = run_spec.with_(max_k=max(k, 1))
-            fixed_server = VllmServer(
-                fixed_spec, speculative=(speculative_config(fixed_spec, None, reject_all=True)
-                                         if k > 0 else None),
-                reject_all=k > 0, log_path=log_dir / f"fixed-k{k}-{runner}.log",
-                startup_timeout_s=startup_timeout_s)
-            with fixed_server:
-                fixed[k] = timer(fixed_server, b)
+            _pin(control, {"force_k": k})
+            tabled[k] = timer(server, b)
+        _pin(control, {})
+        for b0, k0, b1, k1 in probe.edges:
+            timer(server, b0)                   # served at k0 ...
+            after_change[f"k={k0}→{k1} at B={b1}"] = timer(server, b1, 1)  # ... then k1
+        server.stop()
+        for k, b in probe.lengths.items():
+            fixed_server = fixed_servers[k]
+            fixed_server.wait_ready() if side_by_side else fixed_server.start()
+            fixed[k] = timer(fixed_server, b)
+            fixed_server.stop()
     except EngineError as e:
         result["verdict"] = verdict(runner, True, {}, {}, 0.0, tolerance, error=str(e)[:500])
         result["verdict"]["deploy"] = False
         result["verdict"]["summary"] = f"{runner}: the engine failed while measuring: {e}"[:600]
         return result
+    finally:
+        for s in (server, *fixed_servers.values()):
+            s.stop()
     med = statistics.median
     length_cost = {k: med(tabled[k]) / med(fixed[k]) - 1.0 for k in probe.lengths}
     edge_k = {f"k={k0}→{k1} at B={b1}": k1 for _, k0, _, k1 in probe.edges}
@@ -242,7 +256,8 @@ def cmd_doctor(args) -> int:
         print(f"doctor: {runner} runner, table {table.to_vllm()}", flush=True)
         results.append(examine_runner(runner_spec, table, probe, runner=runner, timer=timer,
                                       log_dir=out / "logs", tolerance=args.tolerance,
-                                      startup_timeout_s=args.startup_timeout))
+                                      startup_timeout_s=args.startup_timeout,
+                                      side_by_side=args.side_by_side))
         print("  " + results[-1]["verdict"]["summary"], flush=True)
     decision = overall([r["verdict"] for r in results])
     doc = {"schema": DOCTOR_SCHEMA, "fingerprint": deployment_fingerprint(spec),
@@ -286,5 +301,9 @@ def add_doctor_parser(sub, add_engine_args) -> None:
     p.add_argument("--tolerance", type=float, default=0.03,
                    help="largest cost still fit to deploy (raised to twice the measured noise)")
     p.add_argument("--startup-timeout", type=float, default=600.0)
+    p.add_argument("--side-by-side", action="store_true",
+                   help="start a runner's servers (the table's and one per length) at once, "
+                        "then measure them one after another (GPU: give each a fixed "
+                        "--engine-arg=--kv-cache-memory-bytes=BYTES)")
     p.add_argument("--out-dir", default="tabletune-doctor")
     p.set_defaults(func=cmd_doctor)

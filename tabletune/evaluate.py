@@ -1,9 +1,11 @@
 """Load tests against real servers: ``tabletune evaluate`` (the engine check is ``doctor.py``).
 
 An *arm* is one way to serve: no speculation, a fixed length without a table (vLLM keeps its
-full CUDA graphs then), a fixed length through a one-range table, or a table. Each arm gets its
-own server; each concurrency level is a closed loop of that many clients. Every arm's throughput
-is compared with the best fixed length at the same load (no speculation counts as k = 0).
+full CUDA graphs then), a fixed length through a one-range table, a table, or TableTune's
+online controller started from a (wrong) table. Each arm gets its own server unless
+``--one-server`` puts every table-served arm on one; each concurrency level is a closed loop of
+that many clients. Every arm's throughput is compared with the best fixed length at the same
+load (no speculation counts as k = 0).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import json
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from tabletune.core.atomic import atomic_write_text
 from tabletune.core.contracts import load_json, save_json
@@ -29,10 +31,11 @@ RESULTS_SCHEMA = "tabletune.evaluation/v1"
 @dataclass(frozen=True)
 class Arm:
     name: str
-    kind: str                      # "none" | "fixed" | "fixed-table" | "table"
+    kind: str                      # "none" | "fixed" | "fixed-table" | "table" | "controller"
     k: int | None = None
     table: DraftTable | None = None
     env: tuple[tuple[str, str], ...] = ()
+    prior: str | None = None       # controller: the prior folder (table/profile/acceptance.json)
 
     def speculative(self, spec: EngineSpec, max_batch_size: int) -> dict | None:
         if self.kind == "none":
@@ -41,13 +44,29 @@ class Arm:
             return speculative_config(spec.with_(max_k=self.k), None)
         if self.kind == "fixed-table":
             return speculative_config(spec, [[1, max_batch_size, self.k]])
+        if self.kind == "controller":
+            # Every length in vLLM's table, so each one the controller may pick has its graphs.
+            from tabletune.tuner.profiler import table_with_every_length
+
+            return speculative_config(spec, table_with_every_length(spec.max_k, max_batch_size))
         return speculative_config(spec.with_(max_k=max(1, self.table.max_k, spec.max_k)),
                                   self.table.to_vllm())
 
 
 def parse_arm(text: str, max_k: int) -> Arm:
-    """``none``, ``fixed:K``, ``fixed-table:K``, ``docs``, ``table:PATH`` (a table.json)."""
+    """``none``, ``fixed:K``, ``fixed-table:K``, ``docs``, ``table:PATH`` (a table.json),
+    ``controller:DIR`` (a prior folder as ``tabletune tune`` writes it)."""
     kind, _, arg = text.partition(":")
+    if kind == "controller":
+        folder = Path(arg)
+        missing = [n for n in ("table.json", "profile.json", "acceptance.json")
+                   if not (folder / n).is_file()]
+        if not arg or missing:
+            raise ContractError(f"--arms: {text!r}: the controller's prior folder lacks "
+                                f"{', '.join(missing) or 'a path'}")
+        for name in ("profile", "acceptance"):
+            load_json(folder / f"{name}.json", name)  # a broken prior fails here, not in vLLM
+        return Arm("controller", "controller", prior=str(folder))
     try:
         if kind == "none":
             return Arm("no speculation", "none")
@@ -65,7 +84,33 @@ def parse_arm(text: str, max_k: int) -> Arm:
     except ValueError:
         pass
     raise ContractError(f"--arms: {text!r} is not none, fixed:K, fixed-table:K (1 <= K <= "
-                        f"{max_k}), docs or table:PATH")
+                        f"{max_k}), docs, table:PATH or controller:DIR")
+
+
+def controller_env(arm: Arm, *, start_table: DraftTable, settings: dict, out_dir: Path) -> dict:
+    """The environment that turns TableTune's scheduler into the controller for ``arm``."""
+    from tabletune.controller.runtime import (OUT_ENV, PRIOR_ENV, SETTINGS_ENV,
+                                             START_TABLE_ENV)
+
+    return {PRIOR_ENV: str(Path(arm.prior).resolve()), OUT_ENV: str(out_dir),
+            SETTINGS_ENV: json.dumps(settings), START_TABLE_ENV: json.dumps(start_table.to_vllm())}
+
+
+def controller_start_table(text: str) -> DraftTable:
+    """``docs``, ``docs-quarter`` (every range's end divided by four: the paper's wrong start),
+    a table.json, or JSON ranges."""
+    if text == "docs":
+        return DOCS_TABLE
+    if text == "docs-quarter":
+        from tabletune.simulator.scenario import shrink_table
+
+        return shrink_table(DOCS_TABLE, 4)
+    if text.lstrip().startswith("["):
+        try:
+            return DraftTable.from_ranges(json.loads(text), "--controller-start")
+        except json.JSONDecodeError:
+            raise ContractError(f"--controller-start: {text!r} is not JSON ranges") from None
+    return load_json(text, "table").table
 
 
 @dataclass(frozen=True)
@@ -83,7 +128,9 @@ def run_arms(spec: EngineSpec, arms: Sequence[Arm], *, concurrency: Sequence[int
              log_dir: Path, temperature: float = 0.0,
              startup_timeout_s: float = 600.0, min_seconds: float | None = None,
              one_server: bool = False, parallel_startups: int = 1,
-             startup_log: dict | None = None) -> list[ArmResult]:
+             startup_log: dict | None = None, controller_start: DraftTable | None = None,
+             controller_settings: dict | None = None,
+             on_level: Callable[[list[ArmResult]], None] | None = None) -> list[ArmResult]:
     """Load-test each arm at each concurrency level.
 
     ``one_server``: every arm that serves through a table (``table``, ``fixed-table``) runs on
@@ -92,11 +139,29 @@ def run_arms(spec: EngineSpec, arms: Sequence[Arm], *, concurrency: Sequence[int
     path only where a table costs nothing by itself (V2 runner with the compatibility layer:
     ``tabletune doctor`` says). ``parallel_startups`` servers start side by side, then are
     measured one after another (give each a fixed ``--kv-cache-memory``: start-ups that overlap
-    race in vLLM's memory profiling otherwise).
+    race in vLLM's memory profiling otherwise). Servers started together are measured level by
+    level: at each concurrency every arm runs once (in an order that rotates per level), so a
+    slow drift of the machine falls on every arm alike instead of on whichever came last.
+
+    A ``controller`` arm starts from ``controller_start`` (default: the docs table shrunk to a
+    quarter) with ``controller_settings``; on one server it shares the table server, which runs
+    the controller whenever the control file pins nothing. ``on_level`` gets the results so far
+    after every level (to save partial results).
     """
     max_c = max(concurrency)
     run_spec = spec.with_(max_num_seqs=max(spec.max_num_seqs, max_c))
-    groups = _server_groups(run_spec, arms, max_c, log_dir, one_server, startup_timeout_s)
+    controllers = [a for a in arms if a.kind == "controller"]
+    if one_server and len(controllers) > 1:
+        raise ContractError("--arms: one controller arm per run with --one-server")
+    ctl_env = {}
+    if controllers:
+        start = controller_start or controller_start_table("docs-quarter")
+        settings = {"allowed_lengths": list(range(run_spec.max_k + 1)),
+                    **(controller_settings or {})}
+        ctl_env = controller_env(controllers[0], start_table=start, settings=settings,
+                                 out_dir=log_dir.parent / "controller")
+    groups = _server_groups(run_spec, arms, max_c, log_dir, one_server, startup_timeout_s,
+                            ctl_env)
     results: list[ArmResult] = []
     for first in range(0, len(groups), max(1, parallel_startups)):
         batch = groups[first:first + max(1, parallel_startups)]
@@ -107,27 +172,39 @@ def run_arms(spec: EngineSpec, arms: Sequence[Arm], *, concurrency: Sequence[int
                 server.wait_ready()
                 if startup_log is not None:
                     startup_log[server.log_path.name] = round(server.startup_s or 0.0, 1)
-            for server, control, members in batch:
-                for arm in members:
-                    if control is not None:
-                        _write_control(control, arm)
-                    results += _measure_arm(server, run_spec, arm, concurrency, prompts,
-                                            max_tokens, requests_per_client, temperature,
-                                            min_seconds, max_c)
+            pairs = [(server, control, arm) for server, control, members in batch
+                     for arm in members]
+            for server, control, arm in pairs:
+                _select(control, arm)
+                _warm_up(server, run_spec, prompts, max_c)
+            for i, c in enumerate(concurrency):
+                turn = i % len(pairs)
+                for server, control, arm in pairs[turn:] + pairs[:turn]:
+                    _select(control, arm)
+                    results.append(_measure_level(server, run_spec, arm, c, prompts,
+                                                  max_tokens, requests_per_client,
+                                                  temperature, min_seconds))
+                if on_level is not None:
+                    on_level(_in_arm_order(results, arms, concurrency))
         finally:
             for server, _, _ in batch:
                 server.stop()
-    return results
+    return _in_arm_order(results, arms, concurrency)
 
 
-def _server_groups(spec, arms, max_c, log_dir, one_server, startup_timeout_s):
+def _in_arm_order(results, arms, concurrency) -> list[ArmResult]:
+    order = {a.name: i for i, a in enumerate(arms)}
+    return sorted(results, key=lambda r: (order[r.arm], list(concurrency).index(r.concurrency)))
+
+
+def _server_groups(spec, arms, max_c, log_dir, one_server, startup_timeout_s, ctl_env):
     """[(server, control file or None, arms it serves)] in the order of ``arms``."""
     from tabletune.controller.lookup import CONTROL_FILE_ENV, write_control
     from tabletune.tuner.profiler import SCHEDULER_CLS, table_with_every_length
 
     groups, shared = [], None
     for i, arm in enumerate(arms):
-        if one_server and arm.kind in ("table", "fixed-table"):
+        if one_server and arm.kind in ("table", "fixed-table", "controller"):
             if shared is None:
                 control = log_dir / "control.json"
                 control.parent.mkdir(parents=True, exist_ok=True)
@@ -135,49 +212,63 @@ def _server_groups(spec, arms, max_c, log_dir, one_server, startup_timeout_s):
                 # Longest length of any arm, so the every-length table covers them all.
                 top = max([spec.max_k] + [a.table.max_k for a in arms if a.table is not None])
                 shared_spec = spec.with_(max_k=top)
+                # The controller (if an arm uses it) runs whenever the control file pins nothing.
+                served = [a for a in arms if a.kind in ("table", "fixed-table", "controller")]
+                env = {CONTROL_FILE_ENV: str(control),
+                       **(ctl_env if any(a.kind == "controller" for a in served) else {})}
                 server = VllmServer(
                     shared_spec, speculative=speculative_config(
                         shared_spec, table_with_every_length(top, max_c)),
                     log_path=log_dir / "shared-table-server.log",
-                    startup_timeout_s=startup_timeout_s,
-                    extra_env={CONTROL_FILE_ENV: str(control)},
+                    startup_timeout_s=startup_timeout_s, extra_env=env,
                     extra_args=("--scheduler-cls", SCHEDULER_CLS))
                 shared = (server, control, [])
                 groups.append(shared)
             shared[2].append(arm)
             continue
-        server = VllmServer(spec, speculative=arm.speculative(spec, max_c),
-                            log_path=log_dir / f"arm{i}.log", extra_env=dict(arm.env),
-                            startup_timeout_s=startup_timeout_s)
+        if arm.kind == "controller":
+            server = VllmServer(spec, speculative=arm.speculative(spec, max_c),
+                                log_path=log_dir / f"arm{i}.log",
+                                extra_env={**dict(arm.env), **ctl_env},
+                                startup_timeout_s=startup_timeout_s,
+                                extra_args=("--scheduler-cls", SCHEDULER_CLS))
+        else:
+            server = VllmServer(spec, speculative=arm.speculative(spec, max_c),
+                                log_path=log_dir / f"arm{i}.log", extra_env=dict(arm.env),
+                                startup_timeout_s=startup_timeout_s)
         groups.append((server, None, [arm]))
     return groups
 
 
-def _write_control(path: Path, arm: Arm) -> None:
+def _select(control: Path | None, arm: Arm) -> None:
+    """Point the shared server's control file at ``arm`` (nothing pinned: the controller)."""
     from tabletune.controller.lookup import write_control
 
+    if control is None:
+        return
     if arm.kind == "fixed-table":
-        write_control(path, force_k=arm.k)
+        write_control(control, force_k=arm.k)
+    elif arm.kind == "controller":
+        write_control(control)
     else:
-        write_control(path, table=arm.table.to_vllm())
+        write_control(control, table=arm.table.to_vllm())
 
 
-def _measure_arm(server, spec, arm, concurrency, prompts, max_tokens, requests_per_client,
-                 temperature, min_seconds, max_c) -> list[ArmResult]:
+def _warm_up(server, spec, prompts, max_c) -> None:
     # One short warm-up at the highest load so the first level is not paying for it.
     server.guarded(run_load, server.base_url, spec.served_model_name, prompts,
                    concurrency=max_c, requests_per_worker=1, max_tokens=4)
-    out = []
-    for c in concurrency:
-        r = server.guarded(run_load, server.base_url, spec.served_model_name,
-                           prompts, concurrency=c, requests_per_worker=requests_per_client,
-                           max_tokens=max_tokens, temperature=temperature,
-                           min_seconds=min_seconds)
-        out.append(ArmResult(arm.name, c, r.tokens_per_s, r.requests, r.output_tokens,
-                             r.wall_s))
-        print(f"  {arm.name:>22}  c={c:<4} {r.tokens_per_s:9.1f} tok/s  "
-              f"({r.requests} requests, {r.wall_s:.1f} s)", flush=True)
-    return out
+
+
+def _measure_level(server, spec, arm, c, prompts, max_tokens, requests_per_client,
+                   temperature, min_seconds) -> ArmResult:
+    r = server.guarded(run_load, server.base_url, spec.served_model_name,
+                       prompts, concurrency=c, requests_per_worker=requests_per_client,
+                       max_tokens=max_tokens, temperature=temperature,
+                       min_seconds=min_seconds)
+    print(f"  {arm.name:>22}  c={c:<4} {r.tokens_per_s:9.1f} tok/s  "
+          f"({r.requests} requests, {r.wall_s:.1f} s)", flush=True)
+    return ArmResult(arm.name, c, r.tokens_per_s, r.requests, r.output_tokens, r.wall_s)
 
 
 def loss_table(results: Sequence[ArmResult], fixed_arms: Sequence[str]) -> dict:
@@ -195,14 +286,18 @@ def loss_table(results: Sequence[ArmResult], fixed_arms: Sequence[str]) -> dict:
     return {"best_fixed_tokens_per_s": best, "arms": out}
 
 
-def _write_results(out_dir: Path, kind: str, spec: EngineSpec, results, losses, extra) -> Path:
+def _write_results(out_dir: Path, kind: str, spec: EngineSpec, results, losses, extra,
+                   *, complete: bool = True) -> Path:
     from tabletune import plots
 
     out_dir.mkdir(parents=True, exist_ok=True)
     doc = {"schema": RESULTS_SCHEMA, "kind": kind, "fingerprint": deployment_fingerprint(spec),
-           "results": [asdict(r) for r in results], "losses": losses, **extra}
+           "complete": complete, "results": [asdict(r) for r in results], "losses": losses,
+           **extra}
     path = out_dir / f"{kind}.json"
     atomic_write_text(path, json.dumps(doc, indent=2) + "\n")
+    if not complete:
+        return path
     arms: dict[str, list] = {}
     for r in results:
         arms.setdefault(r.arm, []).append((r.concurrency, r.tokens_per_s))
@@ -233,26 +328,51 @@ def cmd_evaluate(args) -> int:
         ["none"] + [f"fixed:{k}" for k in range(1, spec.max_k + 1)] + ["docs"]
         + ([f"table:{args.table}"] if args.table else []))
     arms = [parse_arm(t.strip(), spec.max_k) for t in arm_texts]
+    controller_start = controller_start_table(args.controller_start)
+    try:
+        controller_settings = json.loads(args.controller_settings)
+    except json.JSONDecodeError as e:
+        raise ContractError(f"--controller-settings: not JSON ({e})") from None
+    if not isinstance(controller_settings, dict):
+        raise ContractError(f"--controller-settings: {args.controller_settings!r} is not a "
+                            "JSON object")
+    from tabletune.controller.estimator import ControllerSettings
+
+    ControllerSettings.from_dict(controller_settings, "--controller-settings")  # fail here
     out = Path(args.out_dir)
     started = time.time()
     startups: dict = {}
-    results = run_arms(spec, arms, concurrency=concurrency, prompts=prompts,
-                       max_tokens=args.max_tokens, requests_per_client=args.requests_per_client,
-                       log_dir=out / "logs", temperature=args.temperature,
-                       min_seconds=args.min_seconds, one_server=args.one_server,
-                       parallel_startups=args.parallel_startups, startup_log=startups)
     # The per-load best fixed length: no speculation and fixed lengths; on one server also the
     # lengths pinned there (same launch, same serving path as the tables they are compared to).
     fixed = [a.name for a in arms if a.kind in ("none", "fixed")
              or (args.one_server and a.kind == "fixed-table")]
-    # Losses need a baseline (no speculation or a fixed length); without one, throughput only.
-    losses = loss_table(results, fixed) if fixed else None
-    path = _write_results(out, "evaluate", spec, results, losses,
-                          {"arms": [a.name for a in arms], "wall_s": round(time.time() - started, 1),
-                           "max_tokens": args.max_tokens,
-                           "requests_per_client": args.requests_per_client,
-                           "min_seconds_per_level": args.min_seconds,
-                           "one_server": args.one_server, "startup_s": startups})
+    controllers = [a for a in arms if a.kind == "controller"]
+
+    def extra() -> dict:
+        return {"arms": [a.name for a in arms], "wall_s": round(time.time() - started, 1),
+                "max_tokens": args.max_tokens,
+                "requests_per_client": args.requests_per_client,
+                "min_seconds_per_level": args.min_seconds,
+                "one_server": args.one_server, "startup_s": startups,
+                **({"controller": {"prior": controllers[0].prior,
+                                   "start_table": controller_start.to_vllm(),
+                                   "settings": controller_settings}} if controllers else {})}
+
+    def save(results, complete):
+        # Losses need a baseline (no speculation or a fixed length); else throughput only.
+        losses = loss_table(results, fixed) if fixed and results else None
+        return _write_results(out, "evaluate", spec, results, losses, extra(),
+                              complete=complete), losses
+
+    results = run_arms(spec, arms, concurrency=concurrency, prompts=prompts,
+                       max_tokens=args.max_tokens, requests_per_client=args.requests_per_client,
+                       log_dir=out / "logs", temperature=args.temperature,
+                       min_seconds=args.min_seconds, one_server=args.one_server,
+                       parallel_startups=args.parallel_startups, startup_log=startups,
+                       controller_start=controller_start,
+                       controller_settings=controller_settings,
+                       on_level=lambda partial: save(partial, False))
+    path, losses = save(results, True)
     if losses is not None:
         _print_losses(losses)
     else:
@@ -281,7 +401,15 @@ def add_evaluate_parsers(sub, add_engine_args) -> None:
     p = sub.add_parser("evaluate", help="load-test no speculation, fixed lengths and tables")
     load_args(p, "1,2,4,8,16,32")
     p.add_argument("--arms", help="comma-separated: none, fixed:K, fixed-table:K, docs, "
-                   "table:PATH (default: none, fixed:1..K, docs, and --table if given)")
+                   "table:PATH, controller:DIR (a prior folder: table.json, profile.json, "
+                   "acceptance.json) (default: none, fixed:1..K, docs, and --table if given)")
+    p.add_argument("--controller-start", default="docs-quarter",
+                   help="table the controller arm starts from: docs, docs-quarter (the docs "
+                        "table with every range shrunk to a quarter), a table.json or JSON "
+                        "ranges (default: %(default)s)")
+    p.add_argument("--controller-settings", default="{}",
+                   help="JSON ControllerSettings for the controller arm; allowed_lengths "
+                        "defaults to every length 0..K (default: %(default)s)")
     p.add_argument("--table", help="a table.json to evaluate (adds arm table:PATH)")
     p.add_argument("--one-server", action="store_true",
                    help="serve every table and fixed-table arm from one server, switching "

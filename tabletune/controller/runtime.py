@@ -14,6 +14,11 @@ gains ``--scheduler-cls tabletune.vllm_scheduler.TableTuneScheduler``:
 ``TABLETUNE_CONTROLLER_OUT``       folder for ``rebuilds.jsonl`` (one record per rebuild),
                                    ``state.json`` and ``metrics.prom`` (Prometheus text format,
                                    for a node-exporter textfile collector); optional
+``TABLETUNE_CONTROLLER_START_TABLE``  JSON ranges ``[[start, end, k], ...]`` the controller starts
+                                   from instead of the engine's own table. The engine's table
+                                   still decides which lengths vLLM's V2 runner captures full
+                                   CUDA graphs for: start the engine with a table holding every
+                                   length the controller may choose (``allowed_lengths``)
 ``TABLETUNE_CONTROLLER_ALLOW_FOREIGN_PRIOR``  ``1`` serves a prior whose fingerprint (vLLM
                                    version, model, drafter, method, device, GPU) differs from
                                    this engine's, with a warning; by default it is refused
@@ -45,6 +50,7 @@ PRIOR_ENV = "TABLETUNE_CONTROLLER"
 SETTINGS_ENV = "TABLETUNE_CONTROLLER_SETTINGS"
 OUT_ENV = "TABLETUNE_CONTROLLER_OUT"
 ALLOW_FOREIGN_ENV = "TABLETUNE_CONTROLLER_ALLOW_FOREIGN_PRIOR"
+START_TABLE_ENV = "TABLETUNE_CONTROLLER_START_TABLE"
 # Fault injection for tests of the fallback path: raise inside k_for_step after N steps.
 FAULT_ENV = "TABLETUNE_CONTROLLER_FAULT_AFTER_STEPS"
 
@@ -250,8 +256,10 @@ class ControllerRuntime:
 def build_runtime(prior: PriorBundle, *, static_lookup: list[int], num_spec_tokens: int,
                   max_num_seqs: int, settings: ControllerSettings | None = None,
                   out_dir: Path | None = None, engine: Mapping | None = None,
-                  allow_foreign_prior: bool = False) -> ControllerRuntime:
-    """Controller starting from the engine's own table, with the prior's step times and rates.
+                  allow_foreign_prior: bool = False,
+                  start_table: DraftTable | None = None) -> ControllerRuntime:
+    """Controller starting from the engine's own table (or ``start_table``), with the prior's
+    step times and rates.
 
     ``engine`` is the running engine's fingerprint (``engine_fingerprint``); when given, the
     prior's must agree with it (see ``check_prior_matches_engine``).
@@ -259,7 +267,10 @@ def build_runtime(prior: PriorBundle, *, static_lookup: list[int], num_spec_toke
     check_prior_fits_engine(prior, num_spec_tokens=num_spec_tokens)
     if engine is not None:
         check_prior_matches_engine(prior, engine, allow_foreign=allow_foreign_prior)
-    start = DraftTable.from_lookup(static_lookup[1:max_num_seqs + 1])
+    start = start_table or DraftTable.from_lookup(static_lookup[1:max_num_seqs + 1])
+    if start_table is not None and start.max_k > num_spec_tokens:
+        raise ContractError(f"{START_TABLE_ENV}: k={start.max_k} but the engine drafts up to "
+                            f"num_speculative_tokens={num_spec_tokens}")
     base = settings or ControllerSettings()
     if base.max_batch_size is None:
         base = ControllerSettings.from_dict({**base.to_dict(), "max_batch_size": max_num_seqs})
@@ -280,13 +291,21 @@ def controller_from_env(scheduler) -> ControllerRuntime | None:
             settings = ControllerSettings.from_dict(json.loads(raw))
         except json.JSONDecodeError as e:
             raise ContractError(f"{SETTINGS_ENV}: not JSON ({e})") from None
+    start_table = None
+    raw_start = os.environ.get(START_TABLE_ENV)
+    if raw_start:
+        try:
+            start_table = DraftTable.from_ranges(json.loads(raw_start), START_TABLE_ENV)
+        except json.JSONDecodeError as e:
+            raise ContractError(f"{START_TABLE_ENV}: not JSON ({e})") from None
     prior = load_prior(uri)
     engine = engine_fingerprint(scheduler, want_gpu="gpu" in prior.profile.fingerprint)
     runtime = build_runtime(prior, static_lookup=list(scheduler.dynamic_sd_lookup),
                             num_spec_tokens=scheduler.num_spec_tokens,
                             max_num_seqs=scheduler.scheduler_config.max_num_seqs,
                             settings=settings, out_dir=os.environ.get(OUT_ENV) or None,
-                            engine=engine, allow_foreign_prior=_env_flag(ALLOW_FOREIGN_ENV))
+                            engine=engine, allow_foreign_prior=_env_flag(ALLOW_FOREIGN_ENV),
+                            start_table=start_table)
     if os.environ.get(FAULT_ENV):
         runtime.fault_after_steps = int(os.environ[FAULT_ENV])
     logger.info("TableTune controller on: prior %s, start table %s, settings %s", uri,

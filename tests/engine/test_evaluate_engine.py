@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -11,33 +12,52 @@ from tabletune.cli import main
 
 pytestmark = pytest.mark.engine
 
-CPU_TABLE = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "cpu" / "table.json"
+PRIOR = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "cpu"
+CPU_TABLE = PRIOR / "table.json"
 
 
 def test_evaluate_counts_every_token_and_switches_arms_on_one_server(tmp_path, capsys):
-    rc = main(["evaluate", "--max-k", "2", "--arms", f"table:{CPU_TABLE},fixed-table:1",
-               "--one-server", "--concurrency", "1,3", "--requests-per-client", "2",
+    rc = main(["evaluate", "--max-k", "3", "--arms",
+               f"table:{CPU_TABLE},fixed-table:1,controller:{PRIOR}", "--one-server",
+               "--controller-settings", '{"rebuild_every_steps": 10}',
+               "--concurrency", "1,3", "--requests-per-client", "2",
                "--max-tokens", "12", "--num-prompts", "8", "--out-dir", str(tmp_path)])
-    assert rc == 0, capsys.readouterr().err
+    out, err = capsys.readouterr()
+    assert rc == 0, err
     doc = json.loads((tmp_path / "evaluate.json").read_text())
-    assert doc["schema"] == "tabletune.evaluation/v1"
+    assert doc["schema"] == "tabletune.evaluation/v1" and doc["complete"] is True
     assert [(r["arm"], r["concurrency"]) for r in doc["results"]] == [
         ("table table.json", 1), ("table table.json", 3), ("k=1 via table", 1),
-        ("k=1 via table", 3)]
+        ("k=1 via table", 3), ("controller", 1), ("controller", 3)]
     for r in doc["results"]:
         # Every request's tokens are counted, also when clients finish concurrently.
         assert r["requests"] == r["concurrency"] * 2
         assert r["output_tokens"] == r["requests"] * 12
         assert r["tokens_per_s"] > 0
-    # Both arms ran on one server (one start-up), switched through the control file; the
+    # Level by level: every arm ran at c=1 before any arm ran at c=3.
+    measured = [re.search(r" c=(\d+) ", line).group(1) for line in out.splitlines()
+                if " tok/s " in line]
+    assert measured == ["1"] * 3 + ["3"] * 3, out
+    # All arms ran on one server (one start-up), switched through the control file; the
     # pinned length is the baseline there.
     assert list(doc["startup_s"]) == ["shared-table-server.log"]
     assert doc["losses"]["arms"]["k=1 via table"]["worst_loss"] == 0.0
     assert (tmp_path / "evaluate.png").stat().st_size > 0
+    # The controller arm started from the docs table shrunk to a quarter and rebuilt it live.
+    assert doc["controller"]["start_table"] == [[1, 16, 3], [17, 32, 1], [33, 128, 0]]
+    rebuilds = (tmp_path / "controller" / "rebuilds.jsonl").read_text().splitlines()
+    assert json.loads(rebuilds[0])["old_ranges"][0] == [1, 16, 3]
     # TableTune's vLLM plugin loaded its compatibility layer, which applies nothing on this
     # vLLM version and says so.
     log = (tmp_path / "logs" / "shared-table-server.log").read_text()
     assert "TableTune compat: no fix is verified for vLLM 0.32.0; applying none" in log
+    assert "TableTune controller on" in log
+
+
+def _live_vllm_children() -> list[int]:
+    from tabletune.engine.server import _LIVE_SERVERS
+
+    return [s.proc.pid for s in _LIVE_SERVERS if s.proc is not None and s.proc.poll() is None]
 
 
 def test_doctor_judges_each_length_and_transition_of_the_candidate_table(tmp_path, capsys):
@@ -45,7 +65,7 @@ def test_doctor_judges_each_length_and_transition_of_the_candidate_table(tmp_pat
     table.write_text(json.dumps([[1, 1, 2], [2, 3, 1]]))
     rc = main(["doctor", "--max-k", "2", "--table", str(table), "--max-batch-size", "3",
                "--output-tokens", "9", "--repeats", "1", "--num-prompts", "4",
-               "--out-dir", str(tmp_path / "doctor")])
+               "--side-by-side", "--out-dir", str(tmp_path / "doctor")])
     out = capsys.readouterr().out
     assert rc == 0
     doc = json.loads((tmp_path / "doctor" / "doctor.json").read_text())
@@ -59,6 +79,10 @@ def test_doctor_judges_each_length_and_transition_of_the_candidate_table(tmp_pat
     assert all(ms > 0 for runs in cpu["tabled_ms"].values() for ms in runs)
     assert isinstance(cpu["verdict"]["deploy"], bool)
     assert doc["decision"]["summary"] in out
+    # --side-by-side: the three servers started together and none outlived the doctor.
+    logs = sorted(p.name for p in (tmp_path / "doctor" / "logs").glob("*.log"))
+    assert logs == ["fixed-k1-cpu.log", "fixed-k2-cpu.log", "table-cpu.log"]
+    assert not _live_vllm_children()
 
 
 def test_doctor_reports_an_engine_that_fails_to_start_and_does_not_fail_itself(tmp_path,

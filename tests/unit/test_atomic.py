@@ -111,8 +111,8 @@ def _writers(tmp_path):
         ("save_json", lambda v: save_json(tmp_path / "doc.json", {"v": v}),
          [tmp_path / "doc.json"]),
         ("profiler._write_control", lambda v: profiler._write_control(control, v), [control]),
-        ("evaluate._write_control",
-         lambda v: evaluate._write_control(control, evaluate.Arm(f"k{v}", "fixed-table", k=v)),
+        ("evaluate._select",
+         lambda v: evaluate._select(control, evaluate.Arm(f"k{v}", "fixed-table", k=v)),
          [control]),
         ("doctor._pin", lambda v: doctor._pin(control, {"force_k": v}), [control]),
         ("ControllerRuntime._write_state", runtime_write,
@@ -142,11 +142,13 @@ def test_control_files_keep_their_content(tmp_path):
     assert json.loads(control.read_text()) == {"force_k": 2}
     doctor._pin(control, {})
     assert json.loads(control.read_text()) == {}
-    evaluate._write_control(control, evaluate.Arm("t", "table",
+    evaluate._select(control, evaluate.Arm("t", "table",
                                                   table=DraftTable.from_ranges([[1, 8, 2]])))
     assert json.loads(control.read_text()) == {"table": [[1, 8, 2]]}
-    evaluate._write_control(control, evaluate.Arm("f", "fixed-table", k=1))
+    evaluate._select(control, evaluate.Arm("f", "fixed-table", k=1))
     assert json.loads(control.read_text()) == {"force_k": 1}
+    evaluate._select(control, evaluate.Arm("controller", "controller", prior="p"))
+    assert json.loads(control.read_text()) == {}  # nothing pinned: the controller decides
     assert os.listdir(tmp_path) == ["control.json"]
 
 

@@ -295,3 +295,42 @@ def test_a_prior_file_above_the_size_cap_is_refused_unread(tmp_path):
     with pytest.raises(ContractError, match=r"profile.json: cannot read profile JSON: the file is "
                                             r"larger than 64 MiB"):
         load_prior(str(folder))
+
+
+def test_the_controller_starts_from_the_start_table_given_in_its_environment(tmp_path,
+                                                                              monkeypatch):
+    from types import SimpleNamespace
+
+    from tabletune.controller.runtime import controller_from_env
+
+    folder = _write_prior(tmp_path / "prior", _prior())
+    monkeypatch.setenv("TABLETUNE_CONTROLLER", str(folder))
+    monkeypatch.setenv("TABLETUNE_CONTROLLER_START_TABLE", "[[1, 16, 3], [17, 32, 1], [33, 64, 0]]")
+    monkeypatch.setenv("TABLETUNE_CONTROLLER_ALLOW_FOREIGN_PRIOR", "1")  # a test prior
+    scheduler = SimpleNamespace(dynamic_sd_lookup=[0, 0, 1, 2] + [3] * 61, num_spec_tokens=3,
+                                scheduler_config=SimpleNamespace(max_num_seqs=64))
+    runtime = controller_from_env(scheduler)
+    # The engine's every-length table only says which lengths have graphs; k starts from the
+    # given table.
+    assert runtime.estimator.table.ranges == ((1, 16, 3), (17, 32, 1), (33, 64, 0))
+    assert runtime.k_for_step(40) == 0
+
+
+@pytest.mark.parametrize("raw, message", [
+    ("[[1, 16, 3", "TABLETUNE_CONTROLLER_START_TABLE: not JSON"),
+    ("[[1, 64, 4]]", "TABLETUNE_CONTROLLER_START_TABLE: k=4 but the engine drafts up to"),
+    ("[[2, 64, 1]]", "TABLETUNE_CONTROLLER_START_TABLE"),
+])
+def test_a_bad_start_table_is_refused_naming_the_variable(tmp_path, monkeypatch, raw, message):
+    from types import SimpleNamespace
+
+    from tabletune.controller.runtime import controller_from_env
+
+    folder = _write_prior(tmp_path / "prior", _prior())
+    monkeypatch.setenv("TABLETUNE_CONTROLLER", str(folder))
+    monkeypatch.setenv("TABLETUNE_CONTROLLER_START_TABLE", raw)
+    monkeypatch.setenv("TABLETUNE_CONTROLLER_ALLOW_FOREIGN_PRIOR", "1")  # a test prior
+    scheduler = SimpleNamespace(dynamic_sd_lookup=[0] + [3] * 64, num_spec_tokens=3,
+                                scheduler_config=SimpleNamespace(max_num_seqs=64))
+    with pytest.raises(ContractError, match=message):
+        controller_from_env(scheduler)
