@@ -193,7 +193,7 @@ def examine_runner(spec: EngineSpec, table: DraftTable, probe: Probe, *, runner:
             s.stop()
     med = statistics.median
     length_cost = {k: med(tabled[k]) / med(fixed[k]) - 1.0 for k in probe.lengths}
-    edge_k = {f"k={k0}→{k1} at B={b1}": k1 for _, k0, _, k1 in probe.edges}
+    edge_k = {f"k={k0}→{k1} at B={b1}": k1 for _, k0, b1, k1 in probe.edges}
     transition_cost = {e: med(v) / med(tabled[edge_k[e]]) - 1.0
                        for e, v in after_change.items() if edge_k[e] in tabled}
     noise = max([_spread(s) for s in list(tabled.values()) + list(fixed.values())], default=0)

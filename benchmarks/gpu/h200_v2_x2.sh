@@ -27,7 +27,7 @@ gpu0() {
     --out-dir "$WORK/evaluate-full" 2>&1 | grep -v "Iteration("
   echo "evaluate end $(date +%s)"
 }
-gpu1() {
+doctor() {
   export CUDA_VISIBLE_DEVICES=1
   echo "doctor start $(date +%s)"
   # shellcheck disable=SC2046
@@ -35,6 +35,9 @@ gpu1() {
     --max-batch-size 256 --output-tokens 129 --repeats 3 --side-by-side \
     --out-dir "$WORK/doctor" 2>&1 | grep -v "Iteration("
   echo "doctor end $(date +%s)"
+}
+tune() {
+  export CUDA_VISIBLE_DEVICES=1
   for run in cold warm; do
     echo "tune-$run start $(date +%s)"
     # shellcheck disable=SC2046
@@ -51,20 +54,28 @@ case "$1" in
     printf '[vllm.general_plugins]\ntabletune = tabletune.vllm_plugin:register\n' > "$meta/entry_points.txt"
     nvidia-smi --query-gpu=index,name,memory.used --format=csv
     [ -f "$MODELS/eagle3/config.json" ] || python3 benchmarks/gpu/make_models.py "$MODELS" >/dev/null
-    export -f gpu0 gpu1 engine tt; export MODELS WORK RESULTS CONC
+    export -f gpu0 doctor tune engine tt; export MODELS WORK RESULTS CONC
     setsid nohup bash -c gpu0 > "$WORK/gpu0.out" 2>&1 < /dev/null &
-    setsid nohup bash -c gpu1 > "$WORK/gpu1.out" 2>&1 < /dev/null &
+    setsid nohup bash -c "doctor; tune" > "$WORK/gpu1.out" 2>&1 < /dev/null &
     sleep 5; echo started ;;
   wait)  # until both jobs are done or SECONDS have passed; progress every minute
     end=$(( $(date +%s) + ${2:-500} ))
     while [ "$(date +%s)" -lt "$end" ]; do
-      grep -q "evaluate end" "$WORK/gpu0.out" && grep -q "tune-warm end" "$WORK/gpu1.out" && break
+      grep -q "evaluate end" "$WORK/gpu0.out" && grep -q "tune-warm end" "$WORK/gpu1.out" \
+        && { [ ! -f "$WORK/gpu1-doctor.out" ] || grep -q "doctor end" "$WORK/gpu1-doctor.out"; } \
+        && break
       sleep 30
       echo "--- $(date +%T)"; tail -n 3 "$WORK/gpu0.out"; tail -n 3 "$WORK/gpu1.out"
     done
-    tail -n 40 "$WORK/gpu0.out"; tail -n 60 "$WORK/gpu1.out" ;;
+    tail -n 40 "$WORK/gpu0.out"; tail -n 60 "$WORK/gpu1.out"; tail -n 20 "$WORK"/gpu1-doctor.out ;;
+  doctor-after-tune)  # the doctor again on GPU 1 once the tune there is done
+    export -f doctor engine tt; export MODELS WORK RESULTS CONC
+    rm -rf "$WORK/doctor"
+    setsid nohup bash -c 'until grep -q "tune-warm end" "$WORK/gpu1.out"; do sleep 5; done; doctor' \
+      > "$WORK/gpu1-doctor.out" 2>&1 < /dev/null &
+    sleep 2; echo queued ;;
   collect)
-    cp "$WORK/gpu0.out" "$WORK/gpu1.out" "$OUT/"
+    cp "$WORK"/gpu*.out "$OUT/"
     grep -h "TableTune\|graph trace\|Traceback\|Error" "$WORK"/*/logs/*.log 2>/dev/null \
       | cut -c1-400 | tail -400 > "$OUT/compat-trace.log"
     tar -C "$WORK" --exclude='*/logs/*' -czf "$OUT/results.tgz" . ;;
