@@ -62,17 +62,26 @@ def probes(table: DraftTable, max_batch_size: int) -> Probe:
 StepTimer = Callable[..., list[float]]
 
 
+DEFAULT_MAX_NOISE = 0.10
+
+
 def verdict(runner: str, started: bool, length_cost: dict[int, float],
             transition_cost: dict[str, float], noise: float, tolerance: float,
-            error: str | None = None) -> dict:
-    """Pure judgement of one runner's measurements (costs are relative: 0.1 = 10 % slower)."""
+            error: str | None = None, max_noise: float = DEFAULT_MAX_NOISE) -> dict:
+    """Pure judgement of one runner's measurements (costs are relative: 0.1 = 10 % slower).
+
+    A cost counts only beyond the tolerance or twice the measured noise, whichever is larger;
+    but noise above ``max_noise`` would let any cost through, so then a runner whose costs stay
+    inside that band is *inconclusive*, not fit (a cost beyond it still says do not deploy)."""
     allowed = max(tolerance, 2 * noise)
     if not started:
         return {"runner": runner, "starts": False, "deploy": False, "error": error,
                 "summary": f"{runner}: the engine does not start with this table: {error}"}
     worst_length = max(length_cost.values(), default=0.0)
     worst_transition = max(transition_cost.values(), default=0.0)
-    deploy = worst_length <= allowed and worst_transition <= allowed
+    within = worst_length <= allowed and worst_transition <= allowed
+    inconclusive = within and noise > max_noise
+    deploy = within and not inconclusive
     parts = [f"{runner}: starts"]
     if length_cost:
         k = max(length_cost, key=length_cost.get)
@@ -82,8 +91,12 @@ def verdict(runner: str, started: bool, length_cost: dict[int, float],
         parts.append(f"worst transition {worst_transition:+.1%} ({edge})")
     parts.append(f"allowed {allowed:.1%} (tolerance {tolerance:.0%}, measured noise "
                  f"{noise:.1%})")
-    parts.append("deploy" if deploy else "do not deploy")
-    return {"runner": runner, "starts": True, "deploy": deploy,
+    if inconclusive:
+        parts.append(f"inconclusive: noise above {max_noise:.0%}; re-measure with more "
+                     "--repeats or --output-tokens on a quiet machine")
+    else:
+        parts.append("deploy" if deploy else "do not deploy")
+    return {"runner": runner, "starts": True, "deploy": deploy, "inconclusive": inconclusive,
             "worst_length_cost": worst_length, "worst_transition_cost": worst_transition,
             "allowed": allowed, "error": error, "summary": "; ".join(parts)}
 
@@ -91,6 +104,11 @@ def verdict(runner: str, started: bool, length_cost: dict[int, float],
 def overall(verdicts: Sequence[dict]) -> dict:
     fit = [v for v in verdicts if v["deploy"]]
     if not fit:
+        unsure = [v["runner"] for v in verdicts if v.get("inconclusive")]
+        if unsure:
+            return {"deploy": False, "runner": None,
+                    "summary": f"Not shown fit: the measurements on {', '.join(unsure)} were "
+                               "too noisy to judge; re-measure before deploying this table."}
         return {"deploy": False, "runner": None,
                 "summary": "Do not deploy this table: no runner serves it at its lengths' speed."}
     best = min(fit, key=lambda v: max(v["worst_length_cost"], v["worst_transition_cost"]))
@@ -98,12 +116,37 @@ def overall(verdicts: Sequence[dict]) -> dict:
             "summary": f"Deploy this table on the {best['runner']} runner."}
 
 
+def edge_name(k0: int, k1: int, b1: int) -> str:
+    return f"k={k0}→{k1} at B={b1}"
+
+
+def costs(probe: Probe, tabled: dict[int, list[float]], after_change: dict[str, list[float]],
+          fixed: dict[int, list[float]]) -> tuple[dict, dict, float]:
+    """Relative costs from step-time samples (ms): each length through the table against the
+    same length without one, each transition against its new length settled, and the noise
+    (the largest spread of any length's samples)."""
+    med = statistics.median
+    length_cost = {k: med(tabled[k]) / med(fixed[k]) - 1.0 for k in probe.lengths
+                   if k in tabled and k in fixed}
+    edge_k = {edge_name(k0, k1, b1): k1 for _, k0, b1, k1 in probe.edges}
+    transition_cost = {e: med(v) / med(tabled[edge_k[e]]) - 1.0
+                       for e, v in after_change.items() if edge_k.get(e) in tabled}
+    noise = max([_spread(s) for s in list(tabled.values()) + list(fixed.values())], default=0)
+    return length_cost, transition_cost, noise
+
+
 def _window_timer(prompts: Sequence[str], output_tokens: int, repeats: int) -> StepTimer:
     from tabletune.engine.client import run_batch
 
-    def timer(server: VllmServer, batch_size: int, windows: int | None = None) -> list[float]:
+    def timer(server: VllmServer, batch_size: int, windows: int | None = None,
+              warm_up: bool = True) -> list[float]:
         out = []
         model = server.spec.served_model_name
+        if warm_up:
+            # Untimed: a shape's first steps can carry one-off work (measured on the H200's V1
+            # runner: the first window 2x the next two).
+            server.guarded(run_batch, server.base_url, model, prompts[:batch_size],
+                           max_tokens=output_tokens)
         for _ in range(windows or repeats):
             short = server.guarded(run_batch, server.base_url, model, prompts[:batch_size],
                                    max_tokens=1)
@@ -128,7 +171,8 @@ def _pin(control: Path, doc: dict) -> None:
 
 def examine_runner(spec: EngineSpec, table: DraftTable, probe: Probe, *, runner: str,
                    timer: StepTimer, log_dir: Path, tolerance: float,
-                   startup_timeout_s: float, side_by_side: bool = False) -> dict:
+                   startup_timeout_s: float, side_by_side: bool = False,
+                   max_noise: float = DEFAULT_MAX_NOISE) -> dict:
     """Measure one runner; every engine failure becomes part of the answer.
 
     ``side_by_side`` launches the table server and every fixed-length server at once (GPU:
@@ -175,8 +219,9 @@ def examine_runner(spec: EngineSpec, table: DraftTable, probe: Probe, *, runner:
             tabled[k] = timer(server, b)
         _pin(control, {})
         for b0, k0, b1, k1 in probe.edges:
-            timer(server, b0)                   # served at k0 ...
-            after_change[f"k={k0}→{k1} at B={b1}"] = timer(server, b1, 1)  # ... then k1
+            timer(server, b0, 1)                # served at k0 ...
+            # ... then k1 at once: the first window after the change is what is judged.
+            after_change[edge_name(k0, k1, b1)] = timer(server, b1, 1, warm_up=False)
         server.stop()
         for k, b in probe.lengths.items():
             fixed_server = fixed_servers[k]
@@ -191,16 +236,12 @@ def examine_runner(spec: EngineSpec, table: DraftTable, probe: Probe, *, runner:
     finally:
         for s in (server, *fixed_servers.values()):
             s.stop()
-    med = statistics.median
-    length_cost = {k: med(tabled[k]) / med(fixed[k]) - 1.0 for k in probe.lengths}
-    edge_k = {f"k={k0}→{k1} at B={b1}": k1 for _, k0, b1, k1 in probe.edges}
-    transition_cost = {e: med(v) / med(tabled[edge_k[e]]) - 1.0
-                       for e, v in after_change.items() if edge_k[e] in tabled}
-    noise = max([_spread(s) for s in list(tabled.values()) + list(fixed.values())], default=0)
+    length_cost, transition_cost, noise = costs(probe, tabled, after_change, fixed)
     result["length_cost"] = length_cost
     result["transition_cost"] = transition_cost
     result["noise"] = noise
-    result["verdict"] = verdict(runner, True, length_cost, transition_cost, noise, tolerance)
+    result["verdict"] = verdict(runner, True, length_cost, transition_cost, noise, tolerance,
+                                max_noise=max_noise)
     return result
 
 
@@ -236,6 +277,8 @@ def cmd_doctor(args) -> int:
         table = DOCS_TABLE
     if not 0 <= args.tolerance < 1:
         raise ContractError(f"--tolerance: {args.tolerance!r} must be in [0, 1)")
+    if not 0 < args.max_noise < 1:
+        raise ContractError(f"--max-noise: {args.max_noise!r} must be in (0, 1)")
     if args.max_batch_size < 1:
         raise ContractError(f"--max-batch-size: {args.max_batch_size!r} must be >= 1")
     if args.output_tokens < 2 or args.repeats < 1:
@@ -257,11 +300,12 @@ def cmd_doctor(args) -> int:
         results.append(examine_runner(runner_spec, table, probe, runner=runner, timer=timer,
                                       log_dir=out / "logs", tolerance=args.tolerance,
                                       startup_timeout_s=args.startup_timeout,
-                                      side_by_side=args.side_by_side))
+                                      side_by_side=args.side_by_side,
+                                      max_noise=args.max_noise))
         print("  " + results[-1]["verdict"]["summary"], flush=True)
     decision = overall([r["verdict"] for r in results])
     doc = {"schema": DOCTOR_SCHEMA, "fingerprint": deployment_fingerprint(spec),
-           "table": table.to_vllm(), "tolerance": args.tolerance,
+           "table": table.to_vllm(), "tolerance": args.tolerance, "max_noise": args.max_noise,
            "output_tokens": args.output_tokens, "repeats": args.repeats,
            "runners": _jsonable(results), "decision": decision,
            "wall_s": round(time.time() - started, 1)}
@@ -300,6 +344,9 @@ def add_doctor_parser(sub, add_engine_args) -> None:
     p.add_argument("--repeats", type=int, default=2, help="windows per measurement")
     p.add_argument("--tolerance", type=float, default=0.03,
                    help="largest cost still fit to deploy (raised to twice the measured noise)")
+    p.add_argument("--max-noise", type=float, default=DEFAULT_MAX_NOISE,
+                   help="largest measured noise (max-min over median of the repeats) at which "
+                        "a runner can still be judged fit (default: %(default)s)")
     p.add_argument("--startup-timeout", type=float, default=600.0)
     p.add_argument("--side-by-side", action="store_true",
                    help="start a runner's servers (the table's and one per length) at once, "

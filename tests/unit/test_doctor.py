@@ -58,3 +58,33 @@ def test_runners_cpu_has_one_and_cuda_takes_v1_v2():
     assert runners_for(cuda, None) == ["v1", "v2"]
     with pytest.raises(ContractError, match="--runners: 'v3'"):
         runners_for(cuda, "v3")
+
+
+def test_noise_that_would_let_any_cost_through_makes_the_verdict_inconclusive():
+    # Measured on the H200's V1 runner with the first window kept: noise 120 % let +85 % pass.
+    v = verdict("v1", True, {3: 0.85}, {}, 1.2, 0.03)
+    assert v["deploy"] is False and v["inconclusive"] is True
+    assert "inconclusive: noise above 10%" in v["summary"]
+    # A cost beyond even the noisy band is a conclusive "do not deploy".
+    loud = verdict("v1", True, {3: 3.0}, {}, 1.2, 0.03)
+    assert loud["deploy"] is False and loud["inconclusive"] is False
+    assert loud["summary"].endswith("do not deploy")
+    assert overall([v])["summary"].startswith("Not shown fit: the measurements on v1")
+    quiet = verdict("v2", True, {3: 0.02}, {}, 0.04, 0.03)
+    assert quiet["deploy"] is True and overall([v, quiet])["runner"] == "v2"
+
+
+def test_each_transition_is_judged_against_its_own_length():
+    from tabletune.core.tables import DraftTable
+    from tabletune.doctor import costs
+
+    # Two edges: the last edge's batch size once leaked into every edge's key (KeyError on the
+    # H200 with the measured table).
+    probe = probes(DraftTable.from_ranges([[1, 4, 3], [5, 8, 2], [9, 16, 1]]), 16)
+    tabled = {3: [4.0, 4.0], 2: [5.0, 5.0], 1: [6.0, 6.0]}
+    fixed = {3: [4.0, 4.0], 2: [4.0, 4.2], 1: [6.0, 6.0]}
+    after = {"k=3→2 at B=5": [10.0], "k=2→1 at B=9": [6.6]}
+    length, transition, noise = costs(probe, tabled, after, fixed)
+    assert length[2] == pytest.approx(5.0 / 4.1 - 1)
+    assert transition == pytest.approx({"k=3→2 at B=5": 1.0, "k=2→1 at B=9": 0.1})
+    assert noise == pytest.approx(0.2 / 4.1)
