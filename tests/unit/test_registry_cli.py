@@ -64,8 +64,23 @@ def test_the_http_defaults_helper_touches_only_the_mapping_it_is_given():
     env = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0"}
     applied = mlflow_registry.apply_mlflow_http_defaults(env)
     assert applied == {"MLFLOW_HTTP_REQUEST_TIMEOUT": "60",
-                       "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1"}
+                       "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+                       "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false"}
     assert env["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == "0"
+
+
+def test_entry_point_defaults_turn_mlflow_artifact_progress_bars_off(monkeypatch):
+    """MLflow's own "Downloading artifacts" bar (tqdm on stderr: error lines in a task log)."""
+    from mlflow.utils.file_utils import ArtifactProgressBar
+
+    for name in (*HTTP_VARS, "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"):  # undone after the test
+        monkeypatch.setenv(name, "placeholder")
+        monkeypatch.delenv(name)
+    with ArtifactProgressBar.files(desc="Downloading artifacts", total=1) as bar:
+        assert bar.pbar is not None  # MLflow's default: a bar
+    mlflow_registry.apply_mlflow_http_defaults()
+    with ArtifactProgressBar.files(desc="Downloading artifacts", total=1) as bar:
+        assert bar.pbar is None
 
 
 def test_show_prints_one_range_per_line_as_valid_json(capsys, fake_registry, monkeypatch):
