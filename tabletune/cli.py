@@ -19,6 +19,25 @@ from tabletune.core.tables import DOCS_TABLE, DraftTable
 EMBEDDED_GRID = "1,2,4,8,16"
 
 
+class DefaultsHelpFormatter(argparse.HelpFormatter):
+    """Appends an option's default to its help, unless it has none or the help already says."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if (action.option_strings and "default" not in text
+                and action.default not in (None, False, [], argparse.SUPPRESS)):
+            text += " (default: %(default)s)"
+        return text
+
+
+class HelpfulParser(argparse.ArgumentParser):
+    """An ArgumentParser whose help shows defaults; its subcommands' parsers are the same kind."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("formatter_class", DefaultsHelpFormatter)
+        super().__init__(*args, **kwargs)
+
+
 # ---------------------------------------------------------------------------------------------
 # Engine options shared by every command that starts vLLM
 
@@ -27,14 +46,18 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("engine (default: the embedded CPU model pair)")
     g.add_argument("--model", help="target model path; omit for the embedded pair")
     g.add_argument("--drafter", help="drafter model path (method draft_model / eagle / eagle3)")
-    g.add_argument("--method", default="draft_model")
+    g.add_argument("--method", default="draft_model",
+                   help="speculative method with --drafter: draft_model, eagle, eagle3, ...")
     g.add_argument("--max-k", type=int, default=3, help="longest draft length K")
     g.add_argument("--device", choices=("cpu", "cuda"), default=None,
                    help="default: cpu for the embedded pair, cuda for a given model")
-    g.add_argument("--tensor-parallel-size", type=int, default=1)
-    g.add_argument("--max-num-seqs", type=int, default=None)
-    g.add_argument("--max-model-len", type=int, default=512)
-    g.add_argument("--dtype", default=None)
+    g.add_argument("--tensor-parallel-size", type=int, default=1, help="GPUs per server")
+    g.add_argument("--max-num-seqs", type=int, default=None,
+                   help="vLLM's largest batch (default: the largest batch size the command uses)")
+    g.add_argument("--max-model-len", type=int, default=512,
+                   help="vLLM's context length per request")
+    g.add_argument("--dtype", default=None,
+                   help="weights' dtype (default: float32 for the embedded pair, else vLLM's auto)")
     g.add_argument("--engine-arg", action="append", default=[], metavar="ARG",
                    help="extra vLLM server argument (repeat; e.g. --engine-arg=--gpu-memory-utilization=0.8)")
     g.add_argument("--runner", choices=("v1", "v2"), default=None,
@@ -97,14 +120,16 @@ def _grid(args: argparse.Namespace) -> tuple[int, ...]:
 def add_profile_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-sizes", help="grid, e.g. '1-16,20-64:4,72-256:8' (default: every B "
                    f"to 16, every 4 to 64, every 8 to --max-batch-size; embedded: {EMBEDDED_GRID})")
-    p.add_argument("--max-batch-size", type=int, default=None)
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--max-batch-size", type=int, default=None,
+                   help="profile batch sizes up to this B (default: 256; embedded: 16)")
+    p.add_argument("--repeats", type=int, default=3, help="timing windows per (B, k) cell")
     p.add_argument("--max-spread", type=float, default=0.25,
                    help="repeat a cell (up to 2 more times), then flag it, while the relative "
                         "spread of its repeats exceeds this")
     p.add_argument("--mode", choices=("one-launch", "per-k"), default="one-launch",
                    help="one server with k pinned per phase (default), or one server per k")
-    p.add_argument("--startup-timeout", type=float, default=600.0)
+    p.add_argument("--startup-timeout", type=float, default=600.0,
+                   help="seconds a vLLM server may take to become healthy")
     p.add_argument("--output-tokens", type=int, default=None,
                    help="tokens per request in a timing window; step = (t_N - t_1)/(N - 1) "
                         "(default: 65 on cpu, 129 on cuda, where steps are short and noisy)")
@@ -129,9 +154,10 @@ def _run_profile(args, spec, out_dir: Path, checkpoint: Path | None = None,
 def add_acceptance_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompts", type=Path, help="JSONL file with a 'prompt' field per line "
                    "(default: built-in synthetic prompts)")
-    p.add_argument("--num-prompts", type=int, default=160)
+    p.add_argument("--num-prompts", type=int, default=160,
+                   help="prompts to measure acceptance on (a sample if the file has more)")
     p.add_argument("--temperature", type=float, default=0.0, help="the serving temperature")
-    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--max-tokens", type=int, default=64, help="tokens generated per prompt")
     p.add_argument("--seed", type=int, default=0, help="prompt sampling seed")
 
 
@@ -166,7 +192,9 @@ def _run_acceptance(args, spec, out_dir: Path) -> Acceptance:
 def add_build_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lengths", type=_int_list, default=None,
                    help="allowed draft lengths, e.g. 0,1,3 (default: all profiled)")
-    p.add_argument("--tie-margin", type=float, default=0.005)
+    p.add_argument("--tie-margin", type=float, default=0.005,
+                   help="relative goodput within which a shorter length counts as a tie and "
+                        "wins (fewer wasted drafts, fewer ranges)")
     p.add_argument("--table-max-batch-size", dest="table_max_batch_size", type=int, default=None,
                    help="build the table up to this B (default: the largest profiled B)")
 
@@ -482,7 +510,7 @@ def cmd_plot(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tabletune", description=__doc__)
+    parser = HelpfulParser(prog="tabletune", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("tune", help="profile + acceptance + build + plots (the main job)")
@@ -494,39 +522,43 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overlap-startups", action="store_true",
                    help="start the acceptance server beside the profile's (GPU: give each a "
                         "fixed --engine-arg=--kv-cache-memory-bytes=N)")
-    p.add_argument("--out-dir", default="tabletune-out")
+    p.add_argument("--out-dir", default="tabletune-out",
+                   help="folder for profile, acceptance, table, plots and logs/")
     p.set_defaults(func=cmd_tune)
 
     p = sub.add_parser("profile", help="measure step times T(B, k)")
     add_engine_args(p)
     add_profile_args(p)
     p.add_argument("--checkpoint", type=Path, help="resume file (default: next to --out)")
-    p.add_argument("--out", default="profile.json")
+    p.add_argument("--out", default="profile.json", help="profile file to write")
     p.set_defaults(func=cmd_profile)
 
     p = sub.add_parser("acceptance", help="measure a_1..a_K at the longest length")
     add_engine_args(p)
     add_acceptance_args(p)
-    p.add_argument("--out", default="acceptance.json")
+    p.add_argument("--out", default="acceptance.json", help="acceptance file to write")
     p.set_defaults(func=cmd_acceptance)
 
     p = sub.add_parser("build", help="profile + acceptance → table")
-    p.add_argument("--profile", required=True, type=Path)
-    p.add_argument("--acceptance", required=True, type=Path)
+    p.add_argument("--profile", required=True, type=Path, help="profile file (tabletune profile)")
+    p.add_argument("--acceptance", required=True, type=Path,
+                   help="acceptance file (tabletune acceptance)")
     add_build_args(p)
-    p.add_argument("--max-batch-size", type=int, default=None)
+    p.add_argument("--max-batch-size", type=int, default=None,
+                   help="same as --table-max-batch-size (give one)")
     p.add_argument("--plots", action="store_true", help="also write plots next to --out")
-    p.add_argument("--out", required=True, type=Path)
+    p.add_argument("--out", required=True, type=Path, help="table file to write")
     p.set_defaults(func=cmd_build)
 
     p = sub.add_parser("show", help="print a table: ranges, vLLM config, loss vs fixed lengths")
-    p.add_argument("table", type=Path)
+    p.add_argument("table", type=Path, help="a table file (tabletune.table/v1)")
     p.set_defaults(func=cmd_show)
 
     p = sub.add_parser("plot", help="plots from a profile and an acceptance file")
-    p.add_argument("--profile", required=True, type=Path)
-    p.add_argument("--acceptance", required=True, type=Path)
-    p.add_argument("--out-dir", required=True, type=Path)
+    p.add_argument("--profile", required=True, type=Path, help="profile file (tabletune profile)")
+    p.add_argument("--acceptance", required=True, type=Path,
+                   help="acceptance file (tabletune acceptance)")
+    p.add_argument("--out-dir", required=True, type=Path, help="folder for the PNG files")
     p.set_defaults(func=cmd_plot)
 
     sub.add_parser("registry", add_help=False,

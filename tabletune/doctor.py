@@ -338,7 +338,7 @@ def add_doctor_parser(sub, add_engine_args) -> None:
     p.add_argument("--runners", default=None,
                    help="cuda: comma-separated v1,v2 (default both); cpu has one runner")
     p.add_argument("--max-batch-size", type=int, default=64,
-                   help="largest batch the probes use (default 64)")
+                   help="largest batch the probes use")
     p.add_argument("--output-tokens", type=int, default=33,
                    help="tokens per timing window (step = (t_N - t_1)/(N - 1))")
     p.add_argument("--repeats", type=int, default=2, help="windows per measurement")
@@ -347,10 +347,12 @@ def add_doctor_parser(sub, add_engine_args) -> None:
     p.add_argument("--max-noise", type=float, default=DEFAULT_MAX_NOISE,
                    help="largest measured noise (max-min over median of the repeats) at which "
                         "a runner can still be judged fit (default: %(default)s)")
-    p.add_argument("--startup-timeout", type=float, default=600.0)
+    p.add_argument("--startup-timeout", type=float, default=600.0,
+                   help="seconds a vLLM server may take to become healthy")
     p.add_argument("--side-by-side", action="store_true",
                    help="start a runner's servers (the table's and one per length) at once, "
                         "then measure them one after another (GPU: give each a fixed "
                         "--engine-arg=--kv-cache-memory-bytes=BYTES)")
-    p.add_argument("--out-dir", default="tabletune-doctor")
+    p.add_argument("--out-dir", default="tabletune-doctor",
+                   help="folder for the report and logs/")
     p.set_defaults(func=cmd_doctor)

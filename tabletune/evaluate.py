@@ -389,14 +389,16 @@ def add_evaluate_parsers(sub, add_engine_args) -> None:
         add_acceptance_args(p)
         p.add_argument("--concurrency", default=default_concurrency,
                        help="comma-separated concurrency levels")
-        p.add_argument("--requests-per-client", type=int, default=4)
+        p.add_argument("--requests-per-client", type=int, default=4,
+                       help="requests each client sends in turn at every level")
         p.add_argument("--min-seconds", type=float, default=None,
                        help="keep each level's clients sending requests until this long has "
                             "passed (steady loads on fast engines)")
         p.add_argument("--parallel-startups", type=int, default=1,
                        help="start this many servers side by side (GPU; give each a fixed "
                             "--engine-arg=--kv-cache-memory=BYTES)")
-        p.add_argument("--out-dir", default="tabletune-eval")
+        p.add_argument("--out-dir", default="tabletune-eval",
+                       help="folder for the results and logs/")
 
     p = sub.add_parser("evaluate", help="load-test no speculation, fixed lengths and tables")
     load_args(p, "1,2,4,8,16,32")

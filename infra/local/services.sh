@@ -6,12 +6,15 @@
 #   Airflow  api-server, scheduler, dag-processor, triggerer (LocalExecutor, SQLite)
 #                                             http://127.0.0.1:${TABLETUNE_AIRFLOW_PORT:-18080}
 #
-# usage: infra/local/services.sh start|stop|status|env
+# usage: infra/local/services.sh start [--clean]|stop|status|state|clean|env
 #
 # `start` is idempotent: running components are left alone, the Airflow database is migrated
 # only once. It writes $TABLETUNE_SERVICES_DIR/env.sh (default /tmp/tabletune-services), which
 # tests and .ci/run source to reach the services. Secrets in it are generated locally once and
 # never leave this machine. `stop` ends exactly the processes `start` recorded in pid files.
+# State (the MLflow and Airflow databases) outlives `stop`; S3 (moto) keeps objects in memory
+# only. `start` says what it reuses (`state` prints the same); `clean` stops the stack and
+# deletes that state (the secrets stay); `start --clean` does both and starts empty.
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -66,6 +69,7 @@ export MLFLOW_HTTP_REQUEST_MAX_RETRIES=2
 export MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR=1
 export MLFLOW_HTTP_REQUEST_TIMEOUT=60
 export MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false
+export MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR=false
 # Nothing here may phone home.
 export DO_NOT_TRACK=true
 export MLFLOW_DISABLE_TELEMETRY=true
@@ -137,8 +141,73 @@ wait_http() {  # wait_http NAME URL TIMEOUT_S
   done
 }
 
+describe_state() {  # what `start` reuses from earlier stacks in $STATE, with warnings
+  local s3_running=0
+  pid_alive s3 && s3_running=1
+  STATE="$STATE" DAGS="$REPO/dags" S3_RUNNING="$s3_running" "$VENV_BIN/python" - <<'EOF'
+import os, sqlite3, sys
+from pathlib import Path
+
+state, dags, s3_running = Path(os.environ["STATE"]), os.environ["DAGS"], os.environ["S3_RUNNING"]
+mlflow_db, airflow_db = state / "mlflow/mlflow.db", state / "airflow/airflow.db"
+
+def say(line):
+    print(f"[services] {line}", file=sys.stderr)
+
+def query(db, sql):
+    try:
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
+            return conn.execute(sql).fetchall()
+    except sqlite3.Error:  # a database an earlier start left half made, or an older schema
+        return None
+
+say(f"Airflow DAGs folder: {dags}")
+if not mlflow_db.exists() and not airflow_db.exists():
+    say(f"state dir {state}: new")
+    sys.exit(0)
+say(f"state dir {state}: reusing an earlier stack's state (start --clean begins empty)")
+models = query(mlflow_db, "SELECT count(*) FROM registered_models") if mlflow_db.exists() else None
+count = models[0][0] if models else 0
+say(f"  MLflow: {count} registered models in {mlflow_db}")
+if count and s3_running == "0":
+    say("  WARNING: their artifacts were in the previous S3 server, which kept them in memory "
+        "only: versions registered before this start can no longer be downloaded")
+rows = query(airflow_db, "SELECT fileloc FROM dag") if airflow_db.exists() else None
+folders = sorted({str(Path(fileloc).parent) for (fileloc,) in rows or [] if fileloc})
+if folders:
+    say(f"  Airflow: {len(rows)} DAGs in {airflow_db}, last parsed from {', '.join(folders)}")
+elsewhere = [f for f in folders if f != dags]
+if elsewhere:
+    say(f"  WARNING: the Airflow database's DAGs come from {', '.join(elsewhere)}, not this "
+        f"checkout's {dags}; Airflow re-parses them from {dags}, but their earlier runs stay")
+EOF
+  local name pid folder
+  for name in airflow-scheduler airflow-dag-processor; do
+    pid_alive "$name" || continue
+    pid="$(cat "$STATE/run/$name.pid")"
+    folder="$(tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null \
+              | sed -n 's/^AIRFLOW__CORE__DAGS_FOLDER=//p')"
+    if [[ -n "$folder" && "$folder" != "$REPO/dags" ]]; then
+      log "  WARNING: $name (pid $pid) is already running with DAGs from $folder, not" \
+          "$REPO/dags; 'stop' it first to serve this checkout's DAGs"
+    fi
+  done
+}
+
+clean() {  # stop, then delete the state of earlier stacks; the local secrets stay
+  if [[ -e "$STATE" && ! -f "$STATE/env.sh" && ! -f "$STATE/secrets.sh" ]]; then
+    log "refusing to clean $STATE: it is not a services state dir (no env.sh or secrets.sh)"
+    exit 2
+  fi
+  stop
+  rm -rf "$STATE/mlflow" "$STATE/airflow" "$STATE/state" "$STATE/logs" "$STATE/run" \
+    "$STATE/env.sh"
+  log "cleaned $STATE (MLflow and Airflow databases, TableTune state, logs)"
+}
+
 start() {
   write_env
+  describe_state
   # shellcheck disable=SC1091
   source "$STATE/env.sh"
   cd "$STATE"
@@ -213,10 +282,20 @@ status() {
   return $rc
 }
 
+usage() { echo "usage: $0 start [--clean]|stop|status|state|clean|env" >&2; exit 2; }
+
 case "${1:-}" in
-  start) start ;;
+  start)
+    case "${2:-}" in
+      "") ;;
+      --clean) clean ;;
+      *) usage ;;
+    esac
+    start ;;
   stop) stop ;;
   status) status ;;
+  state) describe_state ;;
+  clean) clean ;;
   env) write_env; echo "$STATE/env.sh" ;;
-  *) echo "usage: $0 start|stop|status|env" >&2; exit 2 ;;
+  *) usage ;;
 esac

@@ -155,11 +155,15 @@ MLFLOW_HTTP_DEFAULTS = {
     "MLFLOW_HTTP_REQUEST_TIMEOUT": "60",
     "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
     "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+    # MLflow draws a tqdm bar per artifact download ("Downloading artifacts"); in an Airflow
+    # task its carriage returns land in the log as stderr, which reads as errors.
+    "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
 }
 
 
 def apply_mlflow_http_defaults(environ: dict[str, str] | None = None) -> dict[str, str]:
-    """Default MLflow's HTTP timeout and retries in this process; values already set win.
+    """Default MLflow's HTTP timeout and retries in this process, and turn off its artifact
+    progress bars; values already set win.
 
     For process entry points only (the registry CLI, an Airflow task through the hook), never
     library code: the MLflow client reads these from the environment and has no other knob.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import aiohttp
 
@@ -44,23 +44,50 @@ def _payload(model: str, prompt: str, max_tokens: int, temperature: float,
             "temperature": temperature, "ignore_eos": ignore_eos, "seed": 0}
 
 
-async def _batch(base_url, model, prompts, max_tokens, temperature, ignore_eos, timeout_s):
+# progress(done, total, elapsed_s): called every progress_every_s while a batch runs, and once
+# when every answer is in.
+Progress = Callable[[int, int, float], None]
+
+
+async def _batch(base_url, model, prompts, max_tokens, temperature, ignore_eos, timeout_s,
+                 progress: Progress | None = None, progress_every_s: float = 10.0):
     url = base_url + "/v1/completions"
+    done = 0
+
+    async def one(prompt: str) -> int:
+        nonlocal done
+        tokens = await _complete(session, url,
+                                 _payload(model, prompt, max_tokens, temperature, ignore_eos))
+        done += 1
+        return tokens
+
+    async def report() -> None:
+        while True:
+            await asyncio.sleep(progress_every_s)
+            progress(done, len(prompts), time.perf_counter() - start)
+
     async with _session(timeout_s) as session:
         start = time.perf_counter()
-        tokens = await asyncio.gather(*[
-            _complete(session, url, _payload(model, p, max_tokens, temperature, ignore_eos))
-            for p in prompts
-        ])
-        return BatchResult(time.perf_counter() - start, tuple(tokens))
+        ticker = asyncio.create_task(report()) if progress else None
+        try:
+            tokens = await asyncio.gather(*[one(p) for p in prompts])
+        finally:
+            if ticker:
+                ticker.cancel()
+        wall = time.perf_counter() - start
+    if progress:
+        progress(len(prompts), len(prompts), wall)
+    return BatchResult(wall, tuple(tokens))
 
 
 def run_batch(base_url: str, model: str, prompts: Sequence[str], *, max_tokens: int,
               temperature: float = 0.0, ignore_eos: bool = True,
-              timeout_s: float = 600.0) -> BatchResult:
-    """Send all ``prompts`` at once and wait for every answer."""
+              timeout_s: float = 600.0, progress: Progress | None = None,
+              progress_every_s: float = 10.0) -> BatchResult:
+    """Send all ``prompts`` at once and wait for every answer; ``progress`` hears how many
+    have answered every ``progress_every_s`` and at the end."""
     return asyncio.run(_batch(base_url, model, list(prompts), max_tokens, temperature,
-                              ignore_eos, timeout_s))
+                              ignore_eos, timeout_s, progress, progress_every_s))
 
 
 @dataclass(frozen=True)

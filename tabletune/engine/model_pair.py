@@ -8,8 +8,10 @@ way a real drafter does — and costs roughly 1/L of a target step. The scale se
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import logging
 import os
 import random
 from dataclasses import asdict, dataclass
@@ -18,6 +20,8 @@ from pathlib import Path
 from tabletune.core.atomic import atomic_replace, atomic_write_text
 
 PAIR_FORMAT_VERSION = 1
+
+log = logging.getLogger("tabletune.engine")
 
 
 @dataclass(frozen=True)
@@ -111,6 +115,20 @@ def _train_tokenizer(out_dir: Path, vocab_size: int) -> None:
     fast.save_pretrained(out_dir)
 
 
+@contextlib.contextmanager
+def _quiet_transformers_progress():
+    """transformers' tqdm bars off for the block, then back as they were."""
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
+
+
 def build_pair(design: PairDesign = PairDesign(), cache_dir: Path | None = None) -> ModelPair:
     """Build (once) and return the target and drafter folders for ``design``."""
     root = (cache_dir or default_cache_dir()) / "models" / f"pair-{design.key()}"
@@ -160,8 +178,10 @@ def build_pair(design: PairDesign = PairDesign(), cache_dir: Path | None = None)
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tok_dir)
+    log.info("building the embedded model pair once: target and drafter weights into %s", root)
     for model, name in ((target, "target"), (drafter, "drafter")):
-        model.save_pretrained(staging / name, safe_serialization=True)
+        with _quiet_transformers_progress():  # its "Writing model shards" bar, one per model
+            model.save_pretrained(staging / name, safe_serialization=True)
         tokenizer.save_pretrained(staging / name)
         (staging / name / "tabletune_design.json").write_text(json.dumps(asdict(design), indent=2))
     (staging / "READY").write_text(design.key())

@@ -17,8 +17,25 @@ import json
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
-__all__ = ["registry_main", "main"]
+__all__ = ["build_registry_parser", "registry_main", "main"]
+
+
+def format_json(value: Any, *, indent: str = "  ", _level: int = 0) -> str:
+    """JSON, indented like ``json.dumps(indent=2)`` except that a list of plain values stays on
+    one line: a table prints one range ``[start, end, k]`` per line, not one number per line."""
+    pad = indent * (_level + 1)
+    if isinstance(value, dict) and value:
+        items = [f"{pad}{json.dumps(str(key))}: "
+                 f"{format_json(item, indent=indent, _level=_level + 1)}"
+                 for key, item in value.items()]
+    elif isinstance(value, list) and any(isinstance(item, (dict, list)) for item in value):
+        items = [pad + format_json(item, indent=indent, _level=_level + 1) for item in value]
+    else:
+        return json.dumps(value)
+    opening, closing = ("{", "}") if isinstance(value, dict) else ("[", "]")
+    return opening + "\n" + ",\n".join(items) + "\n" + indent * _level + closing
 
 
 def _model_name(args: argparse.Namespace) -> str:
@@ -31,10 +48,12 @@ def _model_name(args: argparse.Namespace) -> str:
     return registered_model_name(deployment_key(EngineSpec.embedded_default()))
 
 
-def registry_main(argv: Sequence[str] | None = None) -> int:
+def build_registry_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tabletune registry",
                                      description="Registered draft-length tables in MLflow.")
-    parser.add_argument("--tracking-uri", default=os.environ.get("MLFLOW_TRACKING_URI"))
+    parser.add_argument("--tracking-uri", default=os.environ.get("MLFLOW_TRACKING_URI"),
+                        help="MLflow tracking server, e.g. http://127.0.0.1:15000 "
+                             "(default: $MLFLOW_TRACKING_URI)")
     sub = parser.add_subparsers(dest="command", required=True)
 
     def common(p: argparse.ArgumentParser) -> None:
@@ -45,17 +64,26 @@ def registry_main(argv: Sequence[str] | None = None) -> int:
 
     seed = sub.add_parser("seed", help="first production version from a profile + acceptance")
     common(seed)
-    seed.add_argument("--profile", required=True)
-    seed.add_argument("--acceptance", required=True)
-    seed.add_argument("--max-batch-size", type=int)
+    seed.add_argument("--profile", required=True, help="profile file (tabletune profile)")
+    seed.add_argument("--acceptance", required=True,
+                      help="acceptance file (tabletune acceptance)")
+    seed.add_argument("--max-batch-size", type=int,
+                      help="build the table up to this B (default: the largest profiled B)")
     show = sub.add_parser("show", help="aliases and the production table")
     common(show)
     promote = sub.add_parser("promote", help="make a version production")
     common(promote)
-    promote.add_argument("--version", required=True)
-    promote.add_argument("--expected-production")
+    promote.add_argument("--version", required=True, help="the version to make production")
+    promote.add_argument("--expected-production",
+                         help="refuse unless production is still this version (default: no "
+                              "check)")
     rollback = sub.add_parser("rollback", help="put 'previous' back into production")
     common(rollback)
+    return parser
+
+
+def registry_main(argv: Sequence[str] | None = None) -> int:
+    parser = build_registry_parser()
     args = parser.parse_args(argv)
     if not args.tracking_uri:
         parser.error("--tracking-uri or MLFLOW_TRACKING_URI is required")
@@ -105,7 +133,7 @@ def registry_main(argv: Sequence[str] | None = None) -> int:
     except (PipelineError, ContractError) as exc:
         print(f"tabletune registry {args.command}: {exc}", file=sys.stderr)
         return 1
-    print(json.dumps({"model_name": model_name, **out}, indent=2))
+    print(format_json({"model_name": model_name, **out}))
     return 0
 
 

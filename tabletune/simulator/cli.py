@@ -26,6 +26,8 @@ def add_simulate_parser(subparsers: argparse._SubParsersAction) -> argparse.Argu
     """Add ``simulate`` to a CLI's subparsers; sets ``func=run_simulate``."""
     from tabletune.simulator.scenario import scenario_names
 
+    shipped = _shipped_settings()
+
     p = subparsers.add_parser(
         "simulate",
         help="simulate serving with each draft-length policy and report the loss per load",
@@ -38,11 +40,19 @@ def add_simulate_parser(subparsers: argparse._SubParsersAction) -> argparse.Argu
                    help=f"shipped scenario ({', '.join(scenario_names())}) or a scenario JSON")
     p.add_argument("--out", type=Path,
                    help="directory for <scenario>.json and <scenario>.png (default: print only)")
-    p.add_argument("--concurrency", help="comma-separated levels (default: the scenario's)")
-    p.add_argument("--duration", type=float, help="simulated seconds per run")
-    p.add_argument("--measure-from", type=float, help="start of the measurement window (s)")
-    p.add_argument("--seed", type=int)
-    p.add_argument("--policies", help="comma-separated subset of policy names to run")
+    p.add_argument("--concurrency", help="comma-separated levels (default: the scenario's "
+                                         "'concurrency')")
+    p.add_argument("--duration", type=float,
+                   help=f"simulated seconds per run (default: the scenario's 'duration_s': "
+                        f"{shipped['duration_s']})")
+    p.add_argument("--measure-from", type=float,
+                   help=f"start of the measurement window in s (default: the scenario's "
+                        f"'measure_from_s': {shipped['measure_from_s']})")
+    p.add_argument("--seed", type=int,
+                   help=f"random seed of the simulated traffic (default: the scenario's 'seed': "
+                        f"{shipped['seed']})")
+    p.add_argument("--policies", help="comma-separated subset of policy names to run "
+                                      "(default: every policy)")
     p.add_argument("--table", action="append", default=[], metavar="NAME=PATH",
                    help="also run this table document (tabletune.table/v1); repeatable")
     p.add_argument("--start-table", metavar="NAME|PATH",
@@ -52,6 +62,20 @@ def add_simulate_parser(subparsers: argparse._SubParsersAction) -> argparse.Argu
     p.add_argument("--no-plot", action="store_true", help="skip the PNG")
     p.set_defaults(func=run_simulate)
     return p
+
+
+def _shipped_settings() -> dict[str, str]:
+    """Per setting, each shipped scenario's value, e.g. ``{"seed": "moe 1, old-gpu 3"}``."""
+    import json
+
+    from tabletune.simulator.scenario import SCENARIO_DIR
+
+    values: dict[str, list[str]] = {"duration_s": [], "measure_from_s": [], "seed": []}
+    for path in sorted(SCENARIO_DIR.glob("*.json")):
+        data = json.loads(path.read_text())
+        for key, found in values.items():
+            found.append(f"{path.stem} {data.get(key, 0)}")  # seed is optional: 0
+    return {key: ", ".join(found) for key, found in values.items()}
 
 
 def _ints(text: str, field: str) -> tuple[int, ...]:

@@ -9,6 +9,7 @@ a draft of length K.
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Sequence
 
@@ -17,6 +18,9 @@ from tabletune.core.errors import ContractError
 from tabletune.engine.client import run_batch
 from tabletune.engine.server import EngineError, VllmServer, speculative_config
 from tabletune.engine.spec import EngineSpec, deployment_fingerprint
+
+# An Airflow task's log shows these: a measurement takes minutes and should not look hung.
+log = logging.getLogger("tabletune.acceptance")
 
 
 def load_prompts(path: Path, *, field: str = "prompt") -> list[str]:
@@ -56,8 +60,15 @@ def measure_acceptance_on(server: VllmServer, prompts: Sequence[str], *, max_k: 
                           temperature: float = 0.0, max_tokens: int = 64) -> Acceptance:
     """Acceptance on an already running server at draft length ``max_k``."""
     before = server.spec_decode_counters()
+    log.info("acceptance: sending %d prompts at k=%d (%d tokens each, temperature %g)",
+             len(prompts), max_k, max_tokens, temperature)
+
+    def progress(done: int, total: int, elapsed_s: float) -> None:
+        log.info("acceptance: %d/%d prompts answered after %.0f s", done, total, elapsed_s)
+
     result = server.guarded(run_batch, server.base_url, server.spec.served_model_name, prompts,
-                            max_tokens=max_tokens, temperature=temperature, ignore_eos=True)
+                            max_tokens=max_tokens, temperature=temperature, ignore_eos=True,
+                            progress=progress)
     after = server.spec_decode_counters()
     delta = after.minus(before)
     rates = rates_from_counters(delta.num_drafts, delta.accepted_per_position[:max_k])
@@ -78,6 +89,8 @@ def launch_acceptance_server(spec: EngineSpec, *, log_dir: Path | None = None,
     log_dir = Path(log_dir) if log_dir else Path(".")
     server = VllmServer(spec, speculative=speculative_config(spec, None),
                         log_path=log_dir / "acceptance.log", startup_timeout_s=startup_timeout_s)
+    log.info("acceptance: starting vLLM (%s, k=%d); its log: %s", spec.model, spec.max_k,
+             server.log_path)
     return server.launch()
 
 
@@ -86,11 +99,16 @@ def acceptance_from(server: VllmServer, prompts: Sequence[str], *, temperature: 
     """Wait for a launched acceptance server, measure, stop it (also on failure)."""
     spec = server.spec
     try:
+        log.info("acceptance: waiting for the server to start (up to %.0f s)",
+                 server.startup_timeout_s)
         server.wait_ready()
+        log.info("acceptance: server ready after %.0f s", server.startup_s or 0.0)
         acc = measure_acceptance_on(server, prompts, max_k=spec.max_k, temperature=temperature,
                                     max_tokens=max_tokens)
     finally:
         server.stop()
+    log.info("acceptance: a_1..a_%d = %s from %d drafts; server stopped", len(acc.rates),
+             ", ".join(f"{a:.3f}" for a in acc.rates), acc.num_drafts)
     meta = dict(acc.meta)
     meta["fingerprint"] = deployment_fingerprint(spec)
     if spec.synthetic_acceptance is not None:

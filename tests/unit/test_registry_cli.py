@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+from types import SimpleNamespace
 
 import pytest
 
@@ -62,5 +64,39 @@ def test_the_http_defaults_helper_touches_only_the_mapping_it_is_given():
     env = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0"}
     applied = mlflow_registry.apply_mlflow_http_defaults(env)
     assert applied == {"MLFLOW_HTTP_REQUEST_TIMEOUT": "60",
-                       "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1"}
+                       "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+                       "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false"}
     assert env["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == "0"
+
+
+def test_entry_point_defaults_turn_mlflow_artifact_progress_bars_off(monkeypatch):
+    """MLflow's own "Downloading artifacts" bar (tqdm on stderr: error lines in a task log)."""
+    from mlflow.utils.file_utils import ArtifactProgressBar
+
+    for name in (*HTTP_VARS, "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"):  # undone after the test
+        monkeypatch.setenv(name, "placeholder")
+        monkeypatch.delenv(name)
+    with ArtifactProgressBar.files(desc="Downloading artifacts", total=1) as bar:
+        assert bar.pbar is not None  # MLflow's default: a bar
+    mlflow_registry.apply_mlflow_http_defaults()
+    with ArtifactProgressBar.files(desc="Downloading artifacts", total=1) as bar:
+        assert bar.pbar is None
+
+
+def test_show_prints_one_range_per_line_as_valid_json(capsys, fake_registry, monkeypatch):
+    from tabletune.core.tables import DraftTable
+
+    table = DraftTable(((1, 24, 3), (25, 64, 1), (65, 256, 0)))
+    docs = SimpleNamespace(table=SimpleNamespace(table=table))  # read_version's docs.table.table
+    monkeypatch.setattr(mlflow_registry.MlflowRegistry, "alias_state",
+                        lambda self, name: AliasState(production="2", previous="1",
+                                                      candidate=None), raising=False)
+    monkeypatch.setattr(mlflow_registry.MlflowRegistry, "read_version",
+                        lambda self, name, version: docs, raising=False)
+    assert registry_main(["--tracking-uri", "http://127.0.0.1:9", "show",
+                          "--model-name", "good-name"]) == 0
+    out = capsys.readouterr().out
+    assert json.loads(out)["table"] == [[1, 24, 3], [25, 64, 1], [65, 256, 0]]
+    lines = [line.strip() for line in out.splitlines()]
+    assert "[1, 24, 3]," in lines and "[65, 256, 0]" in lines
+    assert '"production": "2",' in lines
