@@ -33,7 +33,7 @@ from pathlib import Path
 
 from tabletune.controller.estimator import ControllerSettings, Estimator, Rebuild
 from tabletune.core.atomic import atomic_write_text
-from tabletune.core.builder import StepTimes
+from tabletune.core.builder import StepTimes, recorded_build_settings
 from tabletune.core.contracts import Acceptance, Profile, TableDocument, check_compatible, load_json
 from tabletune.core.errors import ContractError
 from tabletune.core.tables import DraftTable
@@ -260,7 +260,8 @@ def build_runtime(prior: PriorBundle, *, static_lookup: list[int], num_spec_toke
     if engine is not None:
         check_prior_matches_engine(prior, engine, allow_foreign=allow_foreign_prior)
     start = DraftTable.from_lookup(static_lookup[1:max_num_seqs + 1])
-    base = settings or ControllerSettings()
+    # Unless told otherwise, rebuild as the table was built (tie margin, allowed lengths).
+    base = settings or ControllerSettings(**recorded_build_settings(prior.table))
     if base.max_batch_size is None:
         base = ControllerSettings.from_dict({**base.to_dict(), "max_batch_size": max_num_seqs})
     estimator = Estimator(start, StepTimes.from_profile(prior.profile),
@@ -277,10 +278,15 @@ def controller_from_env(scheduler) -> ControllerRuntime | None:
     raw = os.environ.get(SETTINGS_ENV)
     if raw:
         try:
-            settings = ControllerSettings.from_dict(json.loads(raw))
+            overrides = json.loads(raw)
         except json.JSONDecodeError as e:
             raise ContractError(f"{SETTINGS_ENV}: not JSON ({e})") from None
+        ControllerSettings.from_dict(overrides)  # a bad setting is named before any prior loads
     prior = load_prior(uri)
+    if raw:
+        # The table document's build settings are the defaults; the env's fields override them.
+        settings = ControllerSettings.from_dict({**recorded_build_settings(prior.table),
+                                                 **overrides})
     engine = engine_fingerprint(scheduler, want_gpu="gpu" in prior.profile.fingerprint)
     runtime = build_runtime(prior, static_lookup=list(scheduler.dynamic_sd_lookup),
                             num_spec_tokens=scheduler.num_spec_tokens,
