@@ -261,6 +261,12 @@ def cmd_profile(args) -> int:
     save_json(out, profile)
     print(f"profile: {len(profile.cells)} cells → {out} (cell values from "
           f"{profile.meta.get('step_source')} timing)")
+    flagged = [c for c in profile.cells if c.flagged]
+    if flagged:
+        print(f"warning: {len(flagged)} cells flagged: " + ", ".join(
+            f"B={c.batch_size} k={c.k} ({'/'.join(c.flags) or 'spread'})" for c in flagged))
+    for v in profile.meta.get("inconsistent") or []:
+        print(f"  inconsistent after a re-measure: {v['text']}")
     return 0
 
 
