@@ -102,6 +102,12 @@ def add_profile_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-spread", type=float, default=0.25,
                    help="repeat a cell (up to 2 more times), then flag it, while the relative "
                         "spread of its repeats exceeds this")
+    p.add_argument("--reference-every", type=int, default=8, metavar="N",
+                   help="re-time the reference cell after every N repeats and hold those "
+                        "repeats back from the checkpoint until it has (0: no drift guard)")
+    p.add_argument("--drift-bound", type=float, default=0.10,
+                   help="relative move of the reference cell that drops the repeats since "
+                        "its last good check")
     p.add_argument("--mode", choices=("one-launch", "per-k"), default="one-launch",
                    help="one server with k pinned per phase (default), or one server per k")
     p.add_argument("--startup-timeout", type=float, default=600.0)
@@ -118,7 +124,9 @@ def _run_profile(args, spec, out_dir: Path, checkpoint: Path | None = None,
     output_tokens = args.output_tokens or (129 if spec.device == "cuda" else 65)
     settings = ProfileSettings(batch_sizes=grid, repeats=args.repeats,
                                max_spread=args.max_spread, output_tokens=output_tokens,
-                               startup_timeout_s=args.startup_timeout)
+                               startup_timeout_s=args.startup_timeout,
+                               reference_every=args.reference_every,
+                               drift_bound=args.drift_bound)
     return profile_step_times(spec.with_(max_num_seqs=max(spec.max_num_seqs, max(grid))),
                               batch_sizes=grid, settings=settings,
                               checkpoint=checkpoint or out_dir / "profile.ckpt.jsonl",
@@ -311,9 +319,10 @@ def _validate_tune_args(args) -> None:
             (args.output_tokens, "--output-tokens", 2), (args.num_prompts, "--num-prompts", 1),
             (args.max_tokens, "--max-tokens", 1), (args.temperature, "--temperature", 0),
             (args.tie_margin, "--tie-margin", 0),
-            (args.table_max_batch_size, "--table-max-batch-size", 1)):
+            (args.table_max_batch_size, "--table-max-batch-size", 1),
+            (args.reference_every, "--reference-every", 0)):
         _check_min(value, option, minimum)
-    for value, option in ((args.max_spread, "--max-spread"),
+    for value, option in ((args.max_spread, "--max-spread"), (args.drift_bound, "--drift-bound"),
                           (args.startup_timeout, "--startup-timeout")):
         if not 0 < value < float("inf"):
             raise ContractError(f"{option}: {value!r} is not a positive number")
