@@ -76,7 +76,8 @@ _STAGING = os.environ.get("TABLETUNE_STAGING_PREFIX", "tabletune/staging")
                                description="Apply the edge tolerance (turn off only after review, "
                                            "e.g. for the first run after seeding)."),
         "max_batch_size": Param(None, type=["null", "integer"], minimum=1),
-        "tie_margin": Param(0.005, type="number", minimum=0),
+        "tie_margin": Param(None, type=["null", "number"], minimum=0,
+                            description="Default: the production table's recorded margin."),
         "deployment_key": Param(None, type=["null", "string"],
                                 description="Registered model key (default: from the engine)."),
         "promote": Param(True, type="boolean", description="Promote when the gate passes."),

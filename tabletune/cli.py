@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Sequence
 
 from tabletune.core.atomic import atomic_write_text
-from tabletune.core.builder import StepTimes, build_table, table_loss
+from tabletune.core.builder import StepTimes, build_table, held_out_loss, table_loss
 from tabletune.core.contracts import Acceptance, Profile, TableDocument, check_compatible, load_json, save_json
 from tabletune.core.errors import ContractError
 from tabletune.core.tables import DOCS_TABLE, DraftTable
@@ -126,6 +126,12 @@ def add_profile_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-spread", type=float, default=0.25,
                    help="repeat a cell (up to 2 more times), then flag it, while the relative "
                         "spread of its repeats exceeds this")
+    p.add_argument("--reference-every", type=int, default=8, metavar="N",
+                   help="re-time the reference cell after every N repeats and hold those "
+                        "repeats back from the checkpoint until it has (0: no drift guard)")
+    p.add_argument("--drift-bound", type=float, default=0.10,
+                   help="relative move of the reference cell that drops the repeats since "
+                        "its last good check")
     p.add_argument("--mode", choices=("one-launch", "per-k"), default="one-launch",
                    help="one server with k pinned per phase (default), or one server per k")
     p.add_argument("--startup-timeout", type=float, default=600.0,
@@ -143,7 +149,9 @@ def _run_profile(args, spec, out_dir: Path, checkpoint: Path | None = None,
     output_tokens = args.output_tokens or (129 if spec.device == "cuda" else 65)
     settings = ProfileSettings(batch_sizes=grid, repeats=args.repeats,
                                max_spread=args.max_spread, output_tokens=output_tokens,
-                               startup_timeout_s=args.startup_timeout)
+                               startup_timeout_s=args.startup_timeout,
+                               reference_every=args.reference_every,
+                               drift_bound=args.drift_bound)
     return profile_step_times(spec.with_(max_num_seqs=max(spec.max_num_seqs, max(grid))),
                               batch_sizes=grid, settings=settings,
                               checkpoint=checkpoint or out_dir / "profile.ckpt.jsonl",
@@ -209,6 +217,9 @@ def build_document(profile: Profile, acceptance: Acceptance, *, lengths=None,
     result = build_table(steps, rates, max_batch_size=max_batch_size, lengths=lengths,
                          tie_margin=tie_margin)
     loss = table_loss(result.table, steps, rates, result.batch_sizes, lengths=lengths)
+    held_out = held_out_loss(profile, rates, max_batch_size=max_batch_size, lengths=lengths,
+                             tie_margin=tie_margin)
+    guard = profile.meta.get("drift_guard") or {}
     prov = {
         "fingerprint": profile.fingerprint,
         "acceptance_rates": list(rates),
@@ -220,9 +231,21 @@ def build_document(profile: Profile, acceptance: Acceptance, *, lengths=None,
         "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "worst_loss_vs_best_fixed": loss.worst_loss,
         "worst_loss_batch_size": loss.worst_batch_size,
+        "worst_loss_kind": "modelled, in-sample (the profile the table was chosen from)",
+        # What `show` must be able to name without the profile at hand.
+        "profile_flagged_cells": [
+            {"batch_size": c.batch_size, "k": c.k,
+             "why": list(c.flags) or (["spread"] if c.flagged else [])}
+            for c in profile.cells if c.flagged or c.flags],
+        "profile_inconsistent": [v.get("text", str(v)) for v in
+                                 profile.meta.get("inconsistent") or []],
+        "profile_drift_events": len(guard.get("drift_events") or []),
         **(provenance or {}),
     }
-    return result, result.to_document(prov)
+    doc = result.to_document(prov)
+    if held_out is not None:
+        doc.goodput["out_of_sample"] = held_out
+    return result, doc
 
 
 def _write_plots(d: Path, profile: Profile, result) -> list[Path]:
@@ -274,6 +297,12 @@ def cmd_profile(args) -> int:
     save_json(out, profile)
     print(f"profile: {len(profile.cells)} cells → {out} (cell values from "
           f"{profile.meta.get('step_source')} timing)")
+    flagged = [c for c in profile.cells if c.flagged]
+    if flagged:
+        print(f"warning: {len(flagged)} cells flagged: " + ", ".join(
+            f"B={c.batch_size} k={c.k} ({'/'.join(c.flags) or 'spread'})" for c in flagged))
+    for v in profile.meta.get("inconsistent") or []:
+        print(f"  inconsistent after a re-measure: {v['text']}")
     return 0
 
 
@@ -318,9 +347,10 @@ def _validate_tune_args(args) -> None:
             (args.output_tokens, "--output-tokens", 2), (args.num_prompts, "--num-prompts", 1),
             (args.max_tokens, "--max-tokens", 1), (args.temperature, "--temperature", 0),
             (args.tie_margin, "--tie-margin", 0),
-            (args.table_max_batch_size, "--table-max-batch-size", 1)):
+            (args.table_max_batch_size, "--table-max-batch-size", 1),
+            (args.reference_every, "--reference-every", 0)):
         _check_min(value, option, minimum)
-    for value, option in ((args.max_spread, "--max-spread"),
+    for value, option in ((args.max_spread, "--max-spread"), (args.drift_bound, "--drift-bound"),
                           (args.startup_timeout, "--startup-timeout")):
         if not 0 < value < float("inf"):
             raise ContractError(f"{option}: {value!r} is not a positive number")
@@ -433,14 +463,14 @@ def _describe_document(doc: TableDocument) -> str:
         def worst(values) -> str:
             return f"{float(np.max(1 - values[rows] / best[rows])):.1%}"
 
-        lines.append(f"worst loss vs the per-B best fixed length over B 1–{bs[-1]} (modelled "
-                     "from the profile the table was chosen from: in-sample; `tabletune "
-                     "evaluate` measures):")
+        lines.append(f"worst loss vs the per-B best fixed length over B 1–{bs[-1]}, modelled, "
+                     "in-sample (from the profile the table was chosen from, so the table's "
+                     "own figure shows only its tie margin; `tabletune evaluate` measures):")
         if not rows.any():
             lines.append("  none to report: the goodput block is zero at every batch size")
             return "\n".join(lines)
         chosen = np.array([m[i, lengths.index(k)] for i, k in enumerate(chosen_k)])
-        lines.append(f"  this table: {worst(chosen)}")
+        lines.append(f"  this table (modelled, in-sample): {worst(chosen)}")
         docs = [DOCS_TABLE.k_for(b) for b in bs]
         if all(k in lengths for k in docs):
             dv = np.array([m[i, lengths.index(k)] for i, k in enumerate(docs)])
@@ -449,7 +479,50 @@ def _describe_document(doc: TableDocument) -> str:
             lines.append(f"  fixed k={k}: {worst(m[:, j])}")
         if g.get("interpolated_batch_sizes"):
             lines.append("  (T(B,k) interpolated linearly between profiled batch sizes)")
+        oos = g.get("out_of_sample")
+        if isinstance(oos, dict) and "worst_loss_mean" in oos:
+            lines.append(f"  this table, out-of-sample (built from all repeats but one, scored "
+                         f"on the one left out; {oos.get('folds')} folds): worst loss "
+                         f"{float(oos['worst_loss_mean']):.1%} on average, "
+                         f"{float(oos['worst_loss_max']):.1%} in the worst fold")
+    lines += _describe_edges(g) + _describe_profile_trust(doc.provenance)
     return "\n".join(lines)
+
+
+def _describe_edges(g: dict) -> list[str]:
+    edges = g.get("edges")
+    if not isinstance(edges, list) or not edges:
+        return []
+    out = ["edges (the new length's goodput gain over the kept one there, against the two "
+           "cells' combined uncertainty):"]
+    for e in edges:
+        try:
+            out.append(f"  B={e['batch_size']}: k {e['from_k']} → {e['to_k']} by "
+                       f"{float(e['gain']):.1%} (uncertainty {float(e['uncertainty']):.1%})")
+        except (KeyError, TypeError, ValueError):
+            out.append(f"  {e!r}")
+    held = g.get("held_by_noise_batch_sizes") or []
+    if held:
+        out.append(f"  kept the previous length within the noise at {len(held)} batch sizes "
+                   f"({held[0]}–{held[-1]})")
+    return out
+
+
+def _describe_profile_trust(prov: dict) -> list[str]:
+    out = []
+    flagged = prov.get("profile_flagged_cells") or []
+    if flagged:
+        named = ", ".join(f"B={c.get('batch_size')} k={c.get('k')} "
+                          f"({'/'.join(c.get('why') or ['flagged'])})"
+                          for c in flagged if isinstance(c, dict))
+        out.append(f"warning: {len(flagged)} profile cells are flagged: {named}")
+    for text in prov.get("profile_inconsistent") or []:
+        out.append(f"  inconsistent after a re-measure: {text}")
+    if prov.get("profile_drift_events"):
+        out.append(f"note: the profiler's reference cell moved {prov['profile_drift_events']} "
+                   "times while profiling (repeats timed then were dropped and timed again; "
+                   "see profile.json meta.drift_guard)")
+    return out
 
 
 def _goodput_block(g: dict):

@@ -38,7 +38,7 @@ from pathlib import Path
 
 from tabletune.controller.estimator import ControllerSettings, Estimator, Rebuild
 from tabletune.core.atomic import atomic_write_text
-from tabletune.core.builder import StepTimes
+from tabletune.core.builder import StepTimes, recorded_build_settings
 from tabletune.core.contracts import Acceptance, Profile, TableDocument, check_compatible, load_json
 from tabletune.core.errors import ContractError
 from tabletune.core.tables import DraftTable
@@ -271,7 +271,8 @@ def build_runtime(prior: PriorBundle, *, static_lookup: list[int], num_spec_toke
     if start_table is not None and start.max_k > num_spec_tokens:
         raise ContractError(f"{START_TABLE_ENV}: k={start.max_k} but the engine drafts up to "
                             f"num_speculative_tokens={num_spec_tokens}")
-    base = settings or ControllerSettings()
+    # Unless told otherwise, rebuild as the table was built (tie margin, allowed lengths).
+    base = settings or ControllerSettings(**recorded_build_settings(prior.table))
     if base.max_batch_size is None:
         base = ControllerSettings.from_dict({**base.to_dict(), "max_batch_size": max_num_seqs})
     estimator = Estimator(start, StepTimes.from_profile(prior.profile),
@@ -288,9 +289,10 @@ def controller_from_env(scheduler) -> ControllerRuntime | None:
     raw = os.environ.get(SETTINGS_ENV)
     if raw:
         try:
-            settings = ControllerSettings.from_dict(json.loads(raw))
+            overrides = json.loads(raw)
         except json.JSONDecodeError as e:
             raise ContractError(f"{SETTINGS_ENV}: not JSON ({e})") from None
+        ControllerSettings.from_dict(overrides)  # a bad setting is named before any prior loads
     start_table = None
     raw_start = os.environ.get(START_TABLE_ENV)
     if raw_start:
@@ -299,6 +301,10 @@ def controller_from_env(scheduler) -> ControllerRuntime | None:
         except json.JSONDecodeError as e:
             raise ContractError(f"{START_TABLE_ENV}: not JSON ({e})") from None
     prior = load_prior(uri)
+    if raw:
+        # The table document's build settings are the defaults; the env's fields override them.
+        settings = ControllerSettings.from_dict({**recorded_build_settings(prior.table),
+                                                 **overrides})
     engine = engine_fingerprint(scheduler, want_gpu="gpu" in prior.profile.fingerprint)
     runtime = build_runtime(prior, static_lookup=list(scheduler.dynamic_sd_lookup),
                             num_spec_tokens=scheduler.num_spec_tokens,

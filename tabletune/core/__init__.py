@@ -12,6 +12,8 @@ from tabletune.core.builder import (
     StepTimes,
     build_table,
     fixed_length_goodput,
+    held_out_loss,
+    recorded_build_settings,
     table_loss,
 )
 from tabletune.core.contracts import (
@@ -52,8 +54,10 @@ __all__ = [
     "check_compatible",
     "fixed_length_goodput",
     "goodput",
+    "held_out_loss",
     "load_json",
     "monotone_rates",
+    "recorded_build_settings",
     "save_json",
     "table_loss",
     "tau",

@@ -32,6 +32,8 @@ __all__ = [
     "LossReport",
     "table_loss",
     "DEFAULT_TIE_MARGIN",
+    "recorded_build_settings",
+    "held_out_loss",
 ]
 
 # A length must beat the previous batch size's length by more than this (relative) to take
@@ -51,10 +53,17 @@ class StepTimes:
     point.
     """
 
-    __slots__ = ("_batch_sizes", "_lengths", "_ms")
+    __slots__ = ("_batch_sizes", "_lengths", "_ms", "_unc")
 
-    def __init__(self, cells: Mapping[tuple[int, int], float] | Profile, field: str = "step_times"):
+    def __init__(self, cells: Mapping[tuple[int, int], float] | Profile, field: str = "step_times",
+                 uncertainty: Mapping[tuple[int, int], float] | None = None):
+        """``uncertainty``: relative standard error per cell (default 0: exact step times).
+
+        A Profile brings its own, from each cell's repeats (``ProfileCell.uncertainty``).
+        """
         if isinstance(cells, Profile):
+            if uncertainty is None:
+                uncertainty = {(c.batch_size, c.k): c.uncertainty for c in cells.cells}
             cells = {(c.batch_size, c.k): c.step_ms for c in cells.cells}
         if not isinstance(cells, Mapping):
             fail(field, cells, "is not a dict {(batch_size, k): step_ms} or a Profile")
@@ -76,9 +85,20 @@ class StepTimes:
                          f"is missing (every batch size needs every length {list(lengths)})")
         ms = np.array([[values[(b, k)] for k in lengths] for b in batch_sizes], dtype=float)
         ms.setflags(write=False)
+        unc = np.zeros_like(ms)
+        if uncertainty is not None:
+            if not isinstance(uncertainty, Mapping):
+                fail(f"{field}.uncertainty", uncertainty, "is not a dict {(batch_size, k): u}")
+            for (b, k), u in uncertainty.items():
+                if (b, k) not in values:
+                    fail(f"{field}.uncertainty[({b}, {k})]", u, "has no step time")
+                unc[batch_sizes.index(b), lengths.index(k)] = check_nonnegative(
+                    u, f"{field}.uncertainty[({b}, {k})]")
+        unc.setflags(write=False)
         self._batch_sizes = batch_sizes
         self._lengths = lengths
         self._ms = ms
+        self._unc = unc
 
     @classmethod
     def from_profile(cls, profile: Profile) -> StepTimes:
@@ -135,6 +155,21 @@ class StepTimes:
         exact = xs[pos] == b
         out[exact] = self._ms[pos[exact]][:, cols]
         return out
+
+    def uncertainty_grid(self, batch_sizes: Sequence[int],
+                         lengths: Sequence[int] | None = None) -> np.ndarray:
+        """Relative uncertainty of T for every batch size and length: linear in B between
+        profiled batch sizes, held beyond them."""
+        lengths = self._lengths if lengths is None else tuple(lengths)
+        cols = [self._lengths.index(k) for k in lengths]
+        b = np.asarray(batch_sizes, dtype=float).reshape(-1)
+        xs = np.asarray(self._batch_sizes, dtype=float)
+        return np.stack([np.interp(b, xs, self._unc[:, c]) for c in cols], axis=1) \
+            if cols else np.empty((b.size, 0))
+
+    @property
+    def has_uncertainty(self) -> bool:
+        return bool(self._unc.any())
 
     def to_dict(self) -> dict[tuple[int, int], float]:
         return {
@@ -218,6 +253,14 @@ class BuildResult:
     interpolated: tuple[bool, ...]
     rates: tuple[float, ...] = ()
     tie_margin: float = DEFAULT_TIE_MARGIN
+    # Each length change walking B upward: {"batch_size", "from_k", "to_k", "gain",
+    # "uncertainty"}; gain = relative goodput the new length had over the kept one at that B.
+    edges: tuple[dict[str, Any], ...] = ()
+    # Batch sizes where another length beat the kept one by the tie margin but not by the two
+    # cells' combined uncertainty, so the kept one stayed.
+    held_by_noise: tuple[int, ...] = ()
+    # The lengths the caller restricted the build to (None: every profiled length was allowed).
+    allowed_lengths: tuple[int, ...] | None = None
 
     @property
     def chosen_goodput(self) -> np.ndarray:
@@ -249,6 +292,10 @@ class BuildResult:
                 "interpolated_batch_sizes": [
                     b for b, i in zip(self.batch_sizes, self.interpolated) if i
                 ],
+                "edges": [dict(e) for e in self.edges],
+                "held_by_noise_batch_sizes": list(self.held_by_noise),
+                **({"allowed_lengths": list(self.allowed_lengths)}
+                   if self.allowed_lengths is not None else {}),
             },
             meta={} if meta is None else dict(meta),
         )
@@ -265,9 +312,11 @@ def build_table(
     """Highest-goodput draft length for B = 1..max_batch_size, with hysteresis ``tie_margin``.
 
     Walking B upward, the previous B's length is kept unless another allowed length has more
-    than ``tie_margin`` (relative) higher goodput; exact ties go to the shorter length.
-    ``max_batch_size`` defaults to the largest profiled B; ``lengths`` to every profiled k that
-    the rates cover.
+    than ``tie_margin`` (relative) higher goodput **and** more than the two cells' combined
+    relative uncertainty (sqrt(u_new^2 + u_kept^2), from ``step_times``); exact ties go to the
+    shorter length. With no uncertainty (repeats that agree exactly) that is the tie margin
+    alone. ``max_batch_size`` defaults to the largest profiled B; ``lengths`` to every profiled
+    k that the rates cover.
     """
     if not isinstance(step_times, StepTimes):
         fail("step_times", step_times, "is not a StepTimes")
@@ -277,17 +326,32 @@ def build_table(
     max_batch_size = check_int(max_batch_size, "max_batch_size", minimum=1,
                                maximum=MAX_BATCH_SIZE)
     tie_margin = check_nonnegative(tie_margin, "tie_margin")
+    requested = None if lengths is None else _resolve_lengths(step_times, rates, lengths)
     lengths = _resolve_lengths(step_times, rates, lengths)
     batch_sizes = tuple(range(1, max_batch_size + 1))
 
     g = fixed_length_goodput(step_times, rates, batch_sizes, lengths)
     g.setflags(write=False)
+    # Relative goodput uncertainty = relative step-time uncertainty (the rates are fixed here).
+    u = step_times.uncertainty_grid(batch_sizes, lengths)
     best = g.argmax(axis=1)  # first maximum, i.e. the shorter length on an exact tie
     picks: list[int] = []
+    edges: list[dict[str, Any]] = []
+    held: list[int] = []
     current = int(best[0])
     for i, j in enumerate(best):
+        j = int(j)
         if g[i, j] > g[i, current] * (1.0 + tie_margin):
-            current = int(j)
+            noise = float(np.hypot(u[i, j], u[i, current]))
+            gain = float(g[i, j] / g[i, current] - 1.0)
+            # Only a measured noise can hold an edge back: without one this is the tie margin
+            # alone, bit for bit.
+            if noise > 0 and not gain > noise:
+                held.append(batch_sizes[i])
+            else:
+                edges.append({"batch_size": batch_sizes[i], "from_k": lengths[current],
+                              "to_k": lengths[j], "gain": gain, "uncertainty": noise})
+                current = j
         picks.append(current)
     chosen = tuple(lengths[j] for j in picks)
     return BuildResult(
@@ -299,7 +363,33 @@ def build_table(
         interpolated=tuple(step_times.is_interpolated(b) for b in batch_sizes),
         rates=rates,
         tie_margin=tie_margin,
+        edges=tuple(edges),
+        held_by_noise=tuple(held),
+        allowed_lengths=requested,
     )
+
+
+def recorded_build_settings(document: TableDocument) -> dict[str, Any]:
+    """The tie margin and allowed lengths a table was built with, as its document records them.
+
+    ``{"tie_margin": float, "allowed_lengths": tuple | None}``: whoever rebuilds the table (the
+    controller online, the pipeline) starts from these, so a table tuned at a margin of 0.02 is
+    not rebuilt at the default. ``allowed_lengths`` is None when the build allowed every
+    profiled length; documents from before these were recorded give the defaults.
+    """
+    if not isinstance(document, TableDocument):
+        fail("document", document, "is not a TableDocument")
+    g = document.goodput
+    tie_margin = check_nonnegative(g.get("tie_margin", DEFAULT_TIE_MARGIN),
+                                   "table.goodput.tie_margin")
+    allowed = g.get("allowed_lengths")
+    if allowed is not None:
+        raw = check_sequence(allowed, "table.goodput.allowed_lengths")
+        if not raw:
+            fail("table.goodput.allowed_lengths", list(raw), "is empty")
+        allowed = tuple(sorted({check_int(k, f"table.goodput.allowed_lengths[{i}]", minimum=0)
+                                for i, k in enumerate(raw)}))
+    return {"tie_margin": tie_margin, "allowed_lengths": allowed}
 
 
 @dataclass(frozen=True)
@@ -382,3 +472,61 @@ def table_loss(
         rows.append(LossRow(b, k, mine, all_lengths[best_col], best, 1.0 - mine / best))
     return LossReport(tuple(rows))
 
+
+
+def held_out_loss(
+    profile: Profile,
+    rates: Sequence[float],
+    *,
+    max_batch_size: int | None = None,
+    lengths: Sequence[int] | None = None,
+    tie_margin: float = DEFAULT_TIE_MARGIN,
+) -> dict[str, Any] | None:
+    """Out-of-sample loss: build from all repeats but one, score on the one left out.
+
+    The loss of a table against the goodput matrix it was chosen from is 0 at every profiled B
+    by construction; this asks instead how the table chosen from repeats != r fares on repeat r
+    (fold r = 0..n-1, n the fewest repeats of any cell). A single held-out repeat carries its own
+    noise, so the figure leans pessimistic. None when a cell has fewer than two repeats.
+    """
+    if not isinstance(profile, Profile):
+        fail("profile", profile, "is not a Profile")
+    folds = min(len(c.samples_ms) for c in profile.cells)
+    if folds < 2:
+        return None
+    per_fold: list[float] = []
+    skipped = 0
+    for r in range(folds):
+        train: dict[tuple[int, int], float] = {}
+        unc: dict[tuple[int, int], float] = {}
+        test: dict[tuple[int, int], float] = {}
+        for c in profile.cells:
+            rest = [s for i, s in enumerate(c.samples_ms) if i != r]
+            med = float(np.median(rest))
+            held = c.samples_ms[r]
+            if not (med > 0 and held > 0):
+                break
+            train[(c.batch_size, c.k)] = med
+            unc[(c.batch_size, c.k)] = (float(np.std(rest, ddof=1)) / np.sqrt(len(rest)) / med
+                                        if len(rest) > 1 else 0.0)
+            test[(c.batch_size, c.k)] = held
+        else:
+            built = build_table(StepTimes(train, uncertainty=unc), rates,
+                                max_batch_size=max_batch_size, lengths=lengths,
+                                tie_margin=tie_margin)
+            scored = table_loss(built.table, StepTimes(test), rates, built.batch_sizes,
+                                built.lengths)
+            per_fold.append(scored.worst_loss)
+            continue
+        skipped += 1  # a non-positive repeat cannot stand for a step time
+    if not per_fold:
+        return None
+    return {
+        "method": "build from every repeat but one, score on the repeat left out; one fold "
+                  "per repeat",
+        "folds": len(per_fold),
+        "folds_skipped": skipped,
+        "worst_loss_per_fold": per_fold,
+        "worst_loss_mean": float(np.mean(per_fold)),
+        "worst_loss_max": float(max(per_fold)),
+    }

@@ -9,6 +9,7 @@ silently); free-form extras belong in ``meta``.
 from __future__ import annotations
 
 import json
+import math
 import os
 import stat
 from collections.abc import Mapping
@@ -90,6 +91,24 @@ class ProfileCell:
     flagged: bool = False
     engine_step_ms: float | None = None
     client_step_ms: float | None = None
+    # Why the cell is not to be trusted, besides its spread: "inconsistent" (it breaks the
+    # physical order of step times beyond its noise, after a re-measure), "drift" (its repeats
+    # straddle a move of the profiler's reference cell). Empty in profiles older than these.
+    flags: tuple[str, ...] = ()
+
+    @property
+    def uncertainty(self) -> float:
+        """Relative standard error of the step time from its repeats (0 with fewer than two).
+
+        sample standard deviation / sqrt(n) / step_ms: the noise the builder must see beaten
+        before it moves an edge, and the band the in-sample loss is given with.
+        """
+        n = len(self.samples_ms)
+        if n < 2 or not self.step_ms > 0:
+            return 0.0
+        mean = sum(self.samples_ms) / n
+        var = sum((s - mean) ** 2 for s in self.samples_ms) / (n - 1)
+        return math.sqrt(var / n) / self.step_ms
 
     def validated(self, name: str) -> ProfileCell:
         """This cell with every field checked and normalized; errors name ``name.<field>``."""
@@ -107,6 +126,8 @@ class ProfileCell:
             flagged=check_bool(self.flagged, f"{name}.flagged"),
             engine_step_ms=_optional_step_ms(self.engine_step_ms, f"{name}.engine_step_ms"),
             client_step_ms=_optional_step_ms(self.client_step_ms, f"{name}.client_step_ms"),
+            flags=tuple(check_str(f, f"{name}.flags[{j}]")
+                        for j, f in enumerate(check_sequence(self.flags, f"{name}.flags"))),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -120,6 +141,7 @@ class ProfileCell:
             "flagged": self.flagged,
             "engine_step_ms": self.engine_step_ms,
             "client_step_ms": self.client_step_ms,
+            **({"flags": list(self.flags)} if self.flags else {}),
         }
 
     @classmethod
@@ -127,11 +149,13 @@ class ProfileCell:
         d = check_dict(d, name)
         required = {"batch_size", "k", "step_ms"}
         optional = {
-            "samples_ms", "spread", "source", "flagged", "engine_step_ms", "client_step_ms"
+            "samples_ms", "spread", "source", "flagged", "engine_step_ms", "client_step_ms",
+            "flags",
         }
         _check_keys(d, name, required, optional)
         samples = check_sequence(d.get("samples_ms", []), f"{name}.samples_ms")
-        cell = cls(**{**d, "samples_ms": tuple(samples)})
+        flags = check_sequence(d.get("flags", []), f"{name}.flags")
+        cell = cls(**{**d, "samples_ms": tuple(samples), "flags": tuple(flags)})
         return cell.validated(name)
 
 

@@ -253,9 +253,11 @@ def rebuild(
     profile: Mapping[str, Any] | None = None,
     acceptance: Mapping[str, Any] | None = None,
     max_batch_size: int | None = None,
-    tie_margin: float = DEFAULT_TIE_MARGIN,
+    tie_margin: float | None = None,
 ) -> dict[str, Any]:
     """Build the candidate from the measured document plus production's other one; log all.
+
+    ``tie_margin`` None: the one production's table document records (and its allowed lengths).
 
     Returns the candidate table document (as a dict) and the rebuild metrics.
     """
@@ -289,7 +291,7 @@ def rebuild(
     }
     result = rebuild_table(
         profile_doc, acceptance_doc, provenance=provenance,
-        production=production.table.table if production else None,
+        production_document=production.table if production else None,
         max_batch_size=max_batch_size, tie_margin=tie_margin,
     )
     registry.log_json(mlflow_run_id, "table/table.json", result.document)

@@ -8,6 +8,7 @@ so a reviewer sees in one run what the rebuild gains and what keeping the old ta
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,6 +17,7 @@ from tabletune.core.builder import (
     BuildResult,
     StepTimes,
     build_table,
+    recorded_build_settings,
     table_loss,
 )
 from tabletune.core.contracts import Acceptance, Profile, TableDocument, check_compatible
@@ -41,32 +43,47 @@ def rebuild_table(
     provenance: dict[str, Any],
     production: DraftTable | None = None,
     max_batch_size: int | None = None,
-    tie_margin: float = DEFAULT_TIE_MARGIN,
+    tie_margin: float | None = None,
+    lengths: Sequence[int] | None = None,
+    production_document: TableDocument | None = None,
 ) -> Rebuild:
     """Build the table for ``profile`` x ``acceptance`` and measure it against the alternatives.
 
     ``max_batch_size`` defaults to the production table's last end when there is one (so the
     candidate covers the same loads and edges compare like with like), else the profile's.
+    ``tie_margin`` and ``lengths`` default to what ``production_document`` records it was built
+    with (``recorded_build_settings``), else the builder's defaults.
     """
     check_compatible(profile, acceptance)
+    recorded = (recorded_build_settings(production_document) if production_document is not None
+                else {"tie_margin": DEFAULT_TIE_MARGIN, "allowed_lengths": None})
+    if tie_margin is None:
+        tie_margin = recorded["tie_margin"]
+    if lengths is None and recorded["allowed_lengths"] is not None:
+        # A new profile may time fewer lengths than the production table was allowed.
+        lengths = [k for k in recorded["allowed_lengths"] if k <= profile.max_k] or None
+    if production is None and production_document is not None:
+        production = production_document.table
     started = time.perf_counter()
     step_times = StepTimes.from_profile(profile)
     if max_batch_size is None:
         max_batch_size = production.max_batch_size if production else step_times.max_batch_size
     build = build_table(
-        step_times, acceptance.rates, max_batch_size=max_batch_size, tie_margin=tie_margin
+        step_times, acceptance.rates, max_batch_size=max_batch_size, tie_margin=tie_margin,
+        lengths=lengths,
     )
     build_s = time.perf_counter() - started
     batch_sizes = build.batch_sizes
     metrics: dict[str, float] = {}
-    loss = table_loss(build.table, step_times, acceptance.rates, batch_sizes)
+    loss = table_loss(build.table, step_times, acceptance.rates, batch_sizes, build.lengths)
     metrics["table_worst_loss"] = loss.worst_loss
     metrics["table_worst_loss_batch_size"] = float(loss.worst_batch_size)
     metrics["table_mean_loss"] = loss.mean_loss
     fixed: dict[int, float] = {}
     for k in build.lengths:
         fixed_table = DraftTable.from_ranges([[1, max_batch_size, k]])
-        fixed[k] = table_loss(fixed_table, step_times, acceptance.rates, batch_sizes).worst_loss
+        fixed[k] = table_loss(fixed_table, step_times, acceptance.rates, batch_sizes,
+                              build.lengths).worst_loss
         metrics[f"fixed_k{k}_worst_loss"] = fixed[k]
     best_k = min(fixed, key=lambda k: (fixed[k], k))
     metrics["best_fixed_k"] = float(best_k)
@@ -74,7 +91,8 @@ def rebuild_table(
     if production is not None:
         usable = production.lengths <= set(build.lengths)
         if usable:
-            old = table_loss(production, step_times, acceptance.rates, batch_sizes)
+            old = table_loss(production, step_times, acceptance.rates, batch_sizes,
+                             build.lengths)
             metrics["production_table_worst_loss"] = old.worst_loss
         diff = production.diff(build.table, max_batch_size)
         metrics["rebuild_changed_batch_sizes"] = float(len(diff.changed))
@@ -83,6 +101,7 @@ def rebuild_table(
     metrics["rebuild_max_batch_size"] = float(max_batch_size)
     metrics["rebuild_interpolated_batch_sizes"] = float(sum(build.interpolated))
     metrics["rebuild_seconds"] = build_s
+    metrics["rebuild_tie_margin"] = float(tie_margin)
     for i, rate in enumerate(acceptance.rates, start=1):
         metrics[f"acceptance_a{i}"] = float(rate)
     metrics["acceptance_tau_max"] = tau(acceptance.rates, acceptance.max_k)

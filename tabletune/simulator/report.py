@@ -130,24 +130,43 @@ class SimulationReport:
         import matplotlib.pyplot as plt
 
         panels = 2 if self.switch else 1
-        fig, axes = plt.subplots(1, panels, figsize=(7.5 * panels, 4.8), squeeze=False)
+        fig, axes = plt.subplots(1, panels, figsize=(9.5 * panels, 4.8), squeeze=False)
         ax = axes[0][0]
         # tab20 keeps a dozen policies apart; the default cycle repeats after ten.
         colors = {p.name: plt.get_cmap("tab20")(i % 20) for i, p in enumerate(self.policies)}
+        markers = "osD^vP*Xhp<>"
+        # Policies that choose the same k give the same trace: draw later ones smaller and
+        # hollow on top of earlier ones, and name the groups under the plot.
+        groups: dict[tuple[float, ...], list[str]] = {}
         for p in self.policies:
+            groups.setdefault(tuple(round(100 * x, 1) for x in p.loss), []).append(p.name)
+        drawn: dict[tuple[float, ...], int] = {}
+        for i, p in enumerate(self.policies):
             fixed = p.kind in REFERENCE_KINDS
+            key = tuple(round(100 * x, 1) for x in p.loss)
+            layer = drawn.get(key, 0)
+            drawn[key] = layer + 1
             ax.plot(self.concurrency, [100 * x for x in p.loss], color=colors[p.name],
-                    marker="" if fixed else "o", linestyle=":" if fixed else "-",
-                    linewidth=1.0 if fixed else 1.8, label=p.name)
+                    marker=markers[i % len(markers)], markersize=max(7 - 1.5 * layer, 3),
+                    markerfacecolor="none" if layer else colors[p.name],
+                    linestyle=":" if fixed else "-", linewidth=1.0 if fixed else 1.8,
+                    label=_display_name(p.name))
         ax.set_xscale("log", base=2)
-        ax.set_xticks(self.concurrency, [str(c) for c in self.concurrency], fontsize=7)
+        ax.set_xticks(self.concurrency, _thinned_labels(self.concurrency), fontsize=7,
+                      rotation=45)
         ax.minorticks_off()
         ax.set_xlabel("concurrency (open requests)")
         ax.set_ylabel("loss vs best fixed length at that load (%)")
         ax.set_title(f"{self.scenario}: window {self.window_s[0]:g}-{self.window_s[1]:g} s")
         ax.axhline(0, color="black", linewidth=0.6)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, ncol=2)
+        # Beside the axes: inside, it hides the lines at the top of the plot.
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+        same = [names for names in groups.values() if len(names) > 1]
+        if same:
+            note = "same line (within 0.1 % at every load): " + "; ".join(
+                " = ".join(_display_name(n) for n in names) for names in same)
+            fig.text(0.01, 0.01, note, fontsize=7, ha="left", va="bottom", wrap=True)
         if self.switch:
             ax = axes[0][1]
             names = [self.switch["stale"], self.switch["retuned"],
@@ -163,15 +182,40 @@ class SimulationReport:
                     den = sum(ref[i][b] for i in levels)
                     rel.append(num / den if den > 0 else math.nan)
                 starts = [self.bin_s * (b + 0.5) for b in range(len(rel))]
-                ax.plot(starts, rel, label=name, color=colors[name])
+                ax.plot(starts, rel, label=_display_name(name), color=colors[name])
             ax.axvline(self.switch["at_s"], color="black", linestyle="--", linewidth=0.8)
             ax.set_xlabel("simulated time (s)")
             ax.set_ylabel("throughput / retuned table (all levels)")
             ax.set_title("workload switch")
             ax.grid(alpha=0.3)
             ax.legend(fontsize=8)
-        fig.tight_layout()
+        fig.tight_layout(rect=(0, 0.06, 1, 1))
         path = Path(path)
         fig.savefig(path, dpi=120)
         plt.close(fig)
         return path
+
+
+def _display_name(name: str) -> str:
+    """'measured' is the scenario's own tuned table (built from its prior), not a measurement."""
+    return "measured (scenario's table)" if name == "measured" else name
+
+
+def _thinned_labels(levels: tuple[int, ...], min_octaves: float = 0.3) -> list[str]:
+    """Tick labels for levels on a log2 axis, blank where one would crowd its neighbour.
+
+    The first and the last level always keep theirs; between them a level is labelled when it
+    sits at least ``min_octaves`` from the last labelled one and from the last level.
+    """
+    if not levels:
+        return []
+    labels = [""] * len(levels)
+    labels[0], labels[-1] = str(levels[0]), str(levels[-1])
+    last = math.log2(levels[0])
+    end = math.log2(levels[-1])
+    for i, c in enumerate(levels[1:-1], start=1):
+        x = math.log2(c)
+        if x - last >= min_octaves and end - x >= min_octaves:
+            labels[i] = str(c)
+            last = x
+    return labels

@@ -8,8 +8,18 @@ B. For each B: B prompts of ~32 tokens, once for 1 output token and once for 65;
 drafts each. The cell value is the median of the repeats of whichever source was steadier across
 the whole profile — one source for all cells, so lengths are compared like with like.
 
-Cells are appended to a JSONL checkpoint as they finish; a rerun with the same checkpoint skips
-every finished cell.
+Repeats are interleaved: round r times every cell once (all B and, in one-launch mode, all k)
+before round r + 1 starts, so a slow minute of the machine lands on one repeat of many cells
+instead of every repeat of a few. A reference cell is re-timed every few repeats; when it has
+moved beyond a bound, the repeats timed since its last good check are dropped and timed again,
+and a level it keeps is accepted as a new epoch (cells whose repeats straddle epochs are timed
+again at the end). Cells that break the physical order of step times (a longer draft or a larger
+batch clearly cheaper, see ``core.consistency``) are timed again once, then flagged. The
+profile's meta records all of it.
+
+Each cell's record is appended to a JSONL checkpoint whenever its repeats grow (after a good
+reference check); the last record of a cell wins. A rerun with the same checkpoint continues the
+rounds where they stopped and skips every finished cell.
 """
 
 from __future__ import annotations
@@ -18,10 +28,11 @@ import json
 import os
 import statistics
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
+from tabletune.core.consistency import consistency_violations
 from tabletune.core.contracts import Profile, ProfileCell
 from tabletune.core.errors import (ContractError, check_dict, check_int, check_number,
                                    check_sequence, fail)
@@ -78,6 +89,15 @@ class ProfileSettings:
     max_extra_repeats: int = 2
     startup_timeout_s: float = 600.0
     temperature: float = 0.0
+    # The reference cell (smallest B, shortest length) is re-timed after every this many cell
+    # repeats; 0 = never (no drift guard).
+    reference_every: int = 8
+    # How far (relative) the reference may move from its start before the repeats timed since
+    # its last good check are dropped (they are timed again).
+    drift_bound: float = 0.10
+    # Re-checks of a moved reference (drift_wait_s apart) before its new level is accepted.
+    drift_retries: int = 2
+    drift_wait_s: float = 5.0
 
     def __post_init__(self) -> None:
         if self.repeats < 1:
@@ -86,6 +106,10 @@ class ProfileSettings:
             raise ValueError(f"output_tokens: {self.output_tokens!r} must be >= 2")
         if not self.batch_sizes or min(self.batch_sizes) < 1:
             raise ValueError(f"batch_sizes: {self.batch_sizes!r} must be non-empty, all >= 1")
+        if self.reference_every < 0:
+            raise ValueError(f"reference_every: {self.reference_every!r} must be >= 0")
+        if not self.drift_bound > 0:
+            raise ValueError(f"drift_bound: {self.drift_bound!r} must be > 0")
 
 
 @dataclass
@@ -261,8 +285,13 @@ def _median(xs: Sequence[float]) -> float:
 
 
 def assemble_profile(fingerprint: dict, max_k: int, raw: Iterable[RawCell],
-                     settings: ProfileSettings, meta: dict | None = None) -> Profile:
-    """Choose one timing source for the whole profile (the steadier) and build the Profile."""
+                     settings: ProfileSettings, meta: dict | None = None,
+                     flags: dict[tuple[int, int], Sequence[str]] | None = None) -> Profile:
+    """Choose one timing source for the whole profile (the steadier) and build the Profile.
+
+    Cells that break the physical order beyond their noise get the flag "inconsistent" and are
+    named in ``meta["inconsistent"]``; ``flags`` adds others (e.g. "drift") per cell.
+    """
     raw = sorted(raw, key=lambda c: (c.batch_size, c.k))
     engine_ok = all(len(c.engine_samples_ms) >= 1 for c in raw)
     client_spread = _median([_relative_spread(c.client_samples_ms) for c in raw])
@@ -291,8 +320,16 @@ def assemble_profile(fingerprint: dict, max_k: int, raw: Iterable[RawCell],
             flagged=spread > settings.max_spread,
             engine_step_ms=engine if engine and engine > 0 else None,
             client_step_ms=client if client > 0 else None,
+            flags=tuple((flags or {}).get((c.batch_size, c.k), ())),
         ))
+    violations = consistency_violations(
+        {(c.batch_size, c.k): (c.step_ms, c.uncertainty) for c in cells})
+    bad = {v.cheaper for v in violations} | {v.than for v in violations}
+    cells = [replace(c, flagged=True, flags=tuple(sorted({*c.flags, "inconsistent"})))
+             if (c.batch_size, c.k) in bad else
+             replace(c, flagged=c.flagged or bool(c.flags)) for c in cells]
     meta = dict(meta or {})
+    meta["inconsistent"] = [v.to_dict() for v in violations]
     meta.update({
         "step_source": source,
         "median_spread": {"client": client_spread,
@@ -340,24 +377,221 @@ class CellTimer:
         engine_ms = _median(steps) if steps else None
         return client_ms, engine_ms, len(steps)
 
-    def measure(self, batch_size: int, k: int) -> RawCell:
-        cell = RawCell(batch_size, k, [], [])
-        s = self.settings
-        for attempt in range(s.repeats + s.max_extra_repeats):
-            client_ms, engine_ms, seen = self.one_repeat(batch_size, k)
-            cell.client_samples_ms.append(client_ms)
-            if engine_ms is not None:
-                cell.engine_samples_ms.append(engine_ms)
+
+Repeat = tuple[float, "float | None", int]  # client ms, engine ms (None: no steps seen), steps
+
+
+class RoundRobin:
+    """The drift-proof schedule, apart from any engine: ``measure(B, k)`` times one repeat and
+    ``pin(k)`` makes the next repeats run at length k (both given by the caller).
+
+    Repeats are timed lowest-count first over the grid (k-major, so one-launch pins change once
+    per round), and held back from ``checkpoint`` until the reference cell has been re-timed
+    and found where it was; see the module docstring.
+    """
+
+    def __init__(self, checkpoint, settings: ProfileSettings, *,
+                 sleep: Callable[[float], None] = time.sleep,
+                 progress: Callable[[int, int], None] | None = None) -> None:
+        self.ckpt = checkpoint
+        self.s = settings
+        self.sleep = sleep
+        self.progress = progress
+        self.measure: Callable[[int, int], Repeat] | None = None
+        self.pin: Callable[[int], None] | None = None
+        self.pinned: int | None = None
+        self.reference: tuple[int, int] | None = None
+        self.baseline: list[float] = []
+        self.epoch = 0
+        self.epochs: dict[tuple[int, int], set[int]] = {}
+        self.window: list[tuple[tuple[int, int], Repeat]] = []
+        self.fresh: dict[tuple[int, int], RawCell] = {}
+        self.since_check = 0
+        self.repeats_timed = 0
+        self.reference_ms: list[dict] = []
+        self.events: list[dict] = []
+        self.remeasured: dict[str, list[list[int]]] = {}
+
+    # -- engine boundary ------------------------------------------------------------------
+
+    def attach(self, measure: Callable[[int, int], Repeat], pin: Callable[[int], None],
+               reference: tuple[int, int]) -> None:
+        """A (new) server: its own reference level, epoch and pinned length."""
+        self.flush()
+        self.measure, self.pin, self.pinned = measure, pin, None
+        self.reference = reference
+        self.baseline = []
+        if self.reference_ms or self.events:
+            self.epoch += 1
+
+    def _time(self, b: int, k: int) -> Repeat:
+        if self.pinned != k:
+            self.pin(k)
+            self.pinned = k
+        self.repeats_timed += 1
+        return self.measure(b, k)
+
+    # -- bookkeeping ----------------------------------------------------------------------
+
+    def count(self, key: tuple[int, int]) -> int:
+        cell = self.fresh.get(key, self.ckpt.cells.get(key))
+        done = len(cell.client_samples_ms) if cell is not None else 0
+        return done + sum(1 for k, _ in self.window if k == key)
+
+    def _commit(self) -> None:
+        touched: dict[tuple[int, int], RawCell] = {}
+        for key, (client, engine, seen) in self.window:
+            cell = touched.get(key)
+            if cell is None:
+                base = self.fresh.get(key, self.ckpt.cells.get(key))
+                cell = (RawCell(key[0], key[1], list(base.client_samples_ms),
+                                list(base.engine_samples_ms), base.engine_steps_seen)
+                        if base is not None else RawCell(key[0], key[1], [], []))
+                touched[key] = cell
+            cell.client_samples_ms.append(client)
+            if engine is not None:
+                cell.engine_samples_ms.append(engine)
             cell.engine_steps_seen += seen
-            if attempt + 1 >= s.repeats:
-                # Extra repeats only while both sources stay noisy: one steady source suffices.
-                steady = min(_relative_spread(cell.client_samples_ms),
-                             _relative_spread(cell.engine_samples_ms)
-                             if len(cell.engine_samples_ms) == len(cell.client_samples_ms)
-                             else float("inf"))
-                if steady <= s.max_spread:
-                    break
-        return cell
+        for key, cell in touched.items():
+            self.fresh.pop(key, None)
+            self.ckpt.add(cell)
+            self.epochs.setdefault(key, set()).add(self.epoch)
+        self.window = []
+        self.since_check = 0
+
+    def flush(self) -> None:
+        """Check the reference once more and commit what it vouches for."""
+        if self.window:
+            self._check_reference()
+
+    # -- the reference cell ---------------------------------------------------------------
+
+    def _reference_once(self) -> float:
+        b, k = self.reference
+        client, _, _ = self._time(b, k)
+        self.reference_ms.append({"after_repeats": self.repeats_timed, "epoch": self.epoch,
+                                  "ms": client})
+        return client
+
+    def _bound(self) -> float:
+        base = _median(self.baseline)
+        noise = (max(self.baseline) - min(self.baseline)) / base if base > 0 else 0.0
+        return max(self.s.drift_bound, 2 * noise)
+
+    def _check_reference(self) -> None:
+        if self.s.reference_every == 0 or self.reference is None:
+            self._commit()
+            return
+        while len(self.baseline) < 2:
+            self.baseline.append(self._reference_once())
+        for attempt in range(self.s.drift_retries + 1):
+            ms = self._reference_once()
+            base = _median(self.baseline)
+            moved = ms / base - 1 if base > 0 else 0.0
+            if abs(moved) <= self._bound():
+                self._commit()
+                return
+            event = {"after_repeats": self.repeats_timed, "epoch": self.epoch,
+                     "reference": list(self.reference), "baseline_ms": base, "ms": ms,
+                     "moved": moved, "bound": self._bound()}
+            if self.window:
+                event["dropped"] = [list(key) for key in sorted({key for key, _ in self.window})]
+                self.window = []
+            event["action"] = ("dropped the repeats since the last good check; re-checking"
+                               if attempt < self.s.drift_retries else
+                               "the reference stays moved: accepted as a new epoch")
+            self.events.append(event)
+            if attempt < self.s.drift_retries:
+                self.sleep(self.s.drift_wait_s)
+        self.epoch += 1
+        self.baseline = [ms]
+        self.since_check = 0
+
+    def _after_repeat(self) -> None:
+        self.since_check += 1
+        if self.progress is not None:
+            self.progress(1, 0)
+        if self.s.reference_every and self.since_check >= self.s.reference_every:
+            self._check_reference()
+        elif not self.s.reference_every:
+            self._commit()
+
+    # -- rounds -----------------------------------------------------------------------------
+
+    def run(self, targets: dict[tuple[int, int], int]) -> None:
+        """Time repeats until every cell ``key`` has ``targets[key]`` of them, round-robin."""
+        order = sorted(targets, key=lambda key: (key[1], key[0]))
+        while True:
+            todo = [key for key in order if self.count(key) < targets[key]]
+            if not todo:
+                break
+            low = min(self.count(key) for key in todo)
+            for key in todo:
+                if self.count(key) == low:
+                    self.window.append((key, self._time(*key)))
+                    self._after_repeat()
+        self.flush()
+
+    def remeasure(self, keys: Sequence[tuple[int, int]], repeats: int, why: str) -> None:
+        """Time ``keys`` afresh (``repeats`` each, interleaved); their new repeats replace the
+        old ones."""
+        keys = sorted(set(keys), key=lambda key: (key[1], key[0]))
+        if not keys:
+            return
+        self.flush()
+        self.remeasured.setdefault(why, []).extend([list(key) for key in keys])
+        for key in keys:
+            self.fresh[key] = RawCell(key[0], key[1], [], [])
+            self.epochs.pop(key, None)
+        self.run({key: repeats for key in keys})
+
+    def straddling(self) -> list[tuple[int, int]]:
+        """Cells whose repeats (timed in this run) fall in more than one epoch."""
+        return [key for key, seen in self.epochs.items() if len(seen) > 1]
+
+    def meta(self) -> dict:
+        return {
+            "schedule": "round-robin: every cell gets repeat r before any gets repeat r + 1",
+            "reference_cell": list(self.reference) if self.reference else None,
+            "reference_every": self.s.reference_every,
+            "drift_bound": self.s.drift_bound,
+            "reference_ms": self.reference_ms,
+            "drift_events": self.events,
+            "epochs": self.epoch + 1,
+            "remeasured": self.remeasured,
+        }
+
+
+def _steady(cell: RawCell, max_spread: float) -> bool:
+    """One steady timing source suffices."""
+    engine = (_relative_spread(cell.engine_samples_ms)
+              if len(cell.engine_samples_ms) == len(cell.client_samples_ms) else float("inf"))
+    return min(_relative_spread(cell.client_samples_ms), engine) <= max_spread
+
+
+def run_schedule(rr: RoundRobin, keys: Sequence[tuple[int, int]], settings: ProfileSettings,
+                 *, repair: bool) -> None:
+    """All of one server's cells: base repeats, extra repeats for noisy cells, then (``repair``:
+    every length is on this server) cells straddling a drift and inconsistent cells again."""
+    rr.run({key: settings.repeats for key in keys})
+    for _ in range(settings.max_extra_repeats):
+        noisy = {key: rr.count(key) + 1 for key in keys
+                 if not _steady(rr.ckpt.cells[key], settings.max_spread)}
+        if not noisy:
+            break
+        rr.run(noisy)
+    if not repair:
+        return
+    rr.remeasure([key for key in rr.straddling() if key in keys], settings.repeats, "drift")
+    cells = {key: _cell_noise(rr.ckpt.cells[key]) for key in keys}
+    bad = {key for v in consistency_violations(cells) for key in (v.cheaper, v.than)}
+    rr.remeasure(sorted(bad), settings.repeats, "inconsistent")
+
+
+def _cell_noise(cell: RawCell) -> tuple[float, float]:
+    pc = ProfileCell(cell.batch_size, cell.k, max(_median(cell.client_samples_ms), 1e-9),
+                     tuple(cell.client_samples_ms))
+    return pc.step_ms, pc.uncertainty
 
 
 ProgressFn = Callable[[int, int, str], None]
@@ -392,30 +626,35 @@ def profile_step_times(spec: EngineSpec, *, batch_sizes: Sequence[int], checkpoi
     if len(prompts) < max_b:
         prompts = (prompts * (max_b // len(prompts) + 1))[:max_b]
     log_dir = Path(log_dir) if log_dir else Path(checkpoint).parent / "logs"
-    todo = [(b, k) for k in lengths for b in settings.batch_sizes if (b, k) not in ckpt.cells]
-    bar = _progress_bar(len(todo), progress)
+    todo = sum(max(settings.repeats - len(c.client_samples_ms), 0) for c in ckpt.cells.values())
+    todo += settings.repeats * sum(1 for k in lengths for b in settings.batch_sizes
+                                   if (b, k) not in ckpt.cells)
+    bar = _progress_bar(todo, progress)
+    rr = RoundRobin(ckpt, settings, progress=(lambda n, _: bar.update(n)) if bar else None)
     started = time.time()
     try:
-        for k, server in _servers_per_length(run_spec, lengths, settings, ckpt, log_dir, mode):
+        for phase, server, pin in _servers_per_length(run_spec, lengths, settings, ckpt,
+                                                       log_dir, mode):
             if on_first_server_ready is not None:
                 on_first_server_ready()
                 on_first_server_ready = None
-            pending = [b for b in settings.batch_sizes if (b, k) not in ckpt.cells]
+            keys = [(b, k) for k in phase for b in settings.batch_sizes]
             timer = CellTimer(server, run_spec.served_model_name, prompts, settings)
-            timer.warm_up(max(pending))
-            for b in pending:
-                if bar is not None:
-                    bar.set_postfix_str(f"k={k} B={b}")
-                ckpt.add(timer.measure(b, k))
-                if bar is not None:
-                    bar.update(1)
+            for k in phase:
+                pin(k)
+                timer.warm_up(max(settings.batch_sizes))
+            rr.attach(timer.one_repeat, pin, (min(settings.batch_sizes), phase[0]))
+            # Per-k mode has one length per server: nothing to compare across lengths there.
+            run_schedule(rr, keys, settings, repair=len(phase) == len(lengths))
     finally:
         if bar is not None:
             bar.close()
     raw = [ckpt.cells[(b, k)] for k in lengths for b in settings.batch_sizes]
-    return assemble_profile(fingerprint, spec.max_k, raw, settings,
+    flags = {key: ("drift",) for key in rr.straddling()}
+    return assemble_profile(fingerprint, spec.max_k, raw, settings, flags=flags,
                             meta={"wall_s_this_run": round(time.time() - started, 1),
-                                  "lengths": list(lengths), "mode": mode})
+                                  "lengths": list(lengths), "mode": mode,
+                                  "drift_guard": rr.meta()})
 
 
 PROFILE_MODES = ("one-launch", "per-k")
@@ -430,9 +669,16 @@ def table_with_every_length(max_k: int, max_batch_size: int) -> list[list[int]]:
 
 
 def _servers_per_length(spec, lengths, settings, ckpt, log_dir, mode):
-    """Yield (k, running server pinned to k) for each length that still has cells to measure."""
-    pending = [k for k in lengths
-               if any((b, k) not in ckpt.cells for b in settings.batch_sizes)]
+    """Yield (lengths on it, running server, pin(k)) for what still has repeats to time.
+
+    One-launch: one server for every length, pinned per repeat through the control file.
+    Per-k: one server per length, its table pinned to it.
+    """
+    def unfinished(k):
+        return any(len(ckpt.cells[(b, k)].client_samples_ms) < settings.repeats
+                   if (b, k) in ckpt.cells else True for b in settings.batch_sizes)
+
+    pending = [k for k in lengths if unfinished(k)]
     if not pending:
         return
     max_b = max(settings.batch_sizes)
@@ -443,7 +689,7 @@ def _servers_per_length(spec, lengths, settings, ckpt, log_dir, mode):
                 log_path=log_dir / f"profile-k{k}.log",
                 startup_timeout_s=settings.startup_timeout_s)
             with server:
-                yield k, server
+                yield (k,), server, lambda _k: None
         return
     control = log_dir / "control.json"
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -456,9 +702,8 @@ def _servers_per_length(spec, lengths, settings, ckpt, log_dir, mode):
         extra_env={"TABLETUNE_CONTROL_FILE": str(control)},
         extra_args=("--scheduler-cls", SCHEDULER_CLS))
     with server:
-        for k in pending:
-            _write_control(control, k)
-            yield k, server
+        # Every length, also finished ones: the repair step may time any of them again.
+        yield tuple(lengths), server, lambda k: _write_control(control, k)
 
 
 def _write_control(path: Path, force_k: int | None) -> None:

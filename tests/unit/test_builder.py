@@ -407,3 +407,90 @@ def test_valid_profiles_at_the_extremes_build_without_float_warnings(name):
     assert np.isfinite(far_ms).all(), name
     assert math.isfinite(loss.worst_loss), name
     json.dumps(result.to_document({}).to_dict(), allow_nan=False)  # what save_json needs
+
+
+# ---------------------------------------------------------------------------- noise-aware edges
+
+
+def _two_lengths(t1_b2: float, unc: float):
+    """B=1 picks k=1; at B=2 k=3 is ~3 % better. ``unc``: every cell's relative uncertainty."""
+    cells = {(1, 1): 5.0, (1, 3): 8.0, (2, 1): 5.0, (2, 3): t1_b2}
+    return StepTimes(cells, uncertainty={key: unc for key in cells})
+
+
+def test_an_edge_moves_only_when_the_gain_beats_the_combined_noise():
+    # k=3 at B=2 with T=6.0: goodput ratio vs k=1 is (2.5/6.0)/(1.7/5.0) - 1 = 22.5 %.
+    quiet = build_table(_two_lengths(6.0, 0.0), PAPER_RATES)
+    assert quiet.chosen[1] == 3
+    (edge,) = quiet.edges
+    assert edge["batch_size"] == 2 and (edge["from_k"], edge["to_k"]) == (1, 3)
+    assert edge["gain"] == pytest.approx((2.5 / 6.0) / (1.7 / 5.0) - 1)
+    assert edge["uncertainty"] == 0.0
+    # Cells each uncertain by 10 %: combined 14.1 %, still below the 22.5 % gain.
+    assert build_table(_two_lengths(6.0, 0.10), PAPER_RATES).chosen[1] == 3
+    # Each uncertain by 20 %: combined 28 % exceeds the gain, so B=2 keeps B=1's length.
+    held = build_table(_two_lengths(6.0, 0.20), PAPER_RATES)
+    assert held.chosen[1] == 1 and held.edges == () and held.held_by_noise == (2,)
+    doc = held.to_document({}).to_dict()
+    assert doc["goodput"]["held_by_noise_batch_sizes"] == [2]
+
+
+def test_identical_repeats_give_todays_rule_exactly():
+    # A profile whose repeats agree exactly has zero uncertainty: the same table and goodput as
+    # the bare step times, for a grid with many near-ties.
+    cells = [ProfileCell(b, k, 4.0 + 0.2 * b + 0.9 * k + 0.01 * (b % 3), (4.0 + 0.2 * b + 0.9 * k
+                         + 0.01 * (b % 3),) * 3) for b in (1, 2, 4, 8, 16) for k in range(4)]
+    profile = Profile({"x": 1}, 3, tuple(cells))
+    bare = {(c.batch_size, c.k): c.step_ms for c in cells}
+    a = build_table(StepTimes(profile), PAPER_RATES)
+    b = build_table(StepTimes(bare), PAPER_RATES)
+    assert a.chosen == b.chosen and np.array_equal(a.goodput, b.goodput)
+    assert a.held_by_noise == ()
+
+
+def test_profile_cell_uncertainty_is_the_relative_standard_error():
+    cell = ProfileCell(1, 0, 10.0, (9.0, 10.0, 11.0))
+    assert cell.uncertainty == pytest.approx(1.0 / math.sqrt(3) / 10.0)
+    assert ProfileCell(1, 0, 10.0, (10.0,)).uncertainty == 0.0
+    assert ProfileCell(1, 0, 10.0, (10.0, 10.0)).uncertainty == 0.0
+
+
+def test_the_document_records_the_build_settings_and_they_read_back():
+    from tabletune.core import recorded_build_settings
+
+    st_ = StepTimes({(1, 0): 4.0, (1, 1): 5.0, (1, 2): 6.0})
+    doc = build_table(st_, PAPER_RATES, lengths=(0, 2), tie_margin=0.02).to_document({})
+    again = TableDocument.from_dict(json.loads(json.dumps(doc.to_dict())))
+    assert recorded_build_settings(again) == {"tie_margin": 0.02, "allowed_lengths": (0, 2)}
+    unrestricted = build_table(st_, PAPER_RATES).to_document({})
+    assert recorded_build_settings(unrestricted) == {"tie_margin": 0.005,
+                                                     "allowed_lengths": None}
+    # A document from before these were recorded gives the defaults.
+    old = TableDocument(DraftTable.from_ranges([[1, 4, 1]]), 1, {})
+    assert recorded_build_settings(old) == {"tie_margin": 0.005, "allowed_lengths": None}
+    bad = TableDocument(DraftTable.from_ranges([[1, 4, 1]]), 1, {}, {"tie_margin": -1})
+    with pytest.raises(ContractError, match=r"table.goodput.tie_margin: -1 is not a "):
+        recorded_build_settings(bad)
+
+
+def test_held_out_loss_scores_each_fold_on_the_repeat_it_left_out():
+    from tabletune.core import held_out_loss
+
+    # k=1 and k=3 swap places depending on the repeat: in-sample the table is perfect, held out
+    # it is not.
+    cells = [ProfileCell(1, 0, 10.0, (10.0, 10.0, 10.0)),
+             ProfileCell(1, 1, 4.0, (4.0, 4.0, 7.0)),
+             ProfileCell(1, 2, 7.0, (7.0, 7.0, 7.0)),
+             ProfileCell(1, 3, 8.0, (8.0, 8.0, 5.0))]
+    profile = Profile({"x": 1}, 3, tuple(cells))
+    in_sample = build_table(StepTimes(profile), PAPER_RATES)
+    assert table_loss(in_sample.table, StepTimes(profile), PAPER_RATES, [1]).worst_loss == 0.0
+    out = held_out_loss(profile, PAPER_RATES)
+    assert out["folds"] == 3
+    # Folds 0 and 1 pick k=3 from medians (5.5 vs 6.5 ms) and meet k=1 at 4 ms, k=3 at 8 ms.
+    assert out["worst_loss_per_fold"][0] == pytest.approx(1 - (2.5 / 8) / (1.7 / 4))
+    # Fold 2 picks k=1 (4 vs 8 ms) and meets k=1 at 7 ms, k=3 at 5 ms.
+    assert out["worst_loss_per_fold"][2] == pytest.approx(1 - (1.7 / 7) / (2.5 / 5))
+    assert out["worst_loss_max"] == max(out["worst_loss_per_fold"])
+    single = Profile({"x": 1}, 0, (ProfileCell(1, 0, 10.0, (10.0,)),))
+    assert held_out_loss(single, PAPER_RATES) is None

@@ -144,7 +144,7 @@ def test_show_prints_no_nan_for_an_all_zero_goodput_block(docs, capsys):
     capsys.readouterr()
     assert main(["show", str(path)]) == 0
     out = capsys.readouterr().out
-    assert "nan" not in out and "this table: " in out
+    assert "nan" not in out and "this table (modelled, in-sample): " in out
 
 
 class _no_warnings:
@@ -250,3 +250,32 @@ def test_a_denormal_step_time_is_blamed_on_the_cell_not_the_output_file(docs, ca
         f"tabletune build: error: {docs / 'tiny.json'}: profile.cells[2].step_ms: 1e-320 is "
         "implausibly small for a step time (below 1e-06 ms)\n")
     assert not out.exists()
+
+
+def test_build_and_show_label_in_sample_figures_and_name_untrustworthy_cells(docs, capsys):
+    from dataclasses import replace
+
+    from tabletune.core.contracts import Profile
+
+    profile = make_profile()
+    b = profile.batch_sizes[1]
+    cells = [replace(c, flagged=True, flags=("inconsistent",)) if (c.batch_size, c.k) == (b, 2)
+             else c for c in profile.cells]
+    meta = {"inconsistent": [{"text": f"B={b} k=2 is 9.0% cheaper than B={b} k=1"}],
+            "drift_guard": {"drift_events": [{"moved": 0.3}]}}
+    save_json(docs / "profile.json", Profile(profile.fingerprint, profile.max_k,
+                                             tuple(cells), meta))
+    assert build(docs, "--out", str(docs / "table.json")) == 0
+    capsys.readouterr()
+    assert main(["show", str(docs / "table.json")]) == 0
+    out = capsys.readouterr().out
+    in_sample = re.search(r"this table \(modelled, in-sample\): ([0-9.]+%)", out).group(1)
+    # Repeats that agree exactly: out of sample the table is as good as in sample.
+    assert ("out-of-sample (built from all repeats but one, scored on the one left out; 3 "
+            f"folds): worst loss {in_sample} on average") in out
+    assert f"warning: 1 profile cells are flagged: B={b} k=2 (inconsistent)" in out
+    assert f"inconsistent after a re-measure: B={b} k=2 is 9.0% cheaper" in out
+    assert "reference cell moved 1 times" in out
+    doc = json.loads((docs / "table.json").read_text())
+    assert doc["provenance"]["worst_loss_kind"].startswith("modelled, in-sample")
+    assert doc["goodput"]["edges"], "the document says by how much each new length won"

@@ -334,3 +334,25 @@ def test_a_bad_start_table_is_refused_naming_the_variable(tmp_path, monkeypatch,
                                 scheduler_config=SimpleNamespace(max_num_seqs=64))
     with pytest.raises(ContractError, match=message):
         controller_from_env(scheduler)
+
+
+def test_the_controller_rebuilds_with_the_tie_margin_and_lengths_the_table_records(
+        tmp_path, engine_env):
+    from tabletune.controller.runtime import controller_from_env
+
+    profile = make_profile(fingerprint=_SAME)
+    acceptance = make_acceptance()
+    doc = build_table(StepTimes.from_profile(profile), acceptance.rates, lengths=(0, 1, 3),
+                      tie_margin=0.02).to_document({})
+    folder = _write_prior(tmp_path / "prior", PriorBundle(doc, profile, acceptance, "test"))
+    engine_env.setenv("TABLETUNE_CONTROLLER", str(folder))
+    settings = controller_from_env(_engine_scheduler()).estimator.settings
+    assert settings.tie_margin == 0.02 and settings.allowed_lengths == (0, 1, 3)
+    # A field given in the environment wins over the document's; the rest still come from it.
+    engine_env.setenv("TABLETUNE_CONTROLLER_SETTINGS", json.dumps({"tie_margin": 0.01}))
+    settings = controller_from_env(_engine_scheduler()).estimator.settings
+    assert settings.tie_margin == 0.01 and settings.allowed_lengths == (0, 1, 3)
+    prior = PriorBundle(doc, profile, acceptance, "test")
+    runtime = build_runtime(prior, static_lookup=[0] + [1] * 64, num_spec_tokens=3,
+                            max_num_seqs=64)
+    assert runtime.estimator.settings.tie_margin == 0.02

@@ -46,3 +46,19 @@ def test_goodput_rows_are_one_per_batch_size_and_length(tmp_path):
                  plot_tables({"production": DraftTable.from_ranges([[1, 128, 1]]),
                               "candidate": result.document.table}, 128, tmp_path / "t.png")):
         assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_rebuild_uses_the_tie_margin_and_lengths_production_was_built_with():
+    from tabletune.core.builder import StepTimes, build_table
+
+    profile, acceptance = make_profile(), make_acceptance()
+    production = build_table(StepTimes.from_profile(profile), acceptance.rates,
+                             lengths=(0, 1), tie_margin=0.03).to_document({})
+    result = rebuild_table(profile, acceptance, provenance={}, production_document=production)
+    assert result.build.tie_margin == 0.03 and result.build.lengths == (0, 1)
+    assert result.metrics["rebuild_tie_margin"] == 0.03
+    assert result.document.goodput["allowed_lengths"] == [0, 1]
+    # An explicit margin wins; without a production document the defaults apply.
+    assert rebuild_table(profile, acceptance, provenance={}, production_document=production,
+                         tie_margin=0.0).build.tie_margin == 0.0
+    assert rebuild_table(profile, acceptance, provenance={}).build.tie_margin == 0.005

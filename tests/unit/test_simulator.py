@@ -325,3 +325,13 @@ def test_nan_free_losses_even_for_a_policy_that_never_speculates():
     sc = tiny_scenario(concurrency=(1, 2), duration_s=3.0)
     report = run_simulation(sc, [NoSpeculation(), FixedLength(0)])
     assert all(math.isfinite(x) for p in report.policies for x in p.loss)
+
+
+def test_simulator_tick_labels_thin_out_where_levels_crowd():
+    from tabletune.simulator.report import _display_name, _thinned_labels
+
+    labels = _thinned_labels((1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 96, 112, 128))
+    assert labels[0] == "1" and labels[-1] == "128"
+    # 96 and 112 sit within 0.3 octaves of 128 (or of each other): left blank.
+    assert labels[-2] == "" and labels[-3] == ""
+    assert _display_name("measured") == "measured (scenario's table)"

@@ -1,0 +1,168 @@
+"""The profiler's schedule without an engine: a fake machine stands at the measure/pin boundary.
+
+The fake's step time is exact (T = 10 + B + 2k ms) times a load factor that depends on a fake
+clock: one tick per timed repeat, ``sleep`` advances it too. So every sample is either the
+truth or visibly slowed, and the tests can say exactly which cells the schedule let through.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tabletune.core.consistency import consistency_violations
+from tabletune.tuner.profiler import (Checkpoint, ProfileSettings, RoundRobin, assemble_profile,
+                                      run_schedule)
+
+GRID = (1, 2, 4)
+LENGTHS = (0, 1, 2)
+KEYS = [(b, k) for k in LENGTHS for b in GRID]
+
+
+def truth(b: int, k: int) -> float:
+    return 10.0 + b + 2.0 * k
+
+
+class FakeMachine:
+    def __init__(self, load=lambda t: 1.0, odd=None):
+        self.clock = 0.0
+        self.load = load
+        self.odd = odd or {}  # (b, k) -> callable(n-th time this cell is timed) -> factor
+        self.pinned = None
+        self.timed: list[tuple[int, int]] = []
+        self.pins: list[int] = []
+
+    def pin(self, k: int) -> None:
+        self.pinned = k
+        self.pins.append(k)
+
+    def sleep(self, s: float) -> None:
+        self.clock += s
+
+    def measure(self, b: int, k: int):
+        assert self.pinned == k, "timed a cell at a length that was not pinned"
+        n = self.timed.count((b, k))
+        self.timed.append((b, k))
+        factor = self.load(self.clock) * self.odd.get((b, k), lambda n: 1.0)(n)
+        self.clock += 1
+        ms = truth(b, k) * factor
+        return ms, ms, 60
+
+
+def settings(**kw) -> ProfileSettings:
+    base = dict(batch_sizes=GRID, repeats=3, max_extra_repeats=0, reference_every=4,
+                drift_bound=0.1, drift_retries=2, drift_wait_s=5.0)
+    base.update(kw)
+    return ProfileSettings(**base)
+
+
+def profile(tmp_path, machine, s, name="c.jsonl"):
+    ckpt = Checkpoint(tmp_path / name, {"engine": "fake"}, s)
+    rr = RoundRobin(ckpt, s, sleep=machine.sleep)
+    rr.attach(machine.measure, machine.pin, (1, 0))
+    run_schedule(rr, KEYS, s, repair=True)
+    raw = [ckpt.cells[key] for key in KEYS]
+    return assemble_profile({"engine": "fake"}, 2, raw, s,
+                            flags={key: ("drift",) for key in rr.straddling()},
+                            meta={"drift_guard": rr.meta()}), rr
+
+
+def test_repeats_are_interleaved_round_robin_not_back_to_back(tmp_path):
+    machine = FakeMachine()
+    p, _ = profile(tmp_path, machine, settings(reference_every=0))
+    cells = [t for t in machine.timed]
+    # Round r times all nine cells once before any cell gets its (r + 1)-th repeat.
+    for r in range(3):
+        assert sorted(cells[9 * r:9 * (r + 1)]) == sorted(KEYS)
+    # k-major inside a round: the pinned length changes once per length per round.
+    assert machine.pins == [0, 1, 2] * 3
+    assert all(c.step_ms == truth(c.batch_size, c.k) for c in p.cells)
+    assert p.meta["inconsistent"] == [] and not any(c.flagged for c in p.cells)
+
+
+def test_a_passing_slowdown_is_dropped_and_timed_again(tmp_path):
+    # The machine is 40 % slower for 6 ticks, once the baseline is set.
+    machine = FakeMachine(load=lambda t: 1.4 if 8 <= t < 14 else 1.0)
+    p, rr = profile(tmp_path, machine, settings())
+    events = p.meta["drift_guard"]["drift_events"]
+    assert events and events[0]["moved"] == pytest.approx(0.4)
+    assert events[0]["dropped"], "the repeats timed during the slowdown were dropped"
+    # Every sample that reached the profile is the truth: nothing measured under load is left.
+    for c in p.cells:
+        assert set(c.samples_ms) == {truth(c.batch_size, c.k)}, c
+        assert len(c.samples_ms) == 3
+    assert p.meta["drift_guard"]["epochs"] == 1
+    assert not any(c.flagged for c in p.cells)
+
+
+def test_a_lasting_shift_becomes_a_new_epoch_and_straddling_cells_are_timed_again(tmp_path):
+    # From tick 12 on the machine stays 50 % slower (a hog that never stops).
+    machine = FakeMachine(load=lambda t: 1.5 if t >= 12 else 1.0)
+    p, rr = profile(tmp_path, machine, settings())
+    guard = p.meta["drift_guard"]
+    assert guard["epochs"] == 2
+    assert "new epoch" in guard["drift_events"][-1]["action"]
+    assert guard["remeasured"]["drift"], "cells with repeats on both sides were timed again"
+    # No cell mixes the two levels: each one's repeats agree.
+    for c in p.cells:
+        assert len(set(c.samples_ms)) == 1, c
+
+
+def test_a_cell_that_is_cheaper_once_is_timed_again_and_passes(tmp_path):
+    # The three repeats of B=2, k=2 come out 40 % fast and agree (what back-to-back repeats
+    # under a passing change look like); timed again, it is its true self.
+    machine = FakeMachine(odd={(2, 2): lambda n: 0.6 if n < 3 else 1.0})
+    p, rr = profile(tmp_path, machine, settings(reference_every=0))
+    assert [2, 2] in rr.meta()["remeasured"]["inconsistent"]
+    assert p.step_ms(2, 2) == truth(2, 2)
+    assert p.meta["inconsistent"] == []
+    assert not p.cell(2, 2).flagged
+
+
+def test_a_cell_that_stays_cheaper_is_flagged_and_named(tmp_path):
+    # B=4, k=2 is always faster than B=4, k=0: it must be flagged, with the reason.
+    machine = FakeMachine(odd={(4, 2): lambda n: 0.5})
+    p, rr = profile(tmp_path, machine, settings(reference_every=0))
+    cell = p.cell(4, 2)
+    assert cell.flagged and "inconsistent" in cell.flags
+    texts = [v["text"] for v in p.meta["inconsistent"]]
+    assert any(t.startswith("B=4 k=2 is") and "longer draft cheaper" in t for t in texts), texts
+    # Round trip through the document keeps the flags.
+    from tabletune.core.contracts import Profile
+    assert Profile.from_dict(p.to_dict()).cell(4, 2).flags == cell.flags
+
+
+def test_a_resumed_run_continues_the_rounds(tmp_path):
+    s = settings(reference_every=0)
+    machine = FakeMachine()
+
+    class Crash(Exception):
+        pass
+
+    def measure(b, k):
+        if len(machine.timed) == 13:
+            raise Crash
+        return machine.measure(b, k)
+
+    ckpt = Checkpoint(tmp_path / "c.jsonl", {"engine": "fake"}, s)
+    rr = RoundRobin(ckpt, s)
+    rr.attach(measure, machine.pin, (1, 0))
+    with pytest.raises(Crash):
+        run_schedule(rr, KEYS, s, repair=True)
+    counts = sorted(len(c.client_samples_ms) for c in ckpt.cells.values())
+    assert counts == [1] * 5 + [2] * 4  # round 2 under way, every committed repeat kept
+    again = FakeMachine()
+    p, _ = profile(tmp_path, again, s)
+    # The resumed run timed only the missing repeats, lowest count first.
+    assert len(again.timed) == 27 - 13
+    # First the five cells that still lacked their second repeat, then round 3 for all nine.
+    assert len(set(again.timed[:5])) == 5 and sorted(again.timed[5:]) == sorted(KEYS)
+    assert all(len(c.samples_ms) == 3 for c in p.cells)
+
+
+def test_consistency_violations_respect_noise():
+    cells = {(1, 0): (10.0, 0.0), (1, 1): (9.0, 0.0), (2, 0): (9.0, 0.0), (2, 1): (12.0, 0.0)}
+    kinds = {(v.cheaper, v.kind) for v in consistency_violations(cells)}
+    assert kinds == {((1, 1), "longer draft cheaper"), ((2, 0), "larger batch cheaper")}
+    # The same gaps within two combined standard errors are noise, not violations.
+    noisy = {key: (ms, 0.06) for key, (ms, _) in cells.items()}
+    assert consistency_violations(noisy) == []
