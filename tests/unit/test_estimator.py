@@ -187,12 +187,30 @@ def test_exploration_uses_the_longest_allowed_length():
 # ------------------------------------------------------------------------------- prior decay
 
 
-def test_prior_decay_halves_w_at_every_rebuild():
+def test_prior_decay_halves_w_at_every_rebuild_while_live_traffic_disagrees():
     est = make(prior_decay=True)
-    weights = [est.rebuild().prior_weight for _ in range(4)]
+    weights = []
+    for _ in range(4):
+        feed(est, 1, 0, 100)  # position 1 never kept: far from the prior's 0.7
+        weights.append(est.rebuild().prior_weight)
     assert weights == [2000.0, 1000.0, 500.0, 250.0]
     assert est.prior_weight == 125.0
     assert make().rebuild().prior_weight == 2000.0 and make().prior_weight == 2000.0
+
+
+def test_prior_decay_stops_while_live_traffic_agrees_with_the_prior():
+    est = make(prior_decay=True)
+    assert est.rebuild().prior_weight == 2000.0 and est.prior_weight == 2000.0  # no data
+    for _ in range(5):
+        feed(est, 3, 3, 30)  # a_1..a_3 = 0.7 / 0.5 / 0.3 of 100 requests: exactly the prior
+        feed(est, 3, 2, 20)
+        feed(est, 3, 1, 20)
+        feed(est, 3, 0, 30)
+        est.rebuild()
+    assert est.prior_weight == 2000.0
+    # Without the noise test (edge_z = 0) decay is today's: halve at every rebuild.
+    plain = make(prior_decay=True, edge_z=0)
+    assert [plain.rebuild().prior_weight for _ in range(3)] == [2000.0, 1000.0, 500.0]
 
 
 def test_prior_decay_lets_live_traffic_take_over_sooner():
@@ -212,9 +230,11 @@ def test_prior_decay_lets_live_traffic_take_over_sooner():
 def test_decayed_w_of_zero_never_divides_by_zero():
     est = make(prior_decay=True, prior_weight=5e-324)  # the smallest float: halving gives 0.0
     for _ in range(3):
-        rates = est.rebuild().rates  # w underflows to 0.0; nothing was drafted
+        feed(est, 1, 0, 100)  # disagrees at position 1, so w halves; 2 and 3 never drafted
+        rates = est.rebuild().rates  # w underflows to 0.0
     assert est.prior_weight == 0.0
-    assert rates == PRIOR and all(math.isfinite(r) for r in rates)
+    assert rates[0] == 0.0 and rates[1:] == (0.0, 0.0)  # monotone: nothing above a_1 = 0
+    assert all(math.isfinite(r) for r in rates)
 
 
 # ---------------------------------------------------------------------------------- hysteresis
