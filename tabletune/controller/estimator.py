@@ -922,6 +922,8 @@ class Estimator:
                                   if self._t_n[i, j] > 0],
             "step_samples": [[b, k, n, total] for (b, k), (n, total) in
                              sorted(self._step_obs.items())],
+            "step_times_in_use": [[b, k, ms] for (b, k), ms in
+                                  sorted(self._timing.to_dict().items())],
             "step_stalls": self._stalls,
             "drift_streak": self._drift_streak,
             "profile_stale": self._stale,
@@ -1001,7 +1003,17 @@ class Estimator:
         est._drift_streak = check_int(s.get("drift_streak", 0), "state.drift_streak", minimum=0)
         stale = s.get("profile_stale")
         est._stale = None if stale is None else dict(check_dict(stale, "state.profile_stale"))
-        est._timing = est._blend_step_times()
+        in_use = s.get("step_times_in_use")
+        if in_use is None:
+            est._timing = est._blend_step_times()
+        else:
+            cells = {}
+            for n, row in enumerate(check_sequence(in_use, "state.step_times_in_use")):
+                row = check_sequence(row, f"state.step_times_in_use[{n}]")
+                if len(row) != 3:
+                    fail(f"state.step_times_in_use[{n}]", row, "is not [batch_size, k, step_ms]")
+                cells[(row[0], row[1])] = row[2]
+            est._timing = StepTimes(cells, field="state.step_times_in_use")
         est._install(DraftTable.from_ranges(s["table"], "state.table"))
         held = tuple(check_sequence(s["held_range"], "state.held_range"))
         for i, r in enumerate(zip(est._lo, est._hi, est._rk)):
