@@ -6,8 +6,10 @@ the drafter and tensor parallelism. Two DAGs keep the profile in step with them:
 
 * **tabletune_reprofile** (hourly, cheap): computes the deployment fingerprint on the engine
   worker without starting anything and compares it with the last profiled one (stored on the
-  registered model). Only when it differs — or when triggered with `force=true` — does it emit
-  an event on the asset `x-tabletune://deployment/fingerprint`.
+  registered model). Only when it differs, when the online controller on this worker has marked
+  production's profile stale (live step times beyond its drift bound; `profile_stale.json` in
+  `TABLETUNE_CONTROLLER_OUT`, acted on once per mark), or when triggered with `force=true` does
+  it emit an event on the asset `x-tabletune://deployment/fingerprint`.
 * **tabletune_profile** (runs on that asset event, or by hand): profiles step times on the
   engine worker (queue/pool `gpu`), rebuilds the table with production's acceptance, validates
   it (the edge tolerance is not applied after a fingerprint change: the old edges describe
@@ -57,12 +59,16 @@ def tabletune_reprofile():
     @task(queue=ENGINE_QUEUE)
     @permanent_errors_fail_fast
     def check_fingerprint(params=None) -> dict:
+        import os
+
         from tabletune.pipeline import flows
 
         spec = TableTuneEngineHook().get_conn()
         model_name = model_name_for(spec, params["deployment_key"])
+        # The online controller's stale mark on this worker is a trigger too.
         result = flows.check_fingerprint(TableTuneMlflowHook().get_conn(), spec,
-                                         model_name=model_name, force=params["force"])
+                                         model_name=model_name, force=params["force"],
+                                         controller_out=os.environ.get("TABLETUNE_CONTROLLER_OUT"))
         return {**result, "model_name": model_name}
 
     @task(outlets=[FINGERPRINT_CHANGED])
@@ -73,6 +79,7 @@ def tabletune_reprofile():
             # A skipped task emits no asset event, so the profiling DAG does not run.
             raise AirflowSkipException(f"fingerprint {check['fingerprint_key']} unchanged")
         outlet_events[FINGERPRINT_CHANGED].extra = {
+            "reason": check["reason"],
             "model_name": check["model_name"],
             "fingerprint_key": check["fingerprint_key"],
             "previous_key": check["last_key"],

@@ -9,14 +9,26 @@ from TableTune's runtime:
 * the online controller (``TABLETUNE_CONTROLLER``) chooses k per step and learns from the
   per-request drafted/accepted counts the scheduler already computes.
 
+The controller also hears each pure decode step's wall time (``update_from_output``: the time
+since the previous output, which is the step period in both the synchronous and the asynchronous
+engine loop) and compares it with the profile.
+
 Whatever goes wrong inside TableTune, the engine keeps running on the last good lookup: every
 entry point here catches, logs once, and falls back.
+
+vLLM logs "If you have subclassed Scheduler instead of AsyncScheduler, you will see degraded
+performance due to async scheduling being disabled" for every ``--scheduler-cls`` outside
+``vllm.`` (``SchedulerConfig.get_scheduler_cls``), whatever the class is. It does not apply here:
+the engine's async-scheduling decision does not depend on the scheduler class, and
+``TableTuneScheduler`` becomes ``TableTuneAsyncScheduler`` (an AsyncScheduler) whenever the
+engine schedules asynchronously; the start-up log says which one runs.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import time
 
 from tabletune.controller.lookup import CONTROL_FILE_ENV, ControlFile, StepLookup
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
@@ -43,6 +55,8 @@ class TableTuneScheduler(Scheduler):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self._tabletune_lookup: StepLookup | None = None
+        self._tabletune_last_output = 0.0
+        self._tabletune_slow_s = 0.0
         try:
             self._install_tabletune()
         except Exception:  # nothing TableTune does may stop the engine from starting
@@ -57,17 +71,32 @@ class TableTuneScheduler(Scheduler):
             return
         static = list(self.dynamic_sd_lookup)
         controller = None
+        logger.info("TableTune scheduler: %s (async scheduling %s), so vLLM's warning about "
+                    "subclassing Scheduler instead of AsyncScheduler does not apply",
+                    type(self).__name__, "on" if isinstance(self, AsyncScheduler) else "off")
         if os.environ.get("TABLETUNE_CONTROLLER"):
-            try:
-                from tabletune.controller.runtime import controller_from_env
+            from tabletune.controller import runtime
 
-                controller = controller_from_env(self)
+            reason = None
+            try:
+                controller = runtime.controller_from_env(self)
             except ValueError as e:  # ContractError: the prior is unusable, and we say why
+                reason = f"refused its prior: {e}"
                 logger.error("TableTune controller refused its prior: %s; running the static "
                              "table", e)
-            except Exception:
+            except Exception as e:
+                reason = f"could not start: {type(e).__name__}: {e}"
                 logger.exception("TableTune controller could not start; "
                                  "running the static table")
+            if controller is None:
+                runtime.write_controller_off(os.environ.get(runtime.OUT_ENV),
+                                             source=os.environ.get(runtime.PRIOR_ENV, ""),
+                                             reason=reason or "not started")
+            slow = os.environ.get(runtime.SLOW_FAULT_ENV)
+            if controller is not None and slow:
+                self._tabletune_slow_s = float(slow) / 1000.0
+                logger.warning("TableTune fault injection: every decode step sleeps %s ms per "
+                               "drafted position (%s)", slow, runtime.SLOW_FAULT_ENV)
         self._tabletune_lookup = StepLookup(
             static, self.num_spec_tokens, ControlFile(os.environ.get(CONTROL_FILE_ENV)),
             controller)
@@ -89,6 +118,36 @@ class TableTuneScheduler(Scheduler):
                 lookup._fail("counting drafts")
         return super().make_spec_decoding_stats(spec_decoding_stats, num_draft_tokens,
                                                 num_accepted_tokens, *args, **kwargs)
+
+
+    def update_from_output(self, scheduler_output, model_runner_output):
+        lookup = self._tabletune_lookup
+        if lookup is not None and lookup.controller is not None:
+            try:
+                self._tabletune_time_step(lookup, scheduler_output)
+            except Exception:
+                lookup._fail("timing a step")
+        return super().update_from_output(scheduler_output, model_runner_output)
+
+    def _tabletune_time_step(self, lookup: StepLookup, out) -> None:
+        """Report a pure decode step's period: B requests, each verifying exactly k drafts.
+
+        Prefill steps, steps with a new request or mixed draft lengths are not what the
+        profile measured; they still restart the clock.
+        """
+        batch = len(out.num_scheduled_tokens)
+        k = -1
+        if batch and not out.scheduled_new_reqs:
+            per_request, rest = divmod(out.total_num_scheduled_tokens, batch)
+            k = per_request - 1
+            if rest or k < 0 or len(out.scheduled_spec_decode_tokens) != (batch if k else 0):
+                k = -1
+        if k >= 0 and self._tabletune_slow_s:
+            time.sleep(self._tabletune_slow_s * k)  # test-only fault (SLOW_FAULT_ENV)
+        now = time.perf_counter()
+        last, self._tabletune_last_output = self._tabletune_last_output, now
+        if k >= 0 and last:
+            lookup.controller.observe_step_time(batch, k, (now - last) * 1000.0)
 
 
 class TableTuneAsyncScheduler(TableTuneScheduler, AsyncScheduler):

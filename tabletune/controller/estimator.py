@@ -2,7 +2,7 @@
 
 Pure (numpy and the standard library only), so the vLLM scheduler adapter, the simulator and the
 tests all drive the same object. The split follows the paper: step times T(B, k) come from the
-offline profile and never change here; only acceptance is tracked live.
+offline profile; acceptance is tracked live, and so are the engine's own step times (below).
 
 Per position i the estimator counts how often it was drafted and how often it was kept (a request
 that drafts 3 and keeps 2 adds a draft to positions 1-3 and a keep to positions 1-2: verification
@@ -14,6 +14,25 @@ stops at the first wrong draft, so the kept ones are always the leading ones). E
 halves the live counts (recent traffic dominates), and rebuilds the table with the core builder
 (``tabletune.core.builder.build_table``, same tie margin as the tuner).
 
+Noise: each a_hat_i carries the binomial standard error of its live counts,
+sqrt(drafted_i * a (1 - a)) / (w + drafted_i) (the prior is fixed; its share has no noise). A
+rebuild moves the k of a batch size only when the new length's modelled goodput beats the current
+one's by more than ``edge_z`` standard errors of the goodput difference (the builder's tie
+margin has already been applied along B); otherwise the batch size keeps its k. Near an edge the
+two lengths' goodputs are close by definition, so noise in a_hat no longer walks the edge. With ``prior_decay`` w halves only while the
+live counts disagree with the prior (beyond the same ``edge_z``): a prior that the traffic
+confirms has no reason to fade, and keeping it keeps the estimate's sample large.
+
+Step times: the scheduler reports each pure decode step's wall time (``observe_step_time``). At a
+rebuild those samples become ratios live / profiled per profiled cell (a batch size between two
+profiled ones is shared between them, as T interpolates), blended with the profile the way
+acceptance is blended with its prior,
+
+    r_hat(B, k) = (w_T + sum of live ratios) / (w_T + live steps),   T'(B, k) = r_hat * T(B, k),
+
+and the rebuild uses T'. When some well-sampled cell's live ratio stays beyond ``drift_bound``
+for ``drift_rebuilds`` rebuilds in a row the profile is marked stale (``profile_stale``).
+
 Hot path: ``on_step`` and ``observe*`` touch Python lists and ints only. ``observe`` keeps a
 histogram of (drafted, accepted) per request instead of adding to up to K positions, so each
 request is O(1); the per-position counts are the histogram's tail sums, taken with numpy at the
@@ -22,6 +41,7 @@ rebuild.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -54,6 +74,9 @@ __all__ = [
     "DEFAULT_PRIOR_WEIGHT",
     "DEFAULT_EXPLORATION_EVERY",
     "DEFAULT_REBUILD_EVERY_STEPS",
+    "DEFAULT_STEP_PRIOR_WEIGHT",
+    "DEFAULT_DRIFT_BOUND",
+    "DEFAULT_EDGE_Z",
 ]
 
 STATE_SCHEMA = "tabletune.controller-state/v1"
@@ -69,6 +92,19 @@ DEFAULT_REBUILD_EVERY_STEPS = 500
 MAX_COUNT = 2**53
 # Rebuild records kept in memory (each holds two tables and K rates).
 MAX_HISTORY = 1_000_000
+# The profile counts as this many live steps per cell: about what one cell of a default profile
+# rests on (3 repeats of 64 decode steps).
+DEFAULT_STEP_PRIOR_WEIGHT = 200.0
+# A cell whose live steps take 25 % longer (or shorter) than profiled is beyond the profile's
+# noise (a steady profile's repeats agree within ~10 %).
+DEFAULT_DRIFT_BOUND = 1.25
+DEFAULT_DRIFT_REBUILDS = 3
+# Live steps a cell needs before its ratio counts towards drift.
+DEFAULT_DRIFT_MIN_STEPS = 50
+# Standard errors a rebuild's goodput gain must exceed before a batch size changes its k.
+DEFAULT_EDGE_Z = 2.0
+# A live step this many times the profiled one is a stall (preemption, a pause), not a step time.
+MAX_STEP_RATIO = 20.0
 
 Range = tuple[int, int, int]
 
@@ -83,13 +119,23 @@ class ControllerSettings:
     - ``exploration_every``: None = off; otherwise every this many steps one step runs at the
       longest allowed length so positions beyond the current k keep being observed
       (``DEFAULT_EXPLORATION_EVERY`` = 50 is the paper's value).
-    - ``prior_decay``: halve w after every rebuild so an outdated prior fades out.
+    - ``prior_decay``: halve w after a rebuild whose live counts disagree with the prior (beyond
+      ``edge_z`` standard errors), so an outdated prior fades out and a confirmed one stays.
     - ``hysteresis``: h in batch sizes; 0 = off. The current k is kept while B stays within h of
       the range it came from, so a batch hovering at an edge does not flip k every step.
     - ``allowed_lengths``: lengths the rebuilt table may use; None = those in the start table
       (vLLM's V2 runner has full CUDA graphs captured only for those).
     - ``max_batch_size``: the table is built for B = 1..this; None = the largest profiled B.
       Larger batches use the k at this B. Pass the engine's ``max_num_seqs``.
+    - ``edge_z``: a rebuild changes the k of a batch size only if the goodput gain exceeds this
+      many standard errors (from the binomial uncertainty of each a_hat); 0 = off (every rebuild
+      takes the builder's table as it is, and ``prior_decay`` halves w at every rebuild).
+    - ``step_prior_weight``: w_T, how many live steps the profile's T(B, k) is worth when live
+      step times are blended into it.
+    - ``drift_bound``, ``drift_rebuilds``, ``drift_min_steps``: the profile is marked stale when
+      a cell with at least ``drift_min_steps`` live steps runs slower than ``drift_bound`` times
+      (or faster than 1 / ``drift_bound`` of) its profiled time at ``drift_rebuilds`` rebuilds
+      in a row.
     """
 
     rebuild_every_steps: int = DEFAULT_REBUILD_EVERY_STEPS
@@ -100,6 +146,11 @@ class ControllerSettings:
     hysteresis: int = 0
     allowed_lengths: tuple[int, ...] | None = None
     max_batch_size: int | None = None
+    edge_z: float = DEFAULT_EDGE_Z
+    step_prior_weight: float = DEFAULT_STEP_PRIOR_WEIGHT
+    drift_bound: float = DEFAULT_DRIFT_BOUND
+    drift_rebuilds: int = DEFAULT_DRIFT_REBUILDS
+    drift_min_steps: int = DEFAULT_DRIFT_MIN_STEPS
 
     def __post_init__(self) -> None:
         p = "settings"
@@ -126,6 +177,15 @@ class ControllerSettings:
         if self.max_batch_size is not None:
             check_int(self.max_batch_size, f"{p}.max_batch_size", minimum=1,
                       maximum=MAX_BATCH_SIZE)
+        object.__setattr__(self, "edge_z", check_nonnegative(self.edge_z, f"{p}.edge_z"))
+        object.__setattr__(self, "step_prior_weight",
+                           check_positive(self.step_prior_weight, f"{p}.step_prior_weight"))
+        bound = check_number(self.drift_bound, f"{p}.drift_bound")
+        if not bound > 1.0:
+            fail(f"{p}.drift_bound", self.drift_bound, "is not a ratio above 1")
+        object.__setattr__(self, "drift_bound", float(bound))
+        check_int(self.drift_rebuilds, f"{p}.drift_rebuilds", minimum=1)
+        check_int(self.drift_min_steps, f"{p}.drift_min_steps", minimum=1)
 
     @classmethod
     def recommended(cls, **overrides: Any) -> ControllerSettings:
@@ -177,6 +237,10 @@ class Rebuild:
     drafted: tuple[float, ...]  # live drafts per position that went into the blend
     accepted: tuple[float, ...]  # live keeps per position that went into the blend
     prior_weight: float  # w used in the blend
+    # Batch sizes whose new k the builder chose but whose gain was within the noise (kept their k).
+    held: int = 0
+    # Live / profiled step time of the cell furthest from 1 (enough live steps); None: none yet.
+    step_time_ratio: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -189,6 +253,8 @@ class Rebuild:
             "drafted": list(self.drafted),
             "accepted": list(self.accepted),
             "prior_weight": self.prior_weight,
+            "held": self.held,
+            "step_time_ratio": self.step_time_ratio,
         }
 
     @classmethod
@@ -213,6 +279,10 @@ class Rebuild:
             drafted=floats("drafted"),
             accepted=floats("accepted"),
             prior_weight=check_nonnegative(d["prior_weight"], f"{field}.prior_weight"),
+            # Absent in records written before noise-aware rebuilds and step-time tracking.
+            held=check_int(d.get("held", 0), f"{field}.held", minimum=0),
+            step_time_ratio=(None if d.get("step_time_ratio") is None else
+                             check_positive(d["step_time_ratio"], f"{field}.step_time_ratio")),
         )
 
 
@@ -294,6 +364,19 @@ class Estimator:
         self._last_b = 0
         self._history: deque[Rebuild] = deque(maxlen=history)
         self._drained = 0
+
+        # Step times: the profile (fixed), live samples since the last rebuild per (B, k), and
+        # per profiled cell the carried (halved) live steps and sum of live/profiled ratios.
+        self._tb = step_times.batch_sizes
+        self._tk = {k: j for j, k in enumerate(step_times.lengths)}
+        self._profiled_ms = step_times.grid(self._tb)
+        self._t_n = np.zeros(self._profiled_ms.shape)
+        self._t_r = np.zeros(self._profiled_ms.shape)
+        self._step_obs: dict[tuple[int, int], list[float]] = {}
+        self._stalls = 0
+        self._timing = step_times  # the blend the last rebuild used
+        self._drift_streak = 0
+        self._stale: dict[str, Any] | None = None
         self._install(start_table)
 
     # ---------------------------------------------------------------------------------- hot path
@@ -427,6 +510,87 @@ class Estimator:
             pend_d[i] += int(drafted_per_position[i])
             pend_a[i] += int(accepted_per_position[i])
 
+    def observe_step_time(self, batch_size: int, k: int, step_ms: float) -> None:
+        """Wall time of one pure decode step of ``batch_size`` requests drafting ``k`` each.
+
+        O(1): a count and a sum per (B, k); the rebuild turns them into ratios to the profile.
+        """
+        cell = self._step_obs.get((batch_size, k))
+        if cell is None:
+            check_int(batch_size, "observe_step_time.batch_size", minimum=1,
+                      maximum=MAX_BATCH_SIZE)
+            check_int(k, "observe_step_time.k", minimum=0)
+            cell = self._step_obs[(batch_size, k)] = [0, 0.0]
+        if not 0.0 < step_ms < 1e9:  # also refuses nan
+            fail("observe_step_time.step_ms", step_ms, "is not a positive number of ms")
+        cell[0] += 1
+        cell[1] += step_ms
+
+    def _fold_step_times(self) -> None:
+        """Move live step samples into per-profiled-cell ratio sums (a rebuild's first act)."""
+        obs, self._step_obs = self._step_obs, {}
+        xs, tk = self._tb, self._tk
+        last = len(xs) - 1
+        for (b, k), (n, total) in obs.items():
+            j = tk.get(k)
+            if j is None:
+                continue  # a length the profile has no time for
+            profiled = float(self._step_times.grid([b], [k])[0, 0])
+            if total / n > MAX_STEP_RATIO * profiled:
+                self._stalls += int(n)
+                continue
+            ratio_sum = total / profiled
+            i = bisect_left(xs, b)
+            if i <= last and xs[i] == b or i == 0:
+                shares = ((i, 1.0),)
+            elif i > last:
+                shares = ((last, 1.0),)
+            else:  # between two profiled batch sizes: shared as T interpolates between them
+                f = (b - xs[i - 1]) / (xs[i] - xs[i - 1])
+                shares = ((i - 1, 1.0 - f), (i, f))
+            for row, share in shares:
+                self._t_n[row, j] += share * n
+                self._t_r[row, j] += share * ratio_sum
+
+    def live_step_ratios(self) -> np.ndarray:
+        """Live / profiled step time per profiled (B, k) cell; nan below ``drift_min_steps``."""
+        enough = self._t_n >= self._settings.drift_min_steps
+        return np.where(enough, self._t_r / np.where(enough, self._t_n, 1.0), np.nan)
+
+    def _blend_step_times(self) -> StepTimes:
+        w = self._settings.step_prior_weight
+        ratio = (w + self._t_r) / (w + self._t_n)
+        ms = self._profiled_ms * ratio
+        return StepTimes({(b, k): float(ms[i, j]) for i, b in enumerate(self._tb)
+                          for k, j in self._tk.items()})
+
+    def _check_drift(self) -> float | None:
+        """Update the drift streak from the live ratios; returns the ratio furthest from 1."""
+        ratios = self.live_step_ratios()
+        if np.isnan(ratios).all():
+            self._drift_streak = 0
+            return None
+        dist = np.abs(np.log(np.where(np.isnan(ratios), 1.0, ratios)))
+        i, j = np.unravel_index(int(np.argmax(dist)), dist.shape)
+        worst = float(ratios[i, j])
+        bound = self._settings.drift_bound
+        if worst > bound or worst < 1.0 / bound:
+            self._drift_streak += 1
+        else:
+            self._drift_streak = 0
+        if self._stale is None and self._drift_streak >= self._settings.drift_rebuilds:
+            k = next(k for k, col in self._tk.items() if col == j)
+            self._stale = {
+                "step": self._steps,
+                "rebuilds": self._drift_streak,
+                "batch_size": int(self._tb[i]),
+                "k": int(k),
+                "ratio": worst,
+                "bound": bound,
+                "live_steps": float(self._t_n[i, j]),
+            }
+        return worst
+
     def _observe_unusual(self, d: Any, a: Any, where: str) -> None:
         for value, name in ((d, "num_drafted"), (a, "num_accepted")):
             check_int(value, f"{where}.{name}", minimum=0, maximum=MAX_COUNT)
@@ -474,38 +638,112 @@ class Estimator:
         drafted, accepted = self._live_counts()
         w = self._w
         rates = self._estimate(drafted, accepted, w)
+        self._fold_step_times()
+        worst_ratio = self._check_drift()
+        timing = self._blend_step_times()
         result = build_table(
-            self._step_times,
+            timing,
             rates,
             max_batch_size=self._max_b,
             lengths=self._allowed,
             tie_margin=self._settings.tie_margin,
         )
-        new_lookup = list(result.chosen)
+        new_lookup, held = self._hold_within_noise(list(result.chosen), timing, rates,
+                                                   drafted, w)
+        table = result.table if not held else DraftTable.from_lookup(new_lookup)
         changed = new_lookup != self._lookup
         self._num_rebuilds += 1
         record = Rebuild(
             index=self._num_rebuilds,
             step=self._steps,
             old_ranges=self._table.ranges,
-            new_ranges=result.table.ranges,
+            new_ranges=table.ranges,
             changed=changed,
             rates=rates,
             drafted=tuple(float(x) for x in drafted),
             accepted=tuple(float(x) for x in accepted),
             prior_weight=w,
+            held=held,
+            step_time_ratio=worst_ratio,
         )
         self._rates = rates
+        self._timing = timing
+        if self._settings.prior_decay and self._live_disagrees(drafted, accepted):
+            self._w = w / 2.0
         self._live_d = drafted / 2.0
         self._live_a = accepted / 2.0
+        self._t_n /= 2.0
+        self._t_r /= 2.0
         self._new_counts()
-        if self._settings.prior_decay:
-            self._w = w / 2.0
         self._last_rebuild_step = self._steps
         self._next_rebuild = self._steps + self._every
-        self._install(result.table, lookup=new_lookup)
+        self._install(table, lookup=new_lookup)
         self._history.append(record)
         return record
+
+    def rate_errors(self, drafted: np.ndarray, rates: Sequence[float], w: float) -> np.ndarray:
+        """Standard error of each a_hat_i from its live counts (binomial sampling).
+
+        a_hat = (w * prior + accepted) / (w + drafted) with the prior fixed, so only the
+        accepted count varies: se = sqrt(drafted * a (1 - a)) / (w + drafted). No live drafts:
+        no sampling noise (the estimate is the prior itself); w = 0: the plain binomial error.
+        """
+        a = np.asarray(rates, dtype=float)
+        d = np.asarray(drafted, dtype=float)
+        n = w + d
+        return np.where(n > 0, np.sqrt(d * a * (1.0 - a)) / np.where(n > 0, n, 1.0), 0.0)
+
+    def _hold_within_noise(self, candidate: list[int], timing: StepTimes,
+                           rates: Sequence[float], drafted: np.ndarray,
+                           w: float) -> tuple[list[int], int]:
+        """Keep each batch size's current k unless the candidate's gain beats the noise.
+
+        Gain and its error are per batch size B: G(k) = B * tau(k) / T(B, k), and the error of
+        G(k_new) - G(k_old) is bounded by sum_i |dG/da_i| * se_i (the a_hat_i share requests, so
+        their errors are taken as fully correlated: the cautious bound).
+        """
+        z = self._settings.edge_z
+        current = self._lookup
+        if z == 0.0 or candidate == current:
+            return candidate, 0
+        lengths = self._allowed
+        col = {k: j for j, k in enumerate(lengths)}
+        differ = [b for b in range(1, self._max_b + 1)
+                  if candidate[b - 1] != current[b - 1] and current[b - 1] in col]
+        if not differ:
+            return candidate, 0
+        se = self.rate_errors(drafted, rates, w)
+        tau = np.concatenate(([1.0], 1.0 + np.cumsum(rates)))
+        per_s = 1000.0 * np.asarray(differ, dtype=float)[:, None] / timing.grid(differ, lengths)
+        positions = np.arange(1, self._K + 1)
+        out = list(candidate)
+        held = 0
+        for row, b in enumerate(differ):
+            k_old, k_new = current[b - 1], candidate[b - 1]
+            c_old, c_new = per_s[row, col[k_old]], per_s[row, col[k_new]]
+            g_old, g_new = c_old * tau[k_old], c_new * tau[k_new]
+            slope = c_new * (positions <= k_new) - c_old * (positions <= k_old)
+            error = float(np.abs(slope) @ se)
+            gain = g_new - g_old
+            # Only the noise test: the builder's tie margin already keeps near-ties along B from
+            # splitting the table; applying it again over time would keep a wrong start table's k
+            # wherever the better length wins by less than the margin.
+            if not gain > z * error:
+                out[b - 1] = k_old
+                held += 1
+        return out, held
+
+    def _live_disagrees(self, drafted: np.ndarray, accepted: np.ndarray) -> bool:
+        """True when some position's live rate is off the prior by more than edge_z errors."""
+        z = self._settings.edge_z
+        if z == 0.0:
+            return True  # no noise test: halve at every rebuild
+        seen = drafted > 0
+        if not seen.any():
+            return False
+        p = np.clip(self._prior_arr[seen], 1e-3, 1.0 - 1e-3)
+        live = accepted[seen] / drafted[seen]
+        return bool((np.abs(live - p) > z * np.sqrt(p * (1.0 - p) / drafted[seen])).any())
 
     def _new_counts(self) -> None:
         # Histograms by number drafted / accepted (0..K) and per-position totals; plain lists of
@@ -596,6 +834,46 @@ class Estimator:
         return self._estimate(drafted, accepted, self._w)
 
     @property
+    def step_times(self) -> StepTimes:
+        """T(B, k) the last rebuild used: the profile blended with live step times."""
+        return self._timing
+
+    @property
+    def profile_step_times(self) -> StepTimes:
+        """T(B, k) as profiled (never changes)."""
+        return self._step_times
+
+    def step_time_cells(self) -> list[dict[str, Any]]:
+        """Per profiled cell: live steps carried, live / profiled ratio (None below the minimum),
+        and the ratio of the blend in use; as of the last rebuild."""
+        ratios = self.live_step_ratios()
+        used = self._timing.grid(self._tb)
+        out = []
+        for i, b in enumerate(self._tb):
+            for k, j in self._tk.items():
+                r = ratios[i, j]
+                out.append({"batch_size": int(b), "k": int(k),
+                            "live_steps": float(self._t_n[i, j]),
+                            "live_ratio": None if np.isnan(r) else float(r),
+                            "blended_ratio": float(used[i, j] / self._profiled_ms[i, j])})
+        return out
+
+    @property
+    def drift_streak(self) -> int:
+        """Rebuilds in a row at which some cell's live ratio was beyond ``drift_bound``."""
+        return self._drift_streak
+
+    @property
+    def profile_stale(self) -> dict[str, Any] | None:
+        """Why the profile was marked stale (the cell, its ratio, when), or None."""
+        return None if self._stale is None else dict(self._stale)
+
+    @property
+    def step_stalls(self) -> int:
+        """Live steps left out as stalls (over MAX_STEP_RATIO times the profiled time)."""
+        return self._stalls
+
+    @property
     def last_rebuild(self) -> Rebuild | None:
         return self._history[-1] if self._history else None
 
@@ -638,6 +916,17 @@ class Estimator:
             "step_times": [[b, k, ms] for (b, k), ms in sorted(self._step_times.to_dict().items())],
             "history": [r.to_dict() for r in self._history],
             "history_limit": self._history.maxlen,
+            "step_time_cells": self.step_time_cells(),
+            "step_time_carried": [[b, k, float(self._t_n[i, j]), float(self._t_r[i, j])]
+                                  for i, b in enumerate(self._tb) for k, j in self._tk.items()
+                                  if self._t_n[i, j] > 0],
+            "step_samples": [[b, k, n, total] for (b, k), (n, total) in
+                             sorted(self._step_obs.items())],
+            "step_times_in_use": [[b, k, ms] for (b, k), ms in
+                                  sorted(self._timing.to_dict().items())],
+            "step_stalls": self._stalls,
+            "drift_streak": self._drift_streak,
+            "profile_stale": self._stale,
         }
 
     @classmethod
@@ -691,6 +980,40 @@ class Estimator:
         for i, r in enumerate(check_sequence(s["history"], "state.history")):
             est._history.append(Rebuild.from_dict(r, f"state.history[{i}]"))
         est._last_b = check_int(s["last_batch_size"], "state.last_batch_size", minimum=0)
+        # Step-time tracking; absent in states written before it existed.
+        for n, row in enumerate(check_sequence(s.get("step_time_carried", []),
+                                               "state.step_time_carried")):
+            where = f"state.step_time_carried[{n}]"
+            row = check_sequence(row, where)
+            if len(row) != 4 or row[0] not in est._tb or row[1] not in est._tk:
+                fail(where, row, "is not [profiled batch_size, profiled k, steps, ratio_sum]")
+            i, j = est._tb.index(row[0]), est._tk[row[1]]
+            est._t_n[i, j] = check_nonnegative(row[2], f"{where}[2]")
+            est._t_r[i, j] = check_nonnegative(row[3], f"{where}[3]")
+        for n, row in enumerate(check_sequence(s.get("step_samples", []), "state.step_samples")):
+            where = f"state.step_samples[{n}]"
+            row = check_sequence(row, where)
+            if len(row) != 4:
+                fail(where, row, "is not [batch_size, k, steps, total_ms]")
+            b = check_int(row[0], f"{where}[0]", minimum=1, maximum=MAX_BATCH_SIZE)
+            k = check_int(row[1], f"{where}[1]", minimum=0)
+            est._step_obs[(b, k)] = [check_int(row[2], f"{where}[2]", minimum=1),
+                                     check_positive(row[3], f"{where}[3]")]
+        est._stalls = check_int(s.get("step_stalls", 0), "state.step_stalls", minimum=0)
+        est._drift_streak = check_int(s.get("drift_streak", 0), "state.drift_streak", minimum=0)
+        stale = s.get("profile_stale")
+        est._stale = None if stale is None else dict(check_dict(stale, "state.profile_stale"))
+        in_use = s.get("step_times_in_use")
+        if in_use is None:
+            est._timing = est._blend_step_times()
+        else:
+            cells = {}
+            for n, row in enumerate(check_sequence(in_use, "state.step_times_in_use")):
+                row = check_sequence(row, f"state.step_times_in_use[{n}]")
+                if len(row) != 3:
+                    fail(f"state.step_times_in_use[{n}]", row, "is not [batch_size, k, step_ms]")
+                cells[(row[0], row[1])] = row[2]
+            est._timing = StepTimes(cells, field="state.step_times_in_use")
         est._install(DraftTable.from_ranges(s["table"], "state.table"))
         held = tuple(check_sequence(s["held_range"], "state.held_range"))
         for i, r in enumerate(zip(est._lo, est._hi, est._rk)):

@@ -114,4 +114,8 @@ class StepLookup:
             self.last_good = [0] + table.lookup(len(self.last_good) - 1)
         except Exception:
             pass
+        try:
+            self.controller.turn_off(f"failed while {what}; serving its last table")
+        except Exception:
+            pass
         self.controller = None

@@ -13,7 +13,12 @@ gains ``--scheduler-cls tabletune.vllm_scheduler.TableTuneScheduler``:
                                    "prior_decay": true, "hysteresis": 2}``
 ``TABLETUNE_CONTROLLER_OUT``       folder for ``rebuilds.jsonl`` (one record per rebuild),
                                    ``state.json`` and ``metrics.prom`` (Prometheus text format,
-                                   for a node-exporter textfile collector); optional
+                                   for a node-exporter textfile collector; both rewritten every
+                                   ``METRICS_EVERY_S`` while the engine steps, and at rebuilds),
+                                   and ``profile_stale.json`` once live step times say the
+                                   profile is stale; optional. A refused prior still writes
+                                   ``metrics.prom`` (``tabletune_controller_on 0``) and
+                                   ``state.json`` with the reason
 ``TABLETUNE_CONTROLLER_START_TABLE``  JSON ranges ``[[start, end, k], ...]`` the controller starts
                                    from instead of the engine's own table. The engine's table
                                    still decides which lengths vLLM's V2 runner captures full
@@ -30,6 +35,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import time
 from collections.abc import Mapping
@@ -37,6 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tabletune.controller.estimator import ControllerSettings, Estimator, Rebuild
+from tabletune.controller.stale import profile_digest, write_stale_mark
 from tabletune.core.atomic import atomic_write_text
 from tabletune.core.builder import StepTimes, recorded_build_settings
 from tabletune.core.contracts import Acceptance, Profile, TableDocument, check_compatible, load_json
@@ -53,6 +60,12 @@ ALLOW_FOREIGN_ENV = "TABLETUNE_CONTROLLER_ALLOW_FOREIGN_PRIOR"
 START_TABLE_ENV = "TABLETUNE_CONTROLLER_START_TABLE"
 # Fault injection for tests of the fallback path: raise inside k_for_step after N steps.
 FAULT_ENV = "TABLETUNE_CONTROLLER_FAULT_AFTER_STEPS"
+# Fault injection for tests of step-time drift: the scheduler sleeps this many ms per drafted
+# position (k) in every step, like a drafter whose work grows with the draft.
+SLOW_FAULT_ENV = "TABLETUNE_CONTROLLER_FAULT_SLOW_MS_PER_DRAFT"
+# state.json and metrics.prom are rewritten this often while the engine steps (a node-exporter
+# scrapes every 15-60 s); one clock read per step decides.
+METRICS_EVERY_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -187,14 +200,23 @@ def _env_flag(name: str) -> bool:
 
 
 class ControllerRuntime:
-    """What the scheduler calls: ``k_for_step(B)`` before a step, ``observe`` per request."""
+    """What the scheduler calls: ``k_for_step(B)`` before a step, ``observe`` per request,
+    ``observe_step_time`` per pure decode step."""
 
-    def __init__(self, estimator: Estimator, *, out_dir: Path | None, source: str) -> None:
+    def __init__(self, estimator: Estimator, *, out_dir: Path | None, source: str,
+                 profile_digest: str | None = None,
+                 metrics_every_s: float = METRICS_EVERY_S) -> None:
         self.estimator = estimator
         self.out_dir = Path(out_dir) if out_dir else None
         self.source = source
+        self.profile_digest = profile_digest
+        self.metrics_every_s = metrics_every_s
+        self.off_reason: str | None = None
+        self.stale_mark: dict | None = None
         self._seen_rebuilds = 0
+        self._next_write = 0.0
         self.observe = estimator.observe  # bound method: one attribute lookup per request
+        self.observe_step_time = estimator.observe_step_time
         if self.out_dir:
             self.out_dir.mkdir(parents=True, exist_ok=True)
             self._write_state()
@@ -207,7 +229,15 @@ class ControllerRuntime:
         k = self.estimator.on_step(batch_size)
         if self.estimator.num_rebuilds != self._seen_rebuilds:
             self._report()
+        elif self.out_dir and time.monotonic() >= self._next_write:
+            self._write_files()
         return k
+
+    def turn_off(self, reason: str) -> None:
+        """The scheduler stopped asking this controller (it failed); say so in the files."""
+        self.off_reason = reason
+        if self.out_dir:
+            self._write_files()
 
     def _report(self) -> None:
         # Reporting must not take the step down with it; the estimator's table stays in use.
@@ -219,45 +249,170 @@ class ControllerRuntime:
                     with open(self.out_dir / "rebuilds.jsonl", "a") as f:
                         f.write(json.dumps({"time": time.time(), **record.to_dict()}) + "\n")
             self._seen_rebuilds = self.estimator.num_rebuilds
+            if self.stale_mark is None and self.estimator.profile_stale is not None:
+                self._mark_stale()
             if self.out_dir:
                 self._write_state()
         except Exception:
             self._seen_rebuilds = self.estimator.num_rebuilds
             logger.exception("TableTune controller: could not report a rebuild")
 
+    def _mark_stale(self) -> None:
+        evidence = self.estimator.profile_stale
+        logger.warning("TableTune controller: live step times at B=%d, k=%d are %.2fx the "
+                       "profile's for %d rebuilds (bound %.2f); the profile is stale",
+                       evidence["batch_size"], evidence["k"], evidence["ratio"],
+                       evidence["rebuilds"], evidence["bound"])
+        mark = {"profile_digest": self.profile_digest, "evidence": evidence}
+        if self.out_dir and self.profile_digest:
+            mark = write_stale_mark(self.out_dir, digest=self.profile_digest, source=self.source,
+                                    marked_at=time.time(), evidence=evidence)
+        self.stale_mark = mark
+
     @staticmethod
     def _log(r: Rebuild) -> None:
         rates = ", ".join(f"{a:.3f}" for a in r.rates)
+        held = f"; {r.held} batch sizes kept their k (gain within noise)" if r.held else ""
         if r.changed:
-            logger.info("TableTune rebuild %d at step %d: %s -> %s (a-hat %s)", r.index, r.step,
-                        r.old_ranges, r.new_ranges, rates)
+            logger.info("TableTune rebuild %d at step %d: %s -> %s (a-hat %s%s)", r.index,
+                        r.step, r.old_ranges, r.new_ranges, rates, held)
         else:
-            logger.info("TableTune rebuild %d at step %d: table unchanged %s (a-hat %s)",
-                        r.index, r.step, r.new_ranges, rates)
+            logger.info("TableTune rebuild %d at step %d: table unchanged %s (a-hat %s%s)",
+                        r.index, r.step, r.new_ranges, rates, held)
+
+    def _write_files(self) -> None:
+        try:
+            self._write_state()
+        except Exception:
+            self._next_write = time.monotonic() + self.metrics_every_s
+            logger.exception("TableTune controller: could not write state.json / metrics.prom")
 
     def _write_state(self) -> None:
+        self._next_write = time.monotonic() + self.metrics_every_s
         est = self.estimator
-        state = {"source": self.source, "time": time.time(), **est.state()}
+        state = {"source": self.source, "time": time.time(),
+                 "controller_on": self.off_reason is None, "off_reason": self.off_reason,
+                 "profile_digest": self.profile_digest, "stale_mark": self.stale_mark,
+                 **est.state()}
         atomic_write_text(self.out_dir / "state.json", json.dumps(state))
-        lines = [
-            "# HELP tabletune_acceptance_estimate Blended acceptance estimate a-hat_i.",
-            "# TYPE tabletune_acceptance_estimate gauge",
-        ]
-        lines += [f'tabletune_acceptance_estimate{{position="{i + 1}"}} {a}'
-                  for i, a in enumerate(est.rates)]
-        lines += ["# TYPE tabletune_rebuilds_total counter",
-                  f"tabletune_rebuilds_total {est.num_rebuilds}",
-                  "# TYPE tabletune_steps_total counter", f"tabletune_steps_total {est.steps}",
-                  "# TYPE tabletune_table_k gauge"]
-        lines += [f'tabletune_table_k{{start="{s}",end="{e}"}} {k}' for s, e, k in est.table.ranges]
-        atomic_write_text(self.out_dir / "metrics.prom", "\n".join(lines) + "\n")
+        atomic_write_text(self.out_dir / "metrics.prom",
+                          controller_metrics(est, source=self.source, off_reason=self.off_reason))
+
+
+# Batch sizes at which tabletune_table_k is exported: the profiled ones (fixed for the life of the
+# process, so no series comes or goes at a rebuild; they are also the cells step-time ratios are
+# kept for) plus the largest the table covers.
+def table_k_batch_sizes(est: Estimator) -> list[int]:
+    sizes = {b for b in est.profile_step_times.batch_sizes if b <= est.max_batch_size}
+    sizes.add(est.max_batch_size)
+    return sorted(sizes)
+
+
+def controller_metrics(est: Estimator | None, *, source: str = "",
+                       off_reason: str | None = None) -> str:
+    """metrics.prom: Prometheus text format, HELP and TYPE for every metric (prometheus_client's
+    own writer, which vLLM already depends on)."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
+    from prometheus_client.exposition import generate_latest
+
+    on = est is not None and off_reason is None
+    families = []
+    g = GaugeMetricFamily("tabletune_controller_on",
+                          "1 while the online controller chooses k; 0 when its prior was refused "
+                          "or it failed (the engine then serves a static table).")
+    g.add_metric([], 1.0 if on else 0.0)
+    families.append(g)
+    info = InfoMetricFamily("tabletune_controller",
+                            "Controller status, its prior, and why it is off (empty when on).",
+                            labels=["status", "source", "reason"])
+    status = "on" if on else ("failed" if est is not None else "refused")
+    info.add_metric([status, source, (off_reason or "")[:300]], {})
+    families.append(info)
+    if est is not None:
+        a = GaugeMetricFamily("tabletune_acceptance_estimate",
+                              "Blended acceptance estimate a-hat_i at the last rebuild.",
+                              labels=["position"])
+        for i, rate in enumerate(est.rates):
+            a.add_metric([str(i + 1)], rate)
+        families.append(a)
+        for name, help_text, value in (
+            ("tabletune_steps", "Engine steps the controller chose k for.", est.steps),
+            ("tabletune_rebuilds", "Table rebuilds.", est.num_rebuilds),
+            ("tabletune_explorations", "Exploration steps (longest allowed k).", est.explorations),
+            ("tabletune_step_stalls",
+             "Live steps left out of step-time tracking as stalls.", est.step_stalls),
+        ):
+            c = CounterMetricFamily(name, help_text)
+            c.add_metric([], float(value))
+            families.append(c)
+        w = GaugeMetricFamily("tabletune_prior_weight",
+                              "Prior weight w for the next rebuild (live drafts the prior is "
+                              "worth).")
+        w.add_metric([], est.prior_weight)
+        families.append(w)
+        lookup = est.table.lookup(est.max_batch_size)
+        t = GaugeMetricFamily("tabletune_table_k",
+                              "Draft length k the controller's table gives at this batch size "
+                              "(the profiled batch sizes and the largest; full table in "
+                              "state.json).", labels=["batch_size"])
+        for b in table_k_batch_sizes(est):
+            t.add_metric([str(b)], float(lookup[b - 1]))
+        families.append(t)
+        r = GaugeMetricFamily("tabletune_step_time_ratio",
+                              "Live / profiled step time per profiled cell, as of the last "
+                              "rebuild (NaN until the cell has enough live steps).",
+                              labels=["batch_size", "k"])
+        for cell in est.step_time_cells():
+            ratio = cell["live_ratio"]
+            r.add_metric([str(cell["batch_size"]), str(cell["k"])],
+                         float("nan") if ratio is None else ratio)
+        families.append(r)
+        worst = [c["live_ratio"] for c in est.step_time_cells() if c["live_ratio"] is not None]
+        m = GaugeMetricFamily("tabletune_step_time_ratio_max",
+                              "The live / profiled step-time ratio furthest from 1 (NaN: none "
+                              "yet).")
+        m.add_metric([], max(worst, key=lambda x: abs(math.log(x))) if worst else float("nan"))
+        families.append(m)
+        s = GaugeMetricFamily("tabletune_profile_stale",
+                              "1 once live step times stayed beyond the drift bound: the "
+                              "profile is stale (profile_stale.json written).")
+        s.add_metric([], 0.0 if est.profile_stale is None else 1.0)
+        families.append(s)
+
+    class _Collector:
+        def collect(self):
+            return families
+
+    from prometheus_client import CollectorRegistry
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Collector())
+    return generate_latest(registry).decode()
+
+
+def write_controller_off(out_dir: str | Path | None, *, source: str, reason: str) -> None:
+    """A controller that did not start still reports: metrics.prom with controller_on 0 and the
+    reason, and state.json saying why. Never raises (it runs on the engine's start-up path)."""
+    if not out_dir:
+        return
+    try:
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(out / "state.json", json.dumps(
+            {"source": source, "time": time.time(), "controller_on": False,
+             "off_reason": reason}))
+        atomic_write_text(out / "metrics.prom",
+                          controller_metrics(None, source=source, off_reason=reason))
+    except Exception:
+        logger.exception("TableTune controller: could not write %s", out_dir)
 
 
 def build_runtime(prior: PriorBundle, *, static_lookup: list[int], num_spec_tokens: int,
                   max_num_seqs: int, settings: ControllerSettings | None = None,
                   out_dir: Path | None = None, engine: Mapping | None = None,
                   allow_foreign_prior: bool = False,
-                  start_table: DraftTable | None = None) -> ControllerRuntime:
+                  start_table: DraftTable | None = None,
+                  metrics_every_s: float = METRICS_EVERY_S) -> ControllerRuntime:
     """Controller starting from the engine's own table (or ``start_table``), with the prior's
     step times and rates.
 
@@ -277,7 +432,9 @@ def build_runtime(prior: PriorBundle, *, static_lookup: list[int], num_spec_toke
         base = ControllerSettings.from_dict({**base.to_dict(), "max_batch_size": max_num_seqs})
     estimator = Estimator(start, StepTimes.from_profile(prior.profile),
                           prior.acceptance.rates[:num_spec_tokens], base)
-    return ControllerRuntime(estimator, out_dir=out_dir, source=prior.source)
+    return ControllerRuntime(estimator, out_dir=out_dir, source=prior.source,
+                             profile_digest=profile_digest(prior.profile),
+                             metrics_every_s=metrics_every_s)
 
 
 def controller_from_env(scheduler) -> ControllerRuntime | None:

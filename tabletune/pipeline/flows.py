@@ -48,10 +48,13 @@ __all__ = [
     "promote_version",
     "seed_registry",
     "LAST_PROFILED_TAG",
+    "STALE_MARK_HANDLED_TAG",
 ]
 
 log = logging.getLogger("tabletune.pipeline")
 LAST_PROFILED_TAG = "tabletune.last_profiled_fingerprint"
+# The controller's stale mark (``mark_id``) that last triggered a re-profile.
+STALE_MARK_HANDLED_TAG = "tabletune.stale_mark_handled"
 RunKind = Literal["acceptance", "profile", "seed"]
 
 
@@ -186,29 +189,66 @@ def measure_acceptance(
 
 
 def check_fingerprint(
-    registry: Any, spec: Any, *, model_name: str, force: bool = False
+    registry: Any, spec: Any, *, model_name: str, force: bool = False,
+    controller_out: str | Path | None = None,
 ) -> dict[str, Any]:
-    """Compare the deployment's fingerprint now with the last profiled one (cheap)."""
+    """Compare the deployment's fingerprint now with the last profiled one (cheap).
+
+    ``controller_out`` is the online controller's output folder on this worker
+    (``TABLETUNE_CONTROLLER_OUT``): a stale mark there about production's profile, not acted on
+    before, triggers a re-profile too (see ``tabletune.controller.stale``); ``reason`` says which.
+    """
     from tabletune.engine.spec import deployment_fingerprint
 
     fingerprint = deployment_fingerprint(spec)
     key = _fingerprint_key(fingerprint)
-    raw = registry.model_tags(model_name).get(LAST_PROFILED_TAG)
+    tags = registry.model_tags(model_name)
+    raw = tags.get(LAST_PROFILED_TAG)
     last = json.loads(raw) if raw else None
+    production = None
     if last is None:
         production = registry.read_production(model_name)
         last = production.profile.fingerprint if production else None
     last_key = _fingerprint_key(last) if last is not None else None
     changes = fingerprint_changes(last, fingerprint)
-    changed = force or last_key != key
+    stale = _stale_mark_to_act_on(registry, model_name, controller_out, tags, production)
+    if last_key != key:
+        reason = "fingerprint changed"
+    elif stale is not None:
+        reason = "profile marked stale by the controller"
+    elif force:
+        reason = "re-profile forced"
+    else:
+        reason = None
+    changed = reason is not None
+    if stale is not None:
+        # Acted on once: the next hourly check must not re-profile for the same mark again.
+        registry.set_model_tag(model_name, STALE_MARK_HANDLED_TAG, stale["mark_id"])
+        log.info("controller marked the profile of %s stale: %s", model_name,
+                 json.dumps(stale.get("evidence"), default=str))
     if changed:
-        log.info("fingerprint of %s %s: %s", model_name,
-                 "re-profile forced" if key == last_key else "changed",
+        log.info("fingerprint of %s: %s: %s", model_name, reason,
                  json.dumps(changes, default=str) if changes else "no field differs")
     else:
         log.info("fingerprint of %s unchanged (%s); nothing to do", model_name, key)
-    return {"changed": changed, "fingerprint_key": key, "last_key": last_key,
-            "changes": changes, "fingerprint": fingerprint}
+    return {"changed": changed, "reason": reason, "fingerprint_key": key, "last_key": last_key,
+            "changes": changes, "fingerprint": fingerprint,
+            "stale_mark": None if stale is None else stale["mark_id"]}
+
+
+def _stale_mark_to_act_on(registry: Any, model_name: str, controller_out: str | Path | None,
+                          tags: Mapping[str, str], production: Any) -> dict[str, Any] | None:
+    from tabletune.controller.stale import read_stale_mark, stale_mark_applies
+
+    mark = read_stale_mark(controller_out)
+    if mark is None:
+        return None
+    if production is None:
+        production = registry.read_production(model_name)
+    profile = production.profile if production else None
+    if not stale_mark_applies(mark, profile, tags.get(STALE_MARK_HANDLED_TAG)):
+        return None
+    return mark
 
 
 def profile_deployment(

@@ -133,6 +133,8 @@ class _ControllerRun:
                 tokens: int) -> None:
         # Every request in a step drafts the step's k, as with a batch-size table in vLLM.
         self.estimator.observe_many([k] * len(accepted), accepted)
+        # The engine adapter reports pure decode steps' wall time the same way.
+        self.estimator.observe_step_time(batch_size, k, step_ms)
 
     def summary(self) -> dict[str, Any]:
         est = self.estimator

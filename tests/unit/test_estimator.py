@@ -187,12 +187,30 @@ def test_exploration_uses_the_longest_allowed_length():
 # ------------------------------------------------------------------------------- prior decay
 
 
-def test_prior_decay_halves_w_at_every_rebuild():
+def test_prior_decay_halves_w_at_every_rebuild_while_live_traffic_disagrees():
     est = make(prior_decay=True)
-    weights = [est.rebuild().prior_weight for _ in range(4)]
+    weights = []
+    for _ in range(4):
+        feed(est, 1, 0, 100)  # position 1 never kept: far from the prior's 0.7
+        weights.append(est.rebuild().prior_weight)
     assert weights == [2000.0, 1000.0, 500.0, 250.0]
     assert est.prior_weight == 125.0
     assert make().rebuild().prior_weight == 2000.0 and make().prior_weight == 2000.0
+
+
+def test_prior_decay_stops_while_live_traffic_agrees_with_the_prior():
+    est = make(prior_decay=True)
+    assert est.rebuild().prior_weight == 2000.0 and est.prior_weight == 2000.0  # no data
+    for _ in range(5):
+        feed(est, 3, 3, 30)  # a_1..a_3 = 0.7 / 0.5 / 0.3 of 100 requests: exactly the prior
+        feed(est, 3, 2, 20)
+        feed(est, 3, 1, 20)
+        feed(est, 3, 0, 30)
+        est.rebuild()
+    assert est.prior_weight == 2000.0
+    # Without the noise test (edge_z = 0) decay is today's: halve at every rebuild.
+    plain = make(prior_decay=True, edge_z=0)
+    assert [plain.rebuild().prior_weight for _ in range(3)] == [2000.0, 1000.0, 500.0]
 
 
 def test_prior_decay_lets_live_traffic_take_over_sooner():
@@ -212,9 +230,11 @@ def test_prior_decay_lets_live_traffic_take_over_sooner():
 def test_decayed_w_of_zero_never_divides_by_zero():
     est = make(prior_decay=True, prior_weight=5e-324)  # the smallest float: halving gives 0.0
     for _ in range(3):
-        rates = est.rebuild().rates  # w underflows to 0.0; nothing was drafted
+        feed(est, 1, 0, 100)  # disagrees at position 1, so w halves; 2 and 3 never drafted
+        rates = est.rebuild().rates  # w underflows to 0.0
     assert est.prior_weight == 0.0
-    assert rates == PRIOR and all(math.isfinite(r) for r in rates)
+    assert rates[0] == 0.0 and rates[1:] == (0.0, 0.0)  # monotone: nothing above a_1 = 0
+    assert all(math.isfinite(r) for r in rates)
 
 
 # ---------------------------------------------------------------------------------- hysteresis
@@ -426,3 +446,147 @@ def test_controller_and_simulator_import_no_engine_or_plotting_stack():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, timeout=60)
     assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+
+
+# ----------------------------------------------------------------------- live step times
+
+
+def test_live_step_times_blend_into_the_profile_like_acceptance_into_its_prior():
+    est = make(step_prior_weight=200.0)
+    profiled = step_times().step_ms(8, 3)
+    for _ in range(300):
+        est.observe_step_time(8, 3, 2.0 * profiled)  # a profiled batch size, twice as slow
+    est.rebuild()
+    assert est.step_times.step_ms(8, 3) == pytest.approx(profiled * (200 + 600) / (200 + 300))
+    assert est.step_times.step_ms(8, 2) == step_times().step_ms(8, 2)  # no live data: profile
+    assert est.profile_step_times.step_ms(8, 3) == profiled  # the profile itself never changes
+
+
+def test_a_batch_size_between_profiled_ones_is_shared_between_them_as_t_interpolates():
+    est = make(drift_min_steps=1)
+    for _ in range(100):
+        est.observe_step_time(10, 1, 1.5 * step_times().step_ms(10, 1))  # 8 <- 10 -> 16
+    est.rebuild()
+    cells = {(c["batch_size"], c["k"]): c for c in est.step_time_cells()}
+    assert cells[(8, 1)]["live_steps"] == pytest.approx(0.75 * 100 / 2)  # halved after use
+    assert cells[(16, 1)]["live_steps"] == pytest.approx(0.25 * 100 / 2)
+    assert cells[(8, 1)]["live_ratio"] == pytest.approx(1.5)
+
+
+def _slow_rebuilds(est, ratio, rebuilds, steps=100):
+    for _ in range(rebuilds):
+        for _ in range(steps):
+            est.observe_step_time(1, 3, ratio * step_times().step_ms(1, 3))
+        est.rebuild()
+
+
+def test_the_profile_is_marked_stale_only_after_drift_rebuilds_in_a_row_beyond_the_bound():
+    est = make(drift_bound=1.25, drift_rebuilds=3)
+    _slow_rebuilds(est, 1.2, 5)  # within the bound: never stale
+    assert est.profile_stale is None and est.drift_streak == 0
+    _slow_rebuilds(est, 3.0, 2)
+    assert est.profile_stale is None and est.drift_streak == 2
+    _slow_rebuilds(est, 3.0, 1)
+    stale = est.profile_stale
+    assert stale["batch_size"] == 1 and stale["k"] == 3 and stale["ratio"] > 1.25
+    assert est.last_rebuild.step_time_ratio == pytest.approx(stale["ratio"])
+
+
+def test_a_stall_is_not_a_step_time():
+    est = make(drift_min_steps=1)
+    est.observe_step_time(1, 3, 100 * step_times().step_ms(1, 3))
+    est.rebuild()
+    assert est.step_stalls == 1 and est.step_times.step_ms(1, 3) == step_times().step_ms(1, 3)
+
+
+def test_bad_step_times_are_refused_naming_the_field():
+    est = make()
+    with pytest.raises(ContractError, match=r"observe_step_time.step_ms: nan"):
+        est.observe_step_time(1, 1, float("nan"))
+    with pytest.raises(ContractError, match=r"observe_step_time.batch_size: 0"):
+        est.observe_step_time(0, 1, 5.0)
+
+
+def test_repaired_step_times_move_the_table_to_shorter_drafts():
+    """Drafts cost twice what the profile says (a drafter whose work grows with the draft):
+    once live steps say so, the rebuilt table drafts less."""
+    def rebuilt(slow: bool) -> DraftTable:
+        est = make(allowed_lengths=(0, 1, 2, 3))
+        for _ in range(4):
+            for b in (1, 8, 16, 32):
+                for k in range(4):
+                    t = step_times().step_ms(b, k)
+                    extra = 2 * k * (0.4 + 0.03 * b) if slow else 0.0
+                    for _ in range(50):
+                        est.observe_step_time(b, k, t + extra)
+            est.rebuild()
+        return est.table
+    fast, slow = rebuilt(False), rebuilt(True)
+    assert all(slow.k_for(b) <= fast.k_for(b) for b in range(1, 129))
+    assert any(slow.k_for(b) < fast.k_for(b) for b in range(1, 129))
+
+
+def test_step_time_tracking_survives_a_state_round_trip():
+    est = make()
+    _slow_rebuilds(est, 3.0, 3)
+    est.observe_step_time(8, 2, 7.0)
+    again = Estimator.from_state(json.loads(json.dumps(est.state())))
+    assert again.state() == est.state()
+    assert again.profile_stale == est.profile_stale
+
+
+# ------------------------------------------------------------------- noise-aware rebuilds
+
+
+def _traffic(est, rates, requests, rng):
+    """``requests`` requests drafting 3 each, kept per the true a_1..a_3."""
+    u = rng.random(requests)
+    kept = (u < rates[0]).astype(int) + (u < rates[1]) + (u < rates[2])
+    est.observe_many([3] * requests, kept.tolist())
+
+
+def _edge_moves(edge_z, rebuilds=30, switch_at=None, seed=3):
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    # Live counts carry the estimate (w small), as after a decayed prior: the noisy case.
+    est = make(prior_weight=1.0, edge_z=edge_z, allowed_lengths=(0, 1, 2, 3))
+    _traffic(est, PRIOR, 2000, rng)
+    est.rebuild()  # settle on the true rates first
+    tables = [est.table]
+    for i in range(rebuilds):
+        rates = (0.3, 0.1, 0.03) if switch_at is not None and i >= switch_at else PRIOR
+        _traffic(est, rates, 150, rng)
+        est.rebuild()
+        tables.append(est.table)
+    return tables
+
+
+def test_edges_stay_put_under_steady_traffic_when_rebuilds_are_noise_aware():
+    def moves(tables):
+        return sum(a != b for a, b in zip(tables, tables[1:]))
+
+    for seed in range(3):
+        # 30 rebuilds of 150 requests each from the same true rates.
+        assert moves(_edge_moves(edge_z=0.0, seed=seed)) >= 20  # the old rule: noise walks edges
+        assert moves(_edge_moves(edge_z=2.0, seed=seed)) <= 2
+
+
+def test_edges_still_move_soon_after_a_real_workload_switch():
+    tables = _edge_moves(edge_z=2.0, rebuilds=12, switch_at=6)
+    before, after = tables[6], tables[-1]
+    assert tables[6] == tables[1]  # steady before the switch
+    # Acceptance fell a lot: within a few rebuilds the table drafts less at every B.
+    moved_by = next(i for i in range(7, len(tables)) if tables[i] != before)
+    assert moved_by <= 9
+    assert all(after.k_for(b) <= before.k_for(b) for b in range(1, 129))
+    assert any(after.k_for(b) < before.k_for(b) for b in range(1, 129))
+
+
+def test_the_noise_rule_uses_only_live_sampling_error():
+    est = make(prior_weight=100.0)
+    assert list(est.rate_errors([0.0, 0.0, 0.0], PRIOR, 100.0)) == [0.0, 0.0, 0.0]
+    se = est.rate_errors([300.0, 0.0, 0.0], PRIOR, 100.0)
+    assert se[0] == pytest.approx(math.sqrt(300 * 0.7 * 0.3) / 400)
+    assert est.rate_errors([300.0, 0, 0], PRIOR, 0.0)[0] == pytest.approx(
+        math.sqrt(0.7 * 0.3 / 300))
