@@ -71,7 +71,8 @@ def test_seed_logs_lineage_and_makes_version_1_production(services, seeded, mode
     assert run.info.status == "FINISHED"
     assert set(artifact_paths(client, out["mlflow_run_id"])) >= {
         "table/table.json", "table/profile.json", "table/acceptance.json", "goodput.parquet",
-        "plots/goodput.png", "plots/table_vs_production.png", "gate/report.json",
+        "plots/goodput_table_vs_fixed_k.png", "plots/goodput_heatmap.png",
+        "plots/table_vs_production.png", "gate/report.json",
     }
     metrics = run.data.metrics
     assert {"table_worst_loss", "best_fixed_worst_loss", "fixed_k0_worst_loss",

@@ -165,13 +165,16 @@ def run_weekly_twice(api, services, registry, model, key, prefix, today, prompts
     run = mlflow_run_for(registry, first)
     paths = set(artifact_paths(registry._client, run.info.run_id))
     assert paths >= {"table/table.json", "table/profile.json", "table/acceptance.json",
-                     "goodput.parquet", "plots/goodput.png", "plots/table_vs_production.png",
+                     "goodput.parquet", "plots/goodput_table_vs_fixed_k.png", "plots/goodput_heatmap.png",
+                     "plots/table_vs_production.png",
                      "gate/report.json", "sample/sample.json", "production/table.json"}
     metrics = run.data.metrics
     assert metrics["prompts_sampled"] == 16 and metrics["prompt_lines_malformed"] == 3
     assert metrics["prompt_lines_valid"] == 60
     assert {"table_worst_loss", "best_fixed_worst_loss", "fixed_k1_worst_loss",
-            "rebuild_changed_batch_sizes", "measured_a1", "gate_passed"} <= set(metrics)
+            "rebuild_changed_batch_sizes", "acceptance_a1", "gate_passed"} <= set(metrics)
+    assert not any(name.startswith("measured_") for name in metrics)  # one name per figure
+    assert run.data.params["fingerprint_key"] == run.data.params["production_fingerprint_key"]
     assert run.data.params["settings.n_prompts"] == "16"
     assert run.data.tags["mlflow.runName"] == first
     sample = registry.download_json(run.info.run_id, "sample/sample.json")
