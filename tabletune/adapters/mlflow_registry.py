@@ -345,8 +345,8 @@ class MlflowRegistry:
                    lambda: self._client.set_terminated(run_id, status=status))
 
     def find_runs(self, *, run_name: str | None = None, dag_id: str | None = None,
-                  status: str | None = None) -> list[Any]:
-        """Runs of the experiment by Airflow run id and/or DAG id and/or MLflow status."""
+                  model_name: str | None = None, status: str | None = None) -> list[Any]:
+        """Runs of the experiment by Airflow run id, DAG id, registered model, MLflow status."""
         exp_id = self.experiment_id()
         clauses = []
         if run_name is not None:
@@ -354,6 +354,8 @@ class MlflowRegistry:
             clauses.append(f"tags.`{RUN_NAME_TAG}` = '{quoted}'")
         if dag_id is not None:
             clauses.append(f"tags.`airflow.dag_id` = '{dag_id}'")
+        if model_name is not None:
+            clauses.append(f"tags.`tabletune.model` = '{model_name}'")
         if status is not None:
             clauses.append(f"attributes.status = '{status}'")
         return self._call("searching runs", lambda: self._client.search_runs(

@@ -93,7 +93,8 @@ def start_run(
     drift = registry.reconcile(model_name, owner=run_name)
     dag_id = (tags or {}).get("airflow.dag_id")
     if dag_id:
-        close_orphaned_runs(registry, dag_id=dag_id, current_run_name=run_name)
+        close_orphaned_runs(registry, dag_id=dag_id, model_name=model_name,
+                            current_run_name=run_name)
     state = registry.alias_state(model_name)
     production = state.production
     if kind == "acceptance" and production is None:
@@ -494,12 +495,13 @@ def close_run(registry: Any, *, run_name: str, status: Literal["FINISHED", "FAIL
     return closed
 
 
-def close_orphaned_runs(registry: Any, *, dag_id: str, current_run_name: str) -> list[str]:
-    """Close as KILLED the open runs of ``dag_id`` other than this one (a DAG allows one active
-    run, so any other open run was left by a DAG run that ended without its callback, e.g. one
-    marked failed as a whole)."""
+def close_orphaned_runs(registry: Any, *, dag_id: str, model_name: str,
+                        current_run_name: str) -> list[str]:
+    """Close as KILLED the open runs of ``dag_id`` for this model other than this one (a DAG
+    allows one active run, so any other open run was left by a DAG run that ended without its
+    callback, e.g. one marked failed as a whole)."""
     closed = []
-    for run in registry.find_runs(dag_id=dag_id, status="RUNNING"):
+    for run in registry.find_runs(dag_id=dag_id, model_name=model_name, status="RUNNING"):
         name = run.data.tags.get("tabletune.run_name")
         if name == current_run_name:
             continue
@@ -585,7 +587,8 @@ def seed_registry(
     started = start_run(registry, run_name=run_name, model_name=model_name, kind="seed",
                         settings={"max_batch_size": max_batch_size, "tie_margin": tie_margin})
     run_id = started["mlflow_run_id"]
-    registry.log_params(run_id, flatten_params("fingerprint", profile.fingerprint))
+    registry.log_params(run_id, {**flatten_params("fingerprint", profile.fingerprint),
+                                 "fingerprint_key": _fingerprint_key(profile.fingerprint)})
     built = rebuild(registry, mlflow_run_id=run_id, run_name=run_name, model_name=model_name,
                     production_version=None, profile=profile.to_dict(),
                     acceptance=acceptance.to_dict(), max_batch_size=max_batch_size,

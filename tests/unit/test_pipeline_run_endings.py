@@ -43,7 +43,7 @@ class RecordingRegistry:
     def finish_run(self, run_id, status, outcome=None):
         self.closed.append((run_id, status, outcome))
 
-    def find_runs(self, *, run_name=None, dag_id=None, status=None):
+    def find_runs(self, *, run_name=None, dag_id=None, model_name=None, status=None):
         return [r for r in self.runs if status is None or r.info.status == status]
 
 
@@ -67,5 +67,6 @@ def test_the_callbacks_close_only_runs_still_open():
                            outcome="DAG run failed") == ["a"]
     assert registry.closed == [("a", "FAILED", "DAG run failed")]
     registry = RecordingRegistry(runs=[run("b", "RUNNING", "old"), run("c", "RUNNING", "new")])
-    assert flows.close_orphaned_runs(registry, dag_id="d", current_run_name="new") == ["b"]
+    assert flows.close_orphaned_runs(registry, dag_id="d", model_name="m",
+                                     current_run_name="new") == ["b"]
     assert registry.closed[0][1] == "KILLED" and "orphaned" in registry.closed[0][2]
