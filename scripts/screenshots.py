@@ -88,16 +88,16 @@ def main() -> int:
                  json={"name": "gpu", "slots": pool["slots"],
                        "include_deferred": pool["include_deferred"]})
     print(f"Airflow task link 'MLflow run' of {dag_run}: {link}")
-    assert link.startswith(env["MLFLOW_TRACKING_URI"]) and "/runs/" in link, link
+    assert link.startswith(env["MLFLOW_TRACKING_URI"]) and "/runs/" in link and "workflowType=machine_learning" in link, link
 
     docs = REPO / "docs"
     # The run page of the promoted version (plots and metrics), as the link opens it.
-    base = link.split("/runs/")[0]
-    shoot(f"{base}/runs/{info['mlflow_run_id']}", docs / "mlflow-run.png", height=1300)
+    shoot(registry.run_url(info["mlflow_run_id"]), docs / "mlflow-run.png", height=1300)
     shoot(link, docs / "mlflow-run-from-airflow-link.png", height=900)
     runs = json.dumps([seeded["mlflow_run_id"], info["mlflow_run_id"]])
     experiments = json.dumps([registry.experiment_id()])
-    shoot(f"{env['MLFLOW_TRACKING_URI']}/#/compare-runs?runs={runs}&experiments={experiments}",
+    shoot(f"{env['MLFLOW_TRACKING_URI']}/#/compare-runs?runs={runs}&experiments={experiments}"
+          "&workflowType=machine_learning",
           docs / "mlflow-compare.png", height=1400)
     return 0
 

@@ -109,6 +109,7 @@ HISTORY_TAG_PREFIX = "tabletune.history."
 # it on the runs table ("Model training") instead of the GenAI view (traces, "No data").
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 EXPERIMENT_KIND = "custom_model_development"
+UI_WORKFLOW_TYPE = "machine_learning"
 # A claim to end one lock instance (see MlflowRegistry._end_lock) lives for seconds; one older
 # than this was left by a process that died mid-way.
 _CLAIM_LEASE_S = 120.0
@@ -417,7 +418,11 @@ class MlflowRegistry:
             return json.loads(Path(local).read_text(encoding="utf-8"))
 
     def run_url(self, run_id: str) -> str:
-        return f"{self.ui_url}/#/experiments/{self.experiment_id()}/runs/{run_id}"
+        # MLflow 3.17's UI picks its GenAI or "Model training" view from this URL parameter
+        # (else from the browser's last choice, GenAI by default); the experiment's kind tag
+        # counts only where the view switcher is off. Links open the training view, on runs.
+        return (f"{self.ui_url}/#/experiments/{self.experiment_id()}/runs/{run_id}"
+                f"?workflowType={UI_WORKFLOW_TYPE}")
 
     # ---------------------------------------------------------------------------------------
     # registered model and versions

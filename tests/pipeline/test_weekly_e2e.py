@@ -139,7 +139,8 @@ def run_weekly_twice(api, services, registry, model, key, prefix, today, prompts
     assert prior_acceptance.num_prompts == 16
 
     links = api.call("GET", f"/dags/{DAG_ID}/dagRuns/{first}/taskInstances/rebuild/links")
-    assert links["extra_links"]["MLflow run"].endswith(f"/runs/{run.info.run_id}")
+    assert links["extra_links"]["MLflow run"].endswith(
+        f"/runs/{run.info.run_id}?workflowType=machine_learning")
 
     # Run 2: the same prompts served at temperature 1.5. Acceptance collapses, the table moves
     # well beyond a 10% edge tolerance, and the gate must stop the promotion.
