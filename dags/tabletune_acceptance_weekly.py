@@ -29,12 +29,14 @@ from tabletune_airflow import (
     DEFAULT_ARGS,
     ENGINE_POOL,
     ENGINE_QUEUE,
+    MLFLOW_RUN_CALLBACKS,
     TableTuneEngineHook,
     TableTuneMlflowHook,
     TableTuneS3Hook,
     model_name_for,
     permanent_errors_fail_fast,
     publish_run_link,
+    skip_if_missed_schedule,
     staging_key,
 )
 
@@ -47,7 +49,11 @@ _STAGING = os.environ.get("TABLETUNE_STAGING_PREFIX", "tabletune/staging")
     dag_id="tabletune_acceptance_weekly",
     schedule="@weekly",
     start_date=dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc),
+    # One run at a time (a second one waits, it never races the first to promote), and a
+    # schedule missed while paused is not caught up (start_run skips it).
     catchup=False,
+    max_active_runs=1,
+    **MLFLOW_RUN_CALLBACKS,
     doc_md=__doc__,
     default_args=DEFAULT_ARGS,
     tags=["tabletune"],
@@ -89,6 +95,7 @@ def tabletune_acceptance_weekly():
     def start_run(params=None, run_id=None, dag_run=None, ti=None) -> dict:
         from tabletune.pipeline import flows
 
+        skip_if_missed_schedule(dag_run)
         key = params["deployment_key"]
         # The engine spec is only needed to derive the key; an explicit key skips building it.
         spec = None if key else TableTuneEngineHook().get_conn()

@@ -5,8 +5,9 @@
   `production`; the old production becomes `previous`. Use it after reviewing a candidate that
   failed the edge tolerance, or one registered with `promote=false`. Set
   `expected_production` to refuse if production moved since you looked.
-* `action=rollback`: puts `previous` back into production and tags the current one
-  `rolled_back`.
+* `action=rollback`: puts back the version that was production before the current one (from
+  the promotion history, which also records moves made in the MLflow UI) and tags the current
+  one `rolled_back`.
 
 Promotions hold a lock on the registered model, so two at once cannot leave the aliases half
 moved; the loser fails with the reason. Compare versions first in the MLflow UI (Models ->
@@ -46,7 +47,7 @@ from tabletune_airflow import (
 def tabletune_promote():
     @task
     @permanent_errors_fail_fast
-    def move_aliases(params=None, run_id=None) -> dict:
+    def move_aliases(params=None, run_id=None, dag_run=None) -> dict:
         from tabletune.pipeline import flows
 
         key = params["deployment_key"]
@@ -55,7 +56,8 @@ def tabletune_promote():
         return flows.promote_version(
             TableTuneMlflowHook().get_conn(), model_name=model_name_for(spec, key),
             action=params["action"], version=params["version"],
-            expected_production=expected if expected is not None else False, owner=run_id,
+            expected_production=expected if expected is not None else False,
+            owner=f"{dag_run.dag_id}/{run_id}",
         )
 
     move_aliases()

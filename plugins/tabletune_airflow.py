@@ -165,21 +165,70 @@ def model_name_for(spec: Any, deployment_key: str | None) -> str:
 
 
 def permanent_errors_fail_fast(fn):
-    """Turn errors that a retry cannot fix into AirflowFailException (no retries, clear reason)."""
+    """Turn errors that a retry cannot fix into AirflowFailException (no retries, clear reason);
+    a run superseded by a newer promotion ends skipped ("superseded: ..."), not failed."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        from airflow.sdk.exceptions import AirflowFailException
+        from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
         from tabletune.core.errors import ContractError
-        from tabletune.pipeline.errors import PermanentPipelineError
+        from tabletune.pipeline.errors import PermanentPipelineError, Superseded
 
         try:
             return fn(*args, **kwargs)
+        except Superseded as exc:
+            raise AirflowSkipException(str(exc)) from exc
         except (PermanentPipelineError, ContractError) as exc:
             raise AirflowFailException(f"{type(exc).__name__}: {exc}") from exc
 
     return wrapper
+
+
+def skip_if_missed_schedule(dag_run: Any) -> None:
+    """Skip a scheduled run that was due before the DAG was unpaused (no catch-up: the next
+    interval runs on time). Manual runs always run."""
+    from airflow.sdk.exceptions import AirflowSkipException
+
+    from tabletune.pipeline import flows
+
+    started = dag_run.start_date or dt.datetime.now(dt.timezone.utc)
+    if flows.missed_schedule(run_type=str(getattr(dag_run.run_type, "value", dag_run.run_type)),
+                             due=dag_run.run_after, started=started):
+        raise AirflowSkipException(
+            f"missed schedule: this run was due at {dag_run.run_after:%Y-%m-%d %H:%M} UTC, before "
+            f"the DAG was unpaused or while the scheduler was down; not caught up")
+
+
+def _close_mlflow_run(context: Any, status: str, outcome: str) -> None:
+    from tabletune.pipeline import flows
+
+    run_id = context["run_id"]
+    flows.close_run(TableTuneMlflowHook().get_conn(), run_name=run_id, status=status,
+                    outcome=outcome)
+
+
+def close_mlflow_run_on_failure(context: Any) -> None:
+    """DAG ``on_failure_callback``: the run failed anyhow (a task failed or was marked failed,
+    its process was killed, its worker lost): close its MLflow run as FAILED if a task has not
+    closed it already. Airflow runs it in the DAG processor when the DAG run fails."""
+    ti = context.get("ti") or context.get("task_instance")
+    where = f" at task {ti.task_id}" if ti is not None else ""
+    _close_mlflow_run(context, "FAILED",
+                      f"DAG run failed{where}: {context.get('reason') or 'unknown reason'}")
+
+
+def close_mlflow_run_on_success(context: Any) -> None:
+    """DAG ``on_success_callback``: close the MLflow run as FINISHED if still open (the tasks
+    normally closed it; a run whose tasks were skipped did not)."""
+    _close_mlflow_run(context, "FINISHED", "DAG run succeeded")
+
+
+# Every TableTune DAG that opens an MLflow run passes these to @dag (see the DAG files).
+MLFLOW_RUN_CALLBACKS = {
+    "on_failure_callback": close_mlflow_run_on_failure,
+    "on_success_callback": close_mlflow_run_on_success,
+}
 
 
 def publish_run_link(ti: Any, url: str) -> None:

@@ -114,14 +114,21 @@ def plot_tables(tables: dict[str, DraftTable], max_batch_size: int, path: Path) 
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(8, 3.5))
     bs = list(range(1, max_batch_size + 1))
+    styles = ["-", "--", ":", "-."]
+    drawn: dict[tuple[int, ...], str] = {}
     for i, (name, table) in enumerate(tables.items()):
-        ax.step(bs, table.lookup(max_batch_size), where="post", label=name,
-                linewidth=2.4 - 0.8 * i, alpha=0.8)
+        ks = tuple(table.lookup(max_batch_size))
+        # Identical tables would hide each other: each gets its own dash pattern and a slight
+        # vertical offset, and the legend says which one it repeats.
+        label = f"{name} (identical to {drawn[ks]})" if ks in drawn else name
+        drawn.setdefault(ks, name)
+        ax.step(bs, [k + 0.06 * i for k in ks], where="post", label=label,
+                linestyle=styles[i % len(styles)], linewidth=2.4 - 0.5 * min(i, 3), alpha=0.85)
     from matplotlib.ticker import MaxNLocator
 
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))  # k is a whole number of tokens
     top = max(max(t.lookup(max_batch_size)) for t in tables.values()) if tables else 1
-    ax.set_ylim(-0.3, top + 0.3)
+    ax.set_ylim(-0.3, top + 0.3 + 0.06 * len(tables))  # room for the offsets
     ax.set_xlabel("batch size B")
     ax.set_ylabel("draft length k")
     ax.set_title("Draft-length tables")

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import dataclasses
 import hashlib
 import http.client
 import json
@@ -67,8 +68,13 @@ from tabletune.pipeline.promotion import (
     PREVIOUS,
     PRODUCTION,
     AliasState,
+    AliasWrite,
+    Drift,
+    HistoryEntry,
+    detect_drift,
     plan_promotion,
     plan_rollback,
+    rollback_target,
 )
 from tabletune.pipeline.redaction import redact_params
 
@@ -96,6 +102,14 @@ GATE_REASON_TAG = "tabletune.gate_reason"
 PROMOTED_OVER_TAG = "tabletune.promoted_over"
 LOCK_OWNER_TAG = "tabletune.lock_owner"
 LOCK_EXPIRES_TAG = "tabletune.lock_expires_at"
+OUTCOME_TAG = "tabletune.outcome"
+# One registered-model tag per promotion-history entry, never rewritten: ``<prefix>000042``.
+HISTORY_TAG_PREFIX = "tabletune.history."
+# What MLflow's UI reads to choose the experiment page's view; "custom_model_development" opens
+# it on the runs table ("Model training") instead of the GenAI view (traces, "No data").
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"
+UI_WORKFLOW_TYPE = "machine_learning"
 # A claim to end one lock instance (see MlflowRegistry._end_lock) lives for seconds; one older
 # than this was left by a process that died mid-way.
 _CLAIM_LEASE_S = 120.0
@@ -277,14 +291,21 @@ class MlflowRegistry:
                 from mlflow.exceptions import MlflowException
 
                 exp = self._client.get_experiment_by_name(self.experiment)
-                if exp is not None:
-                    return exp.experiment_id
-                try:
-                    return self._client.create_experiment(self.experiment)
-                except MlflowException as exc:
-                    if _error_code(exc) != "RESOURCE_ALREADY_EXISTS":
-                        raise
-                    return self._client.get_experiment_by_name(self.experiment).experiment_id
+                if exp is None:
+                    try:
+                        exp_id = self._client.create_experiment(
+                            self.experiment, tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
+                    except MlflowException as exc:
+                        if _error_code(exc) != "RESOURCE_ALREADY_EXISTS":
+                            raise
+                        exp = self._client.get_experiment_by_name(self.experiment)
+                    else:
+                        return exp_id
+                if (exp.tags or {}).get(EXPERIMENT_KIND_TAG) != EXPERIMENT_KIND:
+                    # An experiment created elsewhere (or before TableTune set the kind).
+                    self._client.set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND_TAG,
+                                                    EXPERIMENT_KIND)
+                return exp.experiment_id
 
             self._experiment_id = self._call(f"opening experiment {self.experiment!r}",
                                              get_or_create)
@@ -320,9 +341,30 @@ class MlflowRegistry:
             self._call(f"tagging run {run_id}",
                        lambda key=key, text=text: self._client.set_tag(run_id, key, text))
 
-    def finish_run(self, run_id: str, status: Literal["FINISHED", "FAILED"]) -> None:
+    def finish_run(self, run_id: str, status: Literal["FINISHED", "FAILED", "KILLED"],
+                   outcome: str | None = None) -> None:
+        """Close the run with ``status``; ``outcome`` (tag tabletune.outcome) says why."""
+        if outcome:
+            self.set_run_tags(run_id, {OUTCOME_TAG: outcome})
         self._call(f"closing run {run_id}",
                    lambda: self._client.set_terminated(run_id, status=status))
+
+    def find_runs(self, *, run_name: str | None = None, dag_id: str | None = None,
+                  model_name: str | None = None, status: str | None = None) -> list[Any]:
+        """Runs of the experiment by Airflow run id, DAG id, registered model, MLflow status."""
+        exp_id = self.experiment_id()
+        clauses = []
+        if run_name is not None:
+            quoted = run_name.replace("\\", "\\\\").replace("'", "\\'")
+            clauses.append(f"tags.`{RUN_NAME_TAG}` = '{quoted}'")
+        if dag_id is not None:
+            clauses.append(f"tags.`airflow.dag_id` = '{dag_id}'")
+        if model_name is not None:
+            clauses.append(f"tags.`tabletune.model` = '{model_name}'")
+        if status is not None:
+            clauses.append(f"attributes.status = '{status}'")
+        return self._call("searching runs", lambda: self._client.search_runs(
+            [exp_id], filter_string=" and ".join(clauses), max_results=1000))
 
     def log_params(self, run_id: str, params: Mapping[str, Any]) -> None:
         """Log params (credentials and URL userinfo redacted; values JSON-encoded if not str)."""
@@ -380,7 +422,11 @@ class MlflowRegistry:
             return json.loads(Path(local).read_text(encoding="utf-8"))
 
     def run_url(self, run_id: str) -> str:
-        return f"{self.ui_url}/#/experiments/{self.experiment_id()}/runs/{run_id}"
+        # MLflow 3.17's UI picks its GenAI or "Model training" view from this URL parameter
+        # (else from the browser's last choice, GenAI by default); the experiment's kind tag
+        # counts only where the view switcher is off. Links open the training view, on runs.
+        return (f"{self.ui_url}/#/experiments/{self.experiment_id()}/runs/{run_id}"
+                f"?workflowType={UI_WORKFLOW_TYPE}")
 
     # ---------------------------------------------------------------------------------------
     # registered model and versions
@@ -683,6 +729,80 @@ class MlflowRegistry:
                     ),
                 )
 
+    # ---------------------------------------------------------------------------------------
+    # promotion history and drift
+
+    def promotion_history(self, name: str) -> list[HistoryEntry]:
+        """Every recorded move of ``production``, oldest first (registered-model tags)."""
+        tags = self.model_tags(name)
+        entries = []
+        for key, value in tags.items():
+            if key.startswith(HISTORY_TAG_PREFIX):
+                try:
+                    entries.append(HistoryEntry.from_dict(json.loads(value)))
+                except ValueError as exc:
+                    raise RegistryStateError(f"{name}: tag {key}: not a history entry ({exc})"
+                                             ) from None
+        return sorted(entries, key=lambda e: e.seq)
+
+    def _append_history(self, name: str, history: list[HistoryEntry], *, action: str,
+                        from_version: str | None, to_version: str, by: str,
+                        via: str) -> HistoryEntry:
+        """Add one entry under a new tag key (called under the promotion lock)."""
+        seq = (history[-1].seq if history else 0) + 1
+        entry = HistoryEntry(
+            seq=seq, action=action, from_version=from_version,  # type: ignore[arg-type]
+            to_version=to_version, by=by, via=via,  # type: ignore[arg-type]
+            at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+        self._call(f"recording history entry {seq} of {name!r}",
+                   lambda: self._client.set_registered_model_tag(
+                       name, f"{HISTORY_TAG_PREFIX}{seq:06d}",
+                       json.dumps(entry.to_dict(), sort_keys=True)))
+        history.append(entry)
+        return entry
+
+    def version_statuses(self, name: str) -> dict[str, str]:
+        """Each version's ``tabletune.status`` tag (versions without one are left out)."""
+        quoted = name.replace("'", "\\'")
+        versions = self._call(f"listing versions of {name!r}",
+                              lambda: self._client.search_model_versions(f"name = '{quoted}'"))
+        return {str(mv.version): (mv.tags or {})[STATUS_TAG] for mv in versions
+                if STATUS_TAG in (mv.tags or {})}
+
+    def drift(self, name: str) -> Drift:
+        """How the aliases, the history and the status tags disagree now (read only)."""
+        return detect_drift(self.alias_state(name), self.promotion_history(name),
+                            self.version_statuses(name))
+
+    def reconcile(self, name: str, *, owner: str = "tabletune",
+                  lock_timeout_s: float = 30.0) -> Drift:
+        """Make the history and the tags agree with the aliases (the truth); returns the drift
+        found (``found`` False: nothing to do, nothing written)."""
+        if not self.drift(name).found:  # the common case: no lock, no write
+            return Drift(None, None, False, {})
+        with self.promotion_lock(name, owner=owner, timeout_s=lock_timeout_s) as lease:
+            return self._reconcile_locked(name, lease, self.promotion_history(name))
+
+    def _reconcile_locked(self, name: str, lease: PromotionLease,
+                          history: list[HistoryEntry]) -> Drift:
+        state = self.alias_state(name)
+        drift = detect_drift(state, history, self.version_statuses(name))
+        if not drift.found:
+            return drift
+        for line in drift.describe():
+            log.warning("%s: %s", name, line)
+        lease.verify()
+        if drift.external_move is not None:
+            before, after = drift.external_move
+            self._append_history(name, history, action="external", from_version=before,
+                                 to_version=after, by="MLflow UI or API (detected by "
+                                 f"{lease.token.split('/')[0]})", via="external")
+        if drift.previous_alias_wrong:
+            self._apply(name, [AliasWrite(PREVIOUS, drift.previous)])
+        for version, status in drift.status_fixes.items():
+            self.tag_version(name, version, {STATUS_TAG: status})
+        return drift
+
     def promote(
         self,
         name: str,
@@ -690,44 +810,62 @@ class MlflowRegistry:
         *,
         expected_production: str | None | Literal[False] = False,
         owner: str = "tabletune",
+        via: Literal["cli", "dag"] = "dag",
         lock_timeout_s: float = 30.0,
     ) -> AliasState:
-        """Make ``version`` production (old production becomes ``previous``).
+        """Make ``version`` production (old production becomes ``previous``) and record it.
 
         The version's documents are downloaded and validated first, so ``production`` never
         points at a version the controller could not load. ``expected_production`` refuses the
         promotion if production moved since the candidate was validated (see plan_promotion).
+        A move made outside TableTune since the last recorded one is recorded first (external).
         """
         version = str(version)
         with self.promotion_lock(name, owner=owner, timeout_s=lock_timeout_s) as lease:
             self.read_version(name, version)
+            history = self.promotion_history(name)
+            self._reconcile_locked(name, lease, history)
             state = self.alias_state(name)
             writes = plan_promotion(state, version, expected_production=expected_production)
             lease.verify()  # the download may have outlived the lease: still ours, renewed?
             if state.production is not None and state.production != version:
                 self.tag_version(name, version, {PROMOTED_OVER_TAG: state.production})
             self._apply(name, writes)
+            if state.production != version:
+                self._append_history(
+                    name, history, action="promote" if state.production else "seed",
+                    from_version=state.production, to_version=version, by=owner, via=via)
             if state.production is not None and state.production != version:
                 self.tag_version(name, state.production, {STATUS_TAG: PREVIOUS})
             self.tag_version(name, version, {STATUS_TAG: PRODUCTION})
             return self.alias_state(name)
 
     def rollback(
-        self, name: str, *, owner: str = "tabletune", lock_timeout_s: float = 30.0
+        self, name: str, *, owner: str = "tabletune", via: Literal["cli", "dag"] = "dag",
+        lock_timeout_s: float = 30.0,
     ) -> AliasState:
-        """Put ``previous`` back into production; the rolled-back version is tagged as such."""
+        """Put back the version that was production before the current one (by the history,
+        after recording any move made outside TableTune); the rolled-back version is tagged as
+        such, and ``previous`` moves one step further back."""
         with self.promotion_lock(name, owner=owner, timeout_s=lock_timeout_s) as lease:
+            history = self.promotion_history(name)
+            self._reconcile_locked(name, lease, history)
             state = self.alias_state(name)
-            if state.previous is None:
-                raise RegistryStateError(f"cannot roll back {name}: no version is 'previous'")
-            self.read_version(name, state.previous)
-            before = self.version_tags(name, state.previous).get(PROMOTED_OVER_TAG)
-            writes = plan_rollback(state, previous_of_previous=before)
+            target, new_previous = rollback_target(history, state)
+            self.read_version(name, target)
+            # After reconciling, 'previous' is the target; the plan keeps the write order.
+            writes = plan_rollback(dataclasses.replace(state, previous=target),
+                                   previous_of_previous=new_previous)
             lease.verify()
             self._apply(name, writes)
+            self._append_history(name, history, action="rollback",
+                                 from_version=state.production, to_version=target, by=owner,
+                                 via=via)
             if state.production is not None:
                 self.tag_version(name, state.production, {STATUS_TAG: "rolled_back"})
-            self.tag_version(name, state.previous, {STATUS_TAG: PRODUCTION})
+            if new_previous is not None:
+                self.tag_version(name, new_previous, {STATUS_TAG: PREVIOUS})
+            self.tag_version(name, target, {STATUS_TAG: PRODUCTION})
             return self.alias_state(name)
 
 

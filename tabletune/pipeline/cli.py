@@ -48,6 +48,16 @@ def _model_name(args: argparse.Namespace) -> str:
     return registered_model_name(deployment_key(EngineSpec.embedded_default()))
 
 
+def _cli_owner() -> str:
+    """Who the promotion history names for a CLI move."""
+    import getpass
+
+    try:
+        return f"cli:{getpass.getuser()}"
+    except (KeyError, OSError):  # no passwd entry (some containers)
+        return "cli"
+
+
 def build_registry_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tabletune registry",
                                      description="Registered draft-length tables in MLflow.")
@@ -77,7 +87,8 @@ def build_registry_parser() -> argparse.ArgumentParser:
     promote.add_argument("--expected-production",
                          help="refuse unless production is still this version (default: no "
                               "check)")
-    rollback = sub.add_parser("rollback", help="put 'previous' back into production")
+    rollback = sub.add_parser("rollback", help="put back the version that was production "
+                                               "before the current one")
     common(rollback)
     return parser
 
@@ -114,22 +125,24 @@ def registry_main(argv: Sequence[str] | None = None) -> int:
                 max_batch_size=args.max_batch_size,
             )
         elif args.command == "show":
-            state = registry.alias_state(model_name)
-            out = {"model_name": model_name, "production": state.production,
-                   "previous": state.previous, "candidate": state.candidate}
-            if state.production:
-                docs = registry.read_version(model_name, state.production)
+            # Reports drift between aliases, history and version tags, and repairs it (a move
+            # made in the MLflow UI is recorded as "external").
+            out = flows.registry_report(registry, model_name=model_name, owner=_cli_owner())
+            for line in out["drift"]:
+                print(f"warning: {model_name}: {line}", file=sys.stderr)
+            if out["production"]:
+                docs = registry.read_version(model_name, out["production"])
                 out["table"] = docs.table.table.to_vllm()
         elif args.command == "promote":
             out = flows.promote_version(
                 registry, model_name=model_name, action="promote", version=args.version,
                 expected_production=(args.expected_production
                                      if args.expected_production is not None else False),
-                owner="cli",
+                owner=_cli_owner(), via="cli",
             )
         else:
             out = flows.promote_version(registry, model_name=model_name, action="rollback",
-                                        version=None, owner="cli")
+                                        version=None, owner=_cli_owner(), via="cli")
     except (PipelineError, ContractError) as exc:
         print(f"tabletune registry {args.command}: {exc}", file=sys.stderr)
         return 1

@@ -16,6 +16,7 @@ __all__ = [
     "RegistryUnavailable",
     "RegistryStateError",
     "PromotionConflict",
+    "Superseded",
     "GateFailed",
     "PriorUnavailable",
 ]
@@ -60,6 +61,12 @@ class RegistryStateError(PermanentPipelineError):
 
 class PromotionConflict(PermanentPipelineError):
     """Another promotion holds the lock or moved ``production`` since the candidate was checked."""
+
+
+class Superseded(PromotionConflict):
+    """Production moved (another run or a person promoted) after this run pinned it: its
+    verdict is about a table that is no longer production. Not a failure: the run ends
+    "skipped: superseded" and its version stays registered for review."""
 
 
 class GateFailed(PermanentPipelineError):

@@ -31,7 +31,7 @@ from typing import Any, Literal
 from tabletune.core.builder import DEFAULT_TIE_MARGIN
 from tabletune.core.contracts import Acceptance, Profile, TableDocument
 from tabletune.pipeline.deployment import fingerprint_changes, flatten_params
-from tabletune.pipeline.errors import GateFailed, RegistryStateError
+from tabletune.pipeline.errors import GateFailed, PromotionConflict, RegistryStateError, Superseded
 from tabletune.pipeline.gate import GateReport, GateSettings
 from tabletune.pipeline.rebuild import goodput_rows, rebuild_table
 
@@ -47,14 +47,22 @@ __all__ = [
     "gate_and_promote",
     "promote_version",
     "seed_registry",
+    "close_run",
+    "close_orphaned_runs",
+    "missed_schedule",
+    "registry_report",
     "LAST_PROFILED_TAG",
     "STALE_MARK_HANDLED_TAG",
+    "MISSED_SCHEDULE_GRACE",
 ]
 
 log = logging.getLogger("tabletune.pipeline")
 LAST_PROFILED_TAG = "tabletune.last_profiled_fingerprint"
 # The controller's stale mark (``mark_id``) that last triggered a re-profile.
 STALE_MARK_HANDLED_TAG = "tabletune.stale_mark_handled"
+# A scheduled run that starts later than this after its due time was due before the DAG was
+# unpaused (or while the scheduler was down): it is skipped instead of catching up.
+MISSED_SCHEDULE_GRACE = dt.timedelta(hours=1)
 RunKind = Literal["acceptance", "profile", "seed"]
 
 
@@ -79,9 +87,17 @@ def start_run(
 ) -> dict[str, Any]:
     """Open (or reopen, on retry) the MLflow run of this DAG run and pin production.
 
-    Logs ``settings`` and the production profile's fingerprint as params. An acceptance
-    refresh needs a production version (its profile is the one rebuilt from).
+    Logs ``settings`` as params, and for an acceptance refresh the fingerprint of the profile
+    its table is built from (production's) under the same ``fingerprint.*`` names every run
+    uses. An acceptance refresh needs a production version (its profile is the one rebuilt
+    from). First records any move of ``production`` made outside TableTune (the MLflow UI) and
+    closes runs of the same DAG that an earlier DAG run left open.
     """
+    drift = registry.reconcile(model_name, owner=run_name)
+    dag_id = (tags or {}).get("airflow.dag_id")
+    if dag_id:
+        close_orphaned_runs(registry, dag_id=dag_id, model_name=model_name,
+                            current_run_name=run_name)
     state = registry.alias_state(model_name)
     production = state.production
     if kind == "acceptance" and production is None:
@@ -103,9 +119,13 @@ def start_run(
     }
     if production is not None:
         docs = registry.read_version(model_name, production)
-        params.update(flatten_params("production_fingerprint", docs.profile.fingerprint))
         params["production_fingerprint_key"] = _fingerprint_key(docs.profile.fingerprint)
+        if kind == "acceptance":  # the table is built from production's profile
+            params.update(flatten_params("fingerprint", docs.profile.fingerprint))
+            params["fingerprint_key"] = params["production_fingerprint_key"]
     registry.log_params(run_id, params)
+    if drift.found:
+        registry.set_run_tags(run_id, {"tabletune.registry_drift": "; ".join(drift.describe())})
     url = registry.run_url(run_id)
     log.info("MLflow run %s for %s: %s", run_id, run_name, url)
     return {
@@ -177,10 +197,8 @@ def measure_acceptance(
     with tempfile.TemporaryDirectory(prefix="tabletune-engine-") as log_dir:
         acceptance = measure(spec, prompts, temperature=temperature, max_tokens=max_tokens,
                              log_dir=Path(log_dir))
+    # Its rates are logged once, by rebuild (acceptance_a<i>), like every other run's.
     registry.log_json(mlflow_run_id, "table/acceptance.json", acceptance)
-    metrics = {f"measured_a{i}": r for i, r in enumerate(acceptance.rates, start=1)}
-    metrics["measured_num_drafts"] = acceptance.num_drafts
-    registry.log_metrics(mlflow_run_id, metrics)
     return acceptance.to_dict()
 
 
@@ -349,7 +367,7 @@ def rebuild(
 def _log_goodput_and_plots(registry: Any, run_id: str, result: Any, production: Any) -> None:
     import pandas as pd
 
-    from tabletune.plots import plot_goodput, plot_tables
+    from tabletune.plots import plot_goodput, plot_goodput_heatmap, plot_tables
 
     with tempfile.TemporaryDirectory(prefix="tabletune-run-") as tmp:
         tmp_path = Path(tmp)
@@ -357,7 +375,8 @@ def _log_goodput_and_plots(registry: Any, run_id: str, result: Any, production: 
         pd.DataFrame(goodput_rows(result.build)).to_parquet(parquet, index=False)
         registry.log_file(run_id, parquet, None)
         plots = [
-            plot_goodput(result.build, tmp_path / "goodput.png"),
+            plot_goodput(result.build, tmp_path / "goodput_table_vs_fixed_k.png"),
+            plot_goodput_heatmap(result.build, tmp_path / "goodput_heatmap.png"),
             plot_tables({**({"production": production} if production is not None else {}),
                          "candidate": result.document.table},
                         result.build.batch_sizes[-1], tmp_path / "table_vs_production.png"),
@@ -472,25 +491,92 @@ def gate_and_promote(
     """
     verdict = GateReport.from_dict(report)
     if not verdict.passed:
-        registry.finish_run(mlflow_run_id, "FAILED")
+        registry.finish_run(mlflow_run_id, "FAILED", f"gate failed: {verdict.reason}")
         raise GateFailed(
             f"gate failed for {model_name} version {version}: {verdict.reason}. "
             f"Production stays at version {production_version}; to promote anyway after review, "
             f"trigger tabletune_promote with version={version}"
         )
     if not promote:
-        registry.finish_run(mlflow_run_id, "FINISHED")
+        registry.finish_run(mlflow_run_id, "FINISHED",
+                            f"gate passed; version {version} registered, not promoted")
         log.info("gate passed; promotion disabled for this run (version %s stays candidate)",
                  version)
         state = registry.alias_state(model_name)
     else:
-        state = registry.promote(model_name, version, expected_production=production_version,
-                                 owner=run_name)
-        registry.finish_run(mlflow_run_id, "FINISHED")
+        try:
+            state = registry.promote(model_name, version, expected_production=production_version,
+                                     owner=run_name)
+        except PromotionConflict as exc:
+            now = registry.alias_state(model_name).production
+            if now == production_version:
+                raise  # not superseded (the lock): a failure, closed by the DAG's callback
+            reason = (f"superseded: production moved from version {production_version} to "
+                      f"{now} while this run validated version {version} against "
+                      f"{production_version}; version {version} stays registered for review")
+            registry.finish_run(mlflow_run_id, "KILLED", reason)
+            raise Superseded(reason) from exc
+        registry.finish_run(mlflow_run_id, "FINISHED", f"promoted version {version}")
         log.info("promoted %s version %s (previous: %s)", model_name, state.production,
                  state.previous)
     return {"production": state.production, "previous": state.previous,
             "candidate": state.candidate}
+
+
+def close_run(registry: Any, *, run_name: str, status: Literal["FINISHED", "FAILED", "KILLED"],
+              outcome: str) -> list[str]:
+    """Close the MLflow run of an Airflow run if it is still open (the DAG's callbacks call this
+    for every ending a task did not record itself: a task killed, a worker lost, an error).
+    Returns the ids of the runs it closed."""
+    closed = []
+    for run in registry.find_runs(run_name=run_name, status="RUNNING"):
+        registry.finish_run(run.info.run_id, status, outcome)
+        log.info("closed MLflow run %s of %s as %s: %s", run.info.run_id, run_name, status,
+                 outcome)
+        closed.append(run.info.run_id)
+    return closed
+
+
+def close_orphaned_runs(registry: Any, *, dag_id: str, model_name: str,
+                        current_run_name: str) -> list[str]:
+    """Close as KILLED the open runs of ``dag_id`` for this model other than this one (a DAG
+    allows one active run, so any other open run was left by a DAG run that ended without its
+    callback, e.g. one marked failed as a whole)."""
+    closed = []
+    for run in registry.find_runs(dag_id=dag_id, model_name=model_name, status="RUNNING"):
+        name = run.data.tags.get("tabletune.run_name")
+        if name == current_run_name:
+            continue
+        registry.finish_run(run.info.run_id, "KILLED",
+                            f"orphaned: its DAG run {name} ended without closing it; closed by "
+                            f"{current_run_name}")
+        log.warning("closed MLflow run %s left open by %s", run.info.run_id, name)
+        closed.append(run.info.run_id)
+    return closed
+
+
+def missed_schedule(*, run_type: str, due: dt.datetime, started: dt.datetime,
+                    grace: dt.timedelta = MISSED_SCHEDULE_GRACE) -> bool:
+    """Whether a scheduled run started so long after its due time that it was due before the
+    DAG was unpaused: such a run is skipped, not caught up (manual runs never are)."""
+    return run_type == "scheduled" and started - due > grace
+
+
+def registry_report(registry: Any, *, model_name: str, reconcile: bool = True,
+                    owner: str = "registry show", history_entries: int = 10) -> dict[str, Any]:
+    """Aliases, recent promotion history and any drift between aliases, history and version
+    tags; with ``reconcile`` the drift is also repaired (an external move is recorded)."""
+    drift = (registry.reconcile(model_name, owner=owner) if reconcile
+             else registry.drift(model_name))
+    state = registry.alias_state(model_name)
+    history = registry.promotion_history(model_name)
+    out: dict[str, Any] = {
+        "model_name": model_name, "production": state.production, "previous": state.previous,
+        "candidate": state.candidate,
+        "drift": drift.describe(), "reconciled": bool(reconcile and drift.found),
+        "history": [e.to_dict() for e in history[-history_entries:]],
+    }
+    return out
 
 
 def promote_version(
@@ -501,15 +587,17 @@ def promote_version(
     version: str | None,
     expected_production: str | None | Literal[False] = False,
     owner: str,
+    via: Literal["cli", "dag"] = "dag",
 ) -> dict[str, Any]:
-    """Manual promotion of a registered version, or rollback to ``previous``."""
+    """Manual promotion of a registered version, or rollback to the version that was
+    production before the current one."""
     if action == "promote":
         if not version:
             raise RegistryStateError("promote needs a version")
         state = registry.promote(model_name, str(version),
-                                 expected_production=expected_production, owner=owner)
+                                 expected_production=expected_production, owner=owner, via=via)
     elif action == "rollback":
-        state = registry.rollback(model_name, owner=owner)
+        state = registry.rollback(model_name, owner=owner, via=via)
     else:
         raise RegistryStateError(f"action: {action!r} is not 'promote' or 'rollback'")
     return {"production": state.production, "previous": state.previous,
@@ -541,7 +629,8 @@ def seed_registry(
     started = start_run(registry, run_name=run_name, model_name=model_name, kind="seed",
                         settings={"max_batch_size": max_batch_size, "tie_margin": tie_margin})
     run_id = started["mlflow_run_id"]
-    registry.log_params(run_id, flatten_params("fingerprint", profile.fingerprint))
+    registry.log_params(run_id, {**flatten_params("fingerprint", profile.fingerprint),
+                                 "fingerprint_key": _fingerprint_key(profile.fingerprint)})
     built = rebuild(registry, mlflow_run_id=run_id, run_name=run_name, model_name=model_name,
                     production_version=None, profile=profile.to_dict(),
                     acceptance=acceptance.to_dict(), max_batch_size=max_batch_size,

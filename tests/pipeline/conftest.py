@@ -25,6 +25,7 @@ REPO = Path(__file__).resolve().parents[2]
 SERVICES_SCRIPT = REPO / "infra" / "local" / "services.sh"
 sys.path.insert(0, str(REPO / "tests" / "unit"))  # pipeline_factories
 sys.path.insert(0, str(REPO / "plugins"))
+sys.path.insert(0, str(REPO / "tests" / "pipeline"))  # airflow_api
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from tabletune.pipeline.errors import (
     PriorUnavailable,
     PromotionConflict,
     RegistryUnavailable,
+    Superseded,
 )
 from tabletune.pipeline.gate import GateSettings
 
@@ -71,7 +72,8 @@ def test_seed_logs_lineage_and_makes_version_1_production(services, seeded, mode
     assert run.info.status == "FINISHED"
     assert set(artifact_paths(client, out["mlflow_run_id"])) >= {
         "table/table.json", "table/profile.json", "table/acceptance.json", "goodput.parquet",
-        "plots/goodput.png", "plots/table_vs_production.png", "gate/report.json",
+        "plots/goodput_table_vs_fixed_k.png", "plots/goodput_heatmap.png",
+        "plots/table_vs_production.png", "gate/report.json",
     }
     metrics = run.data.metrics
     assert {"table_worst_loss", "best_fixed_worst_loss", "fixed_k0_worst_loss",
@@ -325,3 +327,78 @@ def test_a_lock_left_by_a_holder_whose_server_died_is_broken_after_its_lease(ser
     state = registry_up.promote(model, version, expected_production="1", lock_timeout_s=30)
     assert state.production == version and state.previous == "1"
     assert not registry_up.model_exists(f"{model}.lock")
+
+
+def move_production_like_the_ui(services, model, version):
+    """The MLflow UI's alias pencil / "Promote model" button: one REST call, no TableTune code."""
+    import requests
+
+    response = requests.post(f"{services.tracking_uri}/api/2.0/mlflow/registered-models/alias",
+                             json={"name": model, "alias": "production", "version": version},
+                             timeout=30)
+    assert response.ok, response.text
+
+
+def test_a_ui_move_is_recorded_as_external_and_rollback_undoes_it(services, seeded, model):
+    registry, _ = seeded
+    for i in range(2):  # versions 2 and 3, each promoted by a "DAG"
+        info, _, report, version = weekly_candidate(registry, model, f"ui-{i}",
+                                                    (0.82, 0.62, 0.46))
+        flows.gate_and_promote(registry, mlflow_run_id=info["mlflow_run_id"], run_name=f"ui-{i}",
+                               model_name=model, version=version, report=report,
+                               production_version=info["production_version"], promote=True)
+    assert registry.alias_state(model).production == "3"
+
+    move_production_like_the_ui(services, model, "1")  # by hand, to an older version
+    report = flows.registry_report(registry, model_name=model)
+    assert any("outside TableTune" in line and "from version 3 to 1" in line
+               for line in report["drift"]), report["drift"]
+    assert report["production"] == "1" and report["previous"] == "3"
+    last = report["history"][-1]
+    assert (last["action"], last["from"], last["to"], last["via"]) == ("external", "3", "1",
+                                                                       "external")
+    assert [e["action"] for e in report["history"]] == ["seed", "promote", "promote", "external"]
+    assert registry.version_tags(model, "1")["tabletune.status"] == "production"
+    assert registry.version_tags(model, "3")["tabletune.status"] == "previous"
+    assert flows.registry_report(registry, model_name=model)["drift"] == []  # reconciled once
+
+    # Rollback goes back to the version that was production before the hand move.
+    rolled = flows.promote_version(registry, model_name=model, action="rollback", version=None,
+                                   owner="cli:test", via="cli")
+    assert rolled["production"] == "3" and rolled["previous"] == "2"
+    entry = registry.promotion_history(model)[-1]
+    assert (entry.action, entry.from_version, entry.to_version, entry.by, entry.via) == (
+        "rollback", "1", "3", "cli:test", "cli")
+
+
+def test_the_experiment_opens_on_runs_and_every_run_logs_the_same_fingerprint_names(
+        services, seeded, model):
+    registry, out = seeded
+    experiment = registry._client.get_experiment(registry.experiment_id())
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
+    info, *_ = weekly_candidate(registry, model, "fp-weekly", (0.82, 0.62, 0.46))
+    seed_params = registry._client.get_run(out["mlflow_run_id"]).data.params
+    weekly_params = registry._client.get_run(info["mlflow_run_id"]).data.params
+    seed_fp = {k: v for k, v in seed_params.items() if k.startswith("fingerprint")}
+    assert seed_fp and seed_fp == {k: v for k, v in weekly_params.items()
+                                   if k.startswith("fingerprint")}
+
+
+def test_a_run_overtaken_by_another_promotion_ends_superseded_not_failed(services, seeded,
+                                                                          model):
+    registry, _ = seeded
+    first, _, first_report, first_version = weekly_candidate(registry, model, "race-a",
+                                                             (0.82, 0.62, 0.46))
+    second, _, second_report, second_version = weekly_candidate(registry, model, "race-b",
+                                                                (0.81, 0.61, 0.45))
+    flows.gate_and_promote(registry, mlflow_run_id=second["mlflow_run_id"], run_name="race-b",
+                           model_name=model, version=second_version, report=second_report,
+                           production_version="1", promote=True)
+    with pytest.raises(Superseded, match="production moved from version 1 to 3"):
+        flows.gate_and_promote(registry, mlflow_run_id=first["mlflow_run_id"], run_name="race-a",
+                               model_name=model, version=first_version, report=first_report,
+                               production_version="1", promote=True)
+    run = registry._client.get_run(first["mlflow_run_id"])
+    assert run.info.status == "KILLED" and run.data.tags["tabletune.outcome"].startswith(
+        "superseded")
+    assert registry.alias_state(model).production == second_version

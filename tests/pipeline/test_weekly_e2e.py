@@ -13,11 +13,10 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
-import time
 from pathlib import Path
 
 import pytest
-import requests
+from airflow_api import AirflowApi
 from pipeline_factories import make_acceptance, make_profile
 
 from tabletune.adapters.mlflow_registry import load_production_prior
@@ -33,57 +32,6 @@ CPU_PROFILE = Path(os.environ.get("TABLETUNE_E2E_PROFILE",
                                   REPO / "benchmarks" / "results" / "cpu" / "profile.json"))
 CPU_ACCEPTANCE = Path(os.environ.get("TABLETUNE_E2E_ACCEPTANCE",
                                      REPO / "benchmarks" / "results" / "cpu" / "acceptance.json"))
-
-
-class AirflowApi:
-    """The bits of Airflow's REST API (v2) a user or CI needs to drive a DAG."""
-
-    def __init__(self, url: str, user: str, password: str) -> None:
-        self.url = url.rstrip("/")
-        response = requests.post(f"{self.url}/auth/token",
-                                 json={"username": user, "password": password}, timeout=30)
-        response.raise_for_status()
-        self.session = requests.Session()
-        self.session.headers["Authorization"] = f"Bearer {response.json()['access_token']}"
-
-    def call(self, method: str, path: str, **kwargs) -> dict:
-        response = self.session.request(method, f"{self.url}/api/v2{path}", timeout=60, **kwargs)
-        assert response.ok, f"{method} {path}: HTTP {response.status_code} {response.text[:500]}"
-        return response.json() if response.content else {}
-
-    def wait_for_dag(self, dag_id: str, timeout_s: float = 120) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            response = self.session.get(f"{self.url}/api/v2/dags/{dag_id}", timeout=30)
-            if response.ok:
-                return
-            time.sleep(2)
-        raise AssertionError(f"{dag_id} not parsed within {timeout_s}s")
-
-    def trigger(self, dag_id: str, conf: dict) -> str:
-        run = self.call("POST", f"/dags/{dag_id}/dagRuns", json={"logical_date": None,
-                                                                 "conf": conf})
-        return run["dag_run_id"]
-
-    def wait(self, dag_id: str, run_id: str, timeout_s: float) -> str:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            state = self.call("GET", f"/dags/{dag_id}/dagRuns/{run_id}")["state"]
-            if state in ("success", "failed"):
-                return state
-            time.sleep(3)
-        raise AssertionError(f"{dag_id} run {run_id} still running after {timeout_s}s: "
-                             f"{self.task_states(dag_id, run_id)}")
-
-    def task_states(self, dag_id: str, run_id: str) -> dict[str, str]:
-        tis = self.call("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances")
-        return {ti["task_id"]: ti["state"] for ti in tis["task_instances"]}
-
-    def task_log(self, dag_id: str, run_id: str, task_id: str, try_number: int = 1) -> str:
-        data = self.call("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/logs/"
-                                f"{try_number}", params={"full_content": "true"})
-        content = data.get("content", "")
-        return content if isinstance(content, str) else json.dumps(content)
 
 
 def put_prompts(s3, bucket: str, prefix: str, today: dt.date) -> list[str]:
@@ -165,13 +113,16 @@ def run_weekly_twice(api, services, registry, model, key, prefix, today, prompts
     run = mlflow_run_for(registry, first)
     paths = set(artifact_paths(registry._client, run.info.run_id))
     assert paths >= {"table/table.json", "table/profile.json", "table/acceptance.json",
-                     "goodput.parquet", "plots/goodput.png", "plots/table_vs_production.png",
+                     "goodput.parquet", "plots/goodput_table_vs_fixed_k.png", "plots/goodput_heatmap.png",
+                     "plots/table_vs_production.png",
                      "gate/report.json", "sample/sample.json", "production/table.json"}
     metrics = run.data.metrics
     assert metrics["prompts_sampled"] == 16 and metrics["prompt_lines_malformed"] == 3
     assert metrics["prompt_lines_valid"] == 60
     assert {"table_worst_loss", "best_fixed_worst_loss", "fixed_k1_worst_loss",
-            "rebuild_changed_batch_sizes", "measured_a1", "gate_passed"} <= set(metrics)
+            "rebuild_changed_batch_sizes", "acceptance_a1", "gate_passed"} <= set(metrics)
+    assert not any(name.startswith("measured_") for name in metrics)  # one name per figure
+    assert run.data.params["fingerprint_key"] == run.data.params["production_fingerprint_key"]
     assert run.data.params["settings.n_prompts"] == "16"
     assert run.data.tags["mlflow.runName"] == first
     sample = registry.download_json(run.info.run_id, "sample/sample.json")
@@ -188,7 +139,8 @@ def run_weekly_twice(api, services, registry, model, key, prefix, today, prompts
     assert prior_acceptance.num_prompts == 16
 
     links = api.call("GET", f"/dags/{DAG_ID}/dagRuns/{first}/taskInstances/rebuild/links")
-    assert links["extra_links"]["MLflow run"].endswith(f"/runs/{run.info.run_id}")
+    assert links["extra_links"]["MLflow run"].endswith(
+        f"/runs/{run.info.run_id}?workflowType=machine_learning")
 
     # Run 2: the same prompts served at temperature 1.5. Acceptance collapses, the table moves
     # well beyond a 10% edge tolerance, and the gate must stop the promotion.

@@ -86,6 +86,11 @@ class FakeModelStore:
     def set_model_version_tag(self, name, version, key, value):
         self.version_tags.setdefault((name, str(version)), {})[key] = value
 
+    def search_model_versions(self, filter_string):
+        name = filter_string.split("'")[1]
+        return [SimpleNamespace(version=v, tags=tags)
+                for (model, v), tags in self.version_tags.items() if model == name]
+
     def owner(self, name: str = LOCK) -> str | None:
         model = self.models.get(name)
         return None if model is None else model.tags.get(LOCK_OWNER_TAG)

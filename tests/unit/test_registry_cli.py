@@ -11,7 +11,7 @@ import pytest
 from tabletune.adapters import mlflow_registry
 from tabletune.cli import main as tabletune_main
 from tabletune.pipeline.cli import registry_main
-from tabletune.pipeline.promotion import AliasState
+from tabletune.pipeline.promotion import AliasState, Drift
 
 HTTP_VARS = ("MLFLOW_HTTP_REQUEST_TIMEOUT", "MLFLOW_HTTP_REQUEST_MAX_RETRIES",
              "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR")
@@ -29,6 +29,13 @@ def fake_registry(monkeypatch):
 
         def alias_state(self, name):
             return AliasState(production=None, previous=None, candidate=None)
+
+        def reconcile(self, name, *, owner):
+            return Drift(external_move=None, previous=None, previous_alias_wrong=False,
+                         status_fixes={})
+
+        def promotion_history(self, name):
+            return []
 
     monkeypatch.setattr(mlflow_registry, "MlflowRegistry", FakeRegistry)
     for name in HTTP_VARS:  # recorded, so whatever the CLI sets is undone after the test

@@ -1,0 +1,72 @@
+"""How a DAG run's MLflow run ends: missed schedules, superseded promotions, callbacks' closing.
+
+The registry is a recording fake (the boundary); tests/pipeline runs the same against MLflow.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from types import SimpleNamespace
+
+import pytest
+
+from tabletune.pipeline import flows
+from tabletune.pipeline.errors import PromotionConflict, Superseded
+from tabletune.pipeline.promotion import AliasState
+
+DUE = dt.datetime(2026, 3, 1, tzinfo=dt.timezone.utc)
+PASSED = {"passed": True, "failures": [], "checks": {}, "reason": "all checks passed"}
+
+
+@pytest.mark.parametrize("run_type, late, skipped", [
+    ("scheduled", dt.timedelta(minutes=5), False),
+    ("scheduled", dt.timedelta(hours=14), True),    # due before the DAG was unpaused
+    ("manual", dt.timedelta(days=30), False),       # a person asked for it now
+])
+def test_only_a_scheduled_run_started_long_after_its_due_time_is_skipped(run_type, late, skipped):
+    assert flows.missed_schedule(run_type=run_type, due=DUE, started=DUE + late) is skipped
+
+
+class RecordingRegistry:
+    def __init__(self, production="1", runs=()):
+        self.production = production
+        self.closed: list[tuple[str, str, str | None]] = []
+        self.runs = list(runs)
+
+    def alias_state(self, name):
+        return AliasState(production=self.production)
+
+    def promote(self, name, version, *, expected_production, owner):
+        self.production = "9"  # another run promoted in between
+        raise PromotionConflict(f"production moved from version {expected_production} to 9")
+
+    def finish_run(self, run_id, status, outcome=None):
+        self.closed.append((run_id, status, outcome))
+
+    def find_runs(self, *, run_name=None, dag_id=None, model_name=None, status=None):
+        return [r for r in self.runs if status is None or r.info.status == status]
+
+
+def test_a_promotion_overtaken_by_another_ends_superseded_and_closes_the_run_killed():
+    registry = RecordingRegistry()
+    with pytest.raises(Superseded, match="superseded: production moved from version 1 to 9"):
+        flows.gate_and_promote(registry, mlflow_run_id="r1", run_name="scheduled__x",
+                               model_name="m", version="3", report=PASSED,
+                               production_version="1", promote=True)
+    [(run_id, status, outcome)] = registry.closed
+    assert (run_id, status) == ("r1", "KILLED") and "version 3 stays registered" in outcome
+
+
+def test_the_callbacks_close_only_runs_still_open():
+    def run(run_id, status, name):
+        return SimpleNamespace(info=SimpleNamespace(run_id=run_id, status=status),
+                               data=SimpleNamespace(tags={"tabletune.run_name": name}))
+
+    registry = RecordingRegistry(runs=[run("a", "RUNNING", "manual__1")])
+    assert flows.close_run(registry, run_name="manual__1", status="FAILED",
+                           outcome="DAG run failed") == ["a"]
+    assert registry.closed == [("a", "FAILED", "DAG run failed")]
+    registry = RecordingRegistry(runs=[run("b", "RUNNING", "old"), run("c", "RUNNING", "new")])
+    assert flows.close_orphaned_runs(registry, dag_id="d", model_name="m",
+                                     current_run_name="new") == ["b"]
+    assert registry.closed[0][1] == "KILLED" and "orphaned" in registry.closed[0][2]
