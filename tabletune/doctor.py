@@ -121,16 +121,21 @@ def edge_name(k0: int, k1: int, b1: int) -> str:
 
 
 def costs(probe: Probe, tabled: dict[int, list[float]], after_change: dict[str, list[float]],
-          fixed: dict[int, list[float]]) -> tuple[dict, dict, float]:
+          fixed: dict[int, list[float]], settled: dict[str, list[float]] | None = None,
+          ) -> tuple[dict, dict, float]:
     """Relative costs from step-time samples (ms): each length through the table against the
-    same length without one, each transition against its new length settled, and the noise
-    (the largest spread of any length's samples)."""
+    same length without one, each transition against the window after it at the same batch
+    size (``settled``; without it, against the new length at its own probe batch size, which
+    mixes in the cost of a larger batch), and the noise (the largest spread of any length's
+    samples)."""
     med = statistics.median
     length_cost = {k: med(tabled[k]) / med(fixed[k]) - 1.0 for k in probe.lengths
                    if k in tabled and k in fixed}
     edge_k = {edge_name(k0, k1, b1): k1 for _, k0, b1, k1 in probe.edges}
-    transition_cost = {e: med(v) / med(tabled[edge_k[e]]) - 1.0
-                       for e, v in after_change.items() if edge_k.get(e) in tabled}
+    settled = settled or {}
+    transition_cost = {e: med(v) / med(settled[e] if settled.get(e) else tabled[edge_k[e]]) - 1.0
+                       for e, v in after_change.items()
+                       if settled.get(e) or edge_k.get(e) in tabled}
     noise = max([_spread(s) for s in list(tabled.values()) + list(fixed.values())], default=0)
     return length_cost, transition_cost, noise
 
@@ -187,9 +192,11 @@ def examine_runner(spec: EngineSpec, table: DraftTable, probe: Probe, *, runner:
     write_control(control)
     tabled: dict[int, list[float]] = {}
     after_change: dict[str, list[float]] = {}
+    settled: dict[str, list[float]] = {}
     fixed: dict[int, list[float]] = {}
     result = {"runner": runner, "probe_batch_sizes": probe.lengths,
-              "tabled_ms": tabled, "after_change_ms": after_change, "fixed_ms": fixed}
+              "tabled_ms": tabled, "after_change_ms": after_change, "settled_ms": settled,
+              "fixed_ms": fixed}
     server = VllmServer(run_spec, speculative=speculative_config(
         run_spec, table.to_vllm(), reject_all=True), reject_all=True,
         log_path=log_dir / f"table-{runner}.log", startup_timeout_s=startup_timeout_s,
@@ -220,8 +227,10 @@ def examine_runner(spec: EngineSpec, table: DraftTable, probe: Probe, *, runner:
         _pin(control, {})
         for b0, k0, b1, k1 in probe.edges:
             timer(server, b0, 1)                # served at k0 ...
-            # ... then k1 at once: the first window after the change is what is judged.
+            # ... then k1 at once: the first window after the change is what is judged, against
+            # the next one at the same batch size (k1 running already).
             after_change[edge_name(k0, k1, b1)] = timer(server, b1, 1, warm_up=False)
+            settled[edge_name(k0, k1, b1)] = timer(server, b1, 1, warm_up=False)
         server.stop()
         for k, b in probe.lengths.items():
             fixed_server = fixed_servers[k]
@@ -236,7 +245,7 @@ def examine_runner(spec: EngineSpec, table: DraftTable, probe: Probe, *, runner:
     finally:
         for s in (server, *fixed_servers.values()):
             s.stop()
-    length_cost, transition_cost, noise = costs(probe, tabled, after_change, fixed)
+    length_cost, transition_cost, noise = costs(probe, tabled, after_change, fixed, settled)
     result["length_cost"] = length_cost
     result["transition_cost"] = transition_cost
     result["noise"] = noise

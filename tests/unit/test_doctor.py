@@ -88,3 +88,6 @@ def test_each_transition_is_judged_against_its_own_length():
     assert length[2] == pytest.approx(5.0 / 4.1 - 1)
     assert transition == pytest.approx({"k=3→2 at B=5": 1.0, "k=2→1 at B=9": 0.1})
     assert noise == pytest.approx(0.2 / 4.1)
+    # With the window that followed at the same batch size, that is the reference.
+    _, transition, _ = costs(probe, tabled, after, fixed, {"k=3→2 at B=5": [8.0]})
+    assert transition == pytest.approx({"k=3→2 at B=5": 0.25, "k=2→1 at B=9": 0.1})
