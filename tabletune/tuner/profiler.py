@@ -337,7 +337,8 @@ def assemble_profile(fingerprint: dict, max_k: int, raw: Iterable[RawCell],
         "engine_to_client_ratio": ratio,
         "engine_source_rejected": engine_rejected,
         "settings": _settings_dict(settings),
-        "method": "reject-all one-range table per k; step = (t65 - t1) / 64; median of repeats",
+        "method": (f"reject-all, k per cell; step = (t{settings.output_tokens} - t1) / "
+                   f"{settings.output_tokens - 1}; repeats round-robin over the grid; median"),
     })
     return Profile(fingerprint=fingerprint, max_k=max_k, cells=tuple(cells), meta=meta)
 
