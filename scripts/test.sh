@@ -20,11 +20,20 @@ export TABLETUNE_SERVICES_DIR="${TABLETUNE_SERVICES_DIR:-/tmp/tabletune-services
 log "embedded model pair: built once under the cache, then reused"
 .venv/bin/python -c "from tabletune.engine.model_pair import build_pair, greedy_agreement; greedy_agreement(build_pair())"
 status=0
+# The service stack starts in the background while the unit and engine tests run (one stack and
+# one engine at a time is what a 2-core machine takes; the start-up is mostly waiting).
+trap 'infra/local/services.sh stop' EXIT
+mkdir -p "$TABLETUNE_SERVICES_DIR"
+log "services: starting in the background (log: $TABLETUNE_SERVICES_DIR/start.log)"
+infra/local/services.sh start > "$TABLETUNE_SERVICES_DIR/start.log" 2>&1 &
+services_pid=$!
 .venv/bin/python -m pytest -p no:cacheprovider -q -ra --durations=15 tests/unit tests/engine "$@" || status=$?
 # Airflow reads its configuration on first import: the pipeline tests get their own process,
-# with the services started first.
-infra/local/services.sh start
-trap 'infra/local/services.sh stop' EXIT
+# once the services are up.
+services_rc=0
+wait "$services_pid" || services_rc=$?
+cat "$TABLETUNE_SERVICES_DIR/start.log" >&2
+[ "$services_rc" -eq 0 ] || { log "services failed to start (exit $services_rc)"; exit 1; }
 # shellcheck disable=SC1091
 source "$TABLETUNE_SERVICES_DIR/env.sh"
 .venv/bin/python -m pytest -p no:cacheprovider -q -ra --durations=10 tests/pipeline "$@" || status=$?

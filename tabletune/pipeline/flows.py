@@ -527,14 +527,26 @@ def close_run(registry: Any, *, run_name: str, status: Literal["FINISHED", "FAIL
               outcome: str) -> list[str]:
     """Close the MLflow run of an Airflow run if it is still open (the DAG's callbacks call this
     for every ending a task did not record itself: a task killed, a worker lost, an error).
-    Returns the ids of the runs it closed."""
+
+    The callback knows how its own run ended, so it also corrects a run that the next DAG run
+    closed as orphaned in the meantime (callbacks run in the DAG processor, after the scheduler
+    may already have started that next run). Returns the ids of the runs it closed."""
+    from tabletune.adapters.mlflow_registry import OUTCOME_TAG
+
     closed = []
-    for run in registry.find_runs(run_name=run_name, status="RUNNING"):
+    for run in registry.find_runs(run_name=run_name):
+        orphaned = (run.info.status == "KILLED"
+                    and run.data.tags.get(OUTCOME_TAG, "").startswith(ORPHANED_OUTCOME))
+        if run.info.status != "RUNNING" and not orphaned:
+            continue
         registry.finish_run(run.info.run_id, status, outcome)
         log.info("closed MLflow run %s of %s as %s: %s", run.info.run_id, run_name, status,
                  outcome)
         closed.append(run.info.run_id)
     return closed
+
+
+ORPHANED_OUTCOME = "orphaned:"
 
 
 def close_orphaned_runs(registry: Any, *, dag_id: str, model_name: str,
@@ -548,8 +560,8 @@ def close_orphaned_runs(registry: Any, *, dag_id: str, model_name: str,
         if name == current_run_name:
             continue
         registry.finish_run(run.info.run_id, "KILLED",
-                            f"orphaned: its DAG run {name} ended without closing it; closed by "
-                            f"{current_run_name}")
+                            f"{ORPHANED_OUTCOME} its DAG run {name} ended without closing it; "
+                            f"closed by {current_run_name}")
         log.warning("closed MLflow run %s left open by %s", run.info.run_id, name)
         closed.append(run.info.run_id)
     return closed

@@ -70,3 +70,17 @@ def test_the_callbacks_close_only_runs_still_open():
     assert flows.close_orphaned_runs(registry, dag_id="d", model_name="m",
                                      current_run_name="new") == ["b"]
     assert registry.closed[0][1] == "KILLED" and "orphaned" in registry.closed[0][2]
+
+
+def test_a_callback_corrects_a_run_the_next_run_closed_as_orphaned_first():
+    # The scheduler starts the next run as soon as the first fails; the first run's failure
+    # callback runs later, in the DAG processor, and its status is the true one.
+    def run(run_id, status, outcome):
+        return SimpleNamespace(info=SimpleNamespace(run_id=run_id, status=status),
+                               data=SimpleNamespace(tags={"tabletune.outcome": outcome}))
+    registry = RecordingRegistry(runs=[
+        run("a", "KILLED", "orphaned: its DAG run manual__1 ended without closing it"),
+        run("b", "FINISHED", "promoted version 2")])
+    assert flows.close_run(registry, run_name="manual__1", status="FAILED",
+                           outcome="task acceptance failed") == ["a"]
+    assert registry.closed == [("a", "FAILED", "task acceptance failed")]
