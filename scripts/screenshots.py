@@ -9,9 +9,9 @@ until the DAG's failure callback has closed the run's MLflow run as FAILED.
 Then, in headless Chromium driven through its DevTools protocol, it does what an operator does:
 signs in to the Airflow UI with the login the local stack created, opens the ``start_run`` task
 of that DAG run (Details tab), finds its "MLflow run" extra link and clicks it, and checks that
-the tab it opens is the MLflow page of that very run, closed (not "Running"). Every check that fails
-ends the script with exit status 1 and a line saying what was not seen; the screenshots are
-copied into ``--out`` (default docs/) only when every check passed.
+the tab it opens is the MLflow page of that very run, closed (not "Running"). Every check that
+fails ends the script with exit status 1 and a line saying what was not seen; the screenshots
+are copied into ``--out`` (default docs/) only when every check passed.
 """
 
 from __future__ import annotations

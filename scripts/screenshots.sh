@@ -12,7 +12,10 @@
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 command -v chromium >/dev/null || { echo "error: chromium: not installed (apt-get install chromium)" >&2; exit 2; }
-[[ -n "${MLFLOW_TRACKING_URI:-}" && -n "${AIRFLOW_API_URL:-}" ]] \
-  || { echo "error: env.sh: not sourced (source \$TABLETUNE_SERVICES_DIR/env.sh of the local stack first)" >&2; exit 2; }
+if [[ -z "${MLFLOW_TRACKING_URI:-}" || -z "${AIRFLOW_API_URL:-}" ]]; then
+  echo "error: env.sh: not sourced (source \$TABLETUNE_SERVICES_DIR/env.sh of the local stack" \
+       "first)" >&2
+  exit 2
+fi
 PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" "${TABLETUNE_VENV_BIN:-$REPO/.venv/bin}/python" \
   "$REPO/scripts/screenshots.py" "$@"
