@@ -23,7 +23,7 @@ two lengths' goodputs are close by definition, so noise in a_hat no longer walks
 live counts disagree with the prior (beyond the same ``edge_z``): a prior that the traffic
 confirms has no reason to fade, and keeping it keeps the estimate's sample large.
 
-Step times: the scheduler reports each pure decode step's wall time (``observe_step_time``). At a
+Step times: the scheduler reports each steady decode step's wall time (``observe_step_time``). At a
 rebuild those samples become ratios live / profiled per profiled cell (a batch size between two
 profiled ones is shared between them, as T interpolates), blended with the profile the way
 acceptance is blended with its prior,
@@ -511,7 +511,7 @@ class Estimator:
             pend_a[i] += int(accepted_per_position[i])
 
     def observe_step_time(self, batch_size: int, k: int, step_ms: float) -> None:
-        """Wall time of one pure decode step of ``batch_size`` requests drafting ``k`` each.
+        """Wall time of one steady decode step: ``batch_size`` requests verifying, drafting ``k``.
 
         O(1): a count and a sum per (B, k); the rebuild turns them into ratios to the profile.
         """
