@@ -85,3 +85,60 @@ def test_the_clock_times_each_step_from_the_previous_output_and_restarts_on_ever
 def test_the_first_steady_step_ever_has_no_period_to_report():
     clock = StepClock(clock=lambda: 5.0)
     assert clock.tick(_output(2, 1, 1)) is None
+
+
+@pytest.fixture
+def scheduler_module(monkeypatch):
+    """``tabletune.vllm_scheduler`` on stand-ins for vLLM's scheduler modules (no vLLM import)."""
+    import importlib
+    import sys
+    import types
+
+    import tabletune
+
+    class FakeScheduler:
+        def __init__(self, vllm_config):
+            self.vllm_config = vllm_config
+            self.dynamic_sd_lookup = [0] + [2] * 8
+            self.num_spec_tokens = 3
+            self.scheduler_config = SimpleNamespace(max_num_seqs=8, async_scheduling=False)
+
+        def update_from_output(self, scheduler_output, model_runner_output):
+            return {}
+
+    sched_mod = types.ModuleType("vllm.v1.core.sched.scheduler")
+    sched_mod.Scheduler = FakeScheduler
+    async_mod = types.ModuleType("vllm.v1.core.sched.async_scheduler")
+    async_mod.AsyncScheduler = type("AsyncScheduler", (FakeScheduler,), {})
+    for name in ("vllm", "vllm.v1", "vllm.v1.core", "vllm.v1.core.sched"):
+        monkeypatch.setitem(sys.modules, name, sys.modules.get(name) or types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, "vllm.v1.core.sched.scheduler", sched_mod)
+    monkeypatch.setitem(sys.modules, "vllm.v1.core.sched.async_scheduler", async_mod)
+    for name in ("TABLETUNE_CONTROLLER", "TABLETUNE_CONTROL_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delitem(sys.modules, "tabletune.vllm_scheduler", raising=False)
+    monkeypatch.setattr(tabletune, "vllm_scheduler", None, raising=False)  # undone after the test
+    module = importlib.import_module("tabletune.vllm_scheduler")
+    monkeypatch.setitem(sys.modules, "tabletune.vllm_scheduler", module)
+    return module
+
+
+def test_the_scheduler_times_steady_steps_and_the_fault_sleeps_per_drafted_position(
+        scheduler_module, monkeypatch):
+    heard = []
+    controller = SimpleNamespace(observe_step_time=lambda b, k, ms: heard.append((b, k, ms)))
+    scheduler = scheduler_module.TableTuneScheduler(SimpleNamespace())
+    scheduler._tabletune_lookup.controller = controller
+    scheduler._tabletune_slow_s = 0.040  # what TABLETUNE_CONTROLLER_FAULT_SLOW_MS_PER_DRAFT=40 sets
+    now = iter([1.0, 1.1, 1.2, 1.3, 1.4])
+    scheduler._tabletune_clock = StepClock(clock=lambda: next(now))
+    slept = []
+    monkeypatch.setattr(scheduler_module.time, "sleep", slept.append)
+    steps = [_output(2, 0, 2, new=2), _output(2, 2, 2), _output(2, 2, 1), _output(2, 1, 1),
+             _output(0, 0, 1)]
+    for out in steps:
+        assert scheduler.update_from_output(out, None) == {}
+    # The fault follows the k each step drafts; an empty step drafts nothing and sleeps nothing.
+    assert slept == pytest.approx([0.080, 0.080, 0.040, 0.040])
+    assert [(b, k) for b, k, _ in heard] == [(2, 2), (2, 1)]
+    assert [ms for _, _, ms in heard] == pytest.approx([100.0, 100.0])
