@@ -30,8 +30,10 @@ acceptance is blended with its prior,
 
     r_hat(B, k) = (w_T + sum of live ratios) / (w_T + live steps),   T'(B, k) = r_hat * T(B, k),
 
-and the rebuild uses T'. When some well-sampled cell's live ratio stays beyond ``drift_bound``
-for ``drift_rebuilds`` rebuilds in a row the profile is marked stale (``profile_stale``).
+and the rebuild uses T'. A cell's live sums halve at a rebuild only when it had new steps since
+the last one, so a repair holds after the table leaves the cell. When some well-sampled cell's
+live ratio stays beyond ``drift_bound`` for ``drift_rebuilds`` rebuilds in a row the profile is
+marked stale (``profile_stale``).
 
 Hot path: ``on_step`` and ``observe*`` touch Python lists and ints only. ``observe`` keeps a
 histogram of (drafted, accepted) per request instead of adding to up to K positions, so each
@@ -526,9 +528,11 @@ class Estimator:
         cell[0] += 1
         cell[1] += step_ms
 
-    def _fold_step_times(self) -> None:
-        """Move live step samples into per-profiled-cell ratio sums (a rebuild's first act)."""
+    def _fold_step_times(self) -> np.ndarray:
+        """Move live step samples into per-profiled-cell ratio sums (a rebuild's first act);
+        returns which cells got new samples."""
         obs, self._step_obs = self._step_obs, {}
+        fresh = np.zeros(self._t_n.shape, dtype=bool)
         xs, tk = self._tb, self._tk
         last = len(xs) - 1
         for (b, k), (n, total) in obs.items():
@@ -551,6 +555,8 @@ class Estimator:
             for row, share in shares:
                 self._t_n[row, j] += share * n
                 self._t_r[row, j] += share * ratio_sum
+                fresh[row, j] = True
+        return fresh
 
     def live_step_ratios(self) -> np.ndarray:
         """Live / profiled step time per profiled (B, k) cell; nan below ``drift_min_steps``."""
@@ -638,7 +644,7 @@ class Estimator:
         drafted, accepted = self._live_counts()
         w = self._w
         rates = self._estimate(drafted, accepted, w)
-        self._fold_step_times()
+        fresh = self._fold_step_times()
         worst_ratio = self._check_drift()
         timing = self._blend_step_times()
         result = build_table(
@@ -672,8 +678,11 @@ class Estimator:
             self._w = w / 2.0
         self._live_d = drafted / 2.0
         self._live_a = accepted / 2.0
-        self._t_n /= 2.0
-        self._t_r /= 2.0
+        # Only cells with new steps halve: a cell the table has left keeps what its last steps
+        # said (exploration steps are never steady, so nothing else re-times it), instead of
+        # fading back to the profile and luring the table back to a length it left for cause.
+        self._t_n[fresh] /= 2.0
+        self._t_r[fresh] /= 2.0
         self._new_counts()
         self._last_rebuild_step = self._steps
         self._next_rebuild = self._steps + self._every

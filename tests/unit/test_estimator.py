@@ -590,3 +590,25 @@ def test_the_noise_rule_uses_only_live_sampling_error():
     assert se[0] == pytest.approx(math.sqrt(300 * 0.7 * 0.3) / 400)
     assert est.rate_errors([300.0, 0, 0], PRIOR, 0.0)[0] == pytest.approx(
         math.sqrt(0.7 * 0.3 / 300))
+
+
+def test_a_repair_holds_after_the_table_leaves_the_slow_cell():
+    """Live steps said k = 3 at B = 1 is three times the profile; the table moved away, so no
+    more (1, 3) steps come. Their evidence stays instead of fading back to the profile, which
+    would bring the table back to k = 3 a few rebuilds later."""
+    est = make(allowed_lengths=(0, 1, 2, 3), step_prior_weight=20.0, drift_min_steps=20)
+    profiled = step_times().step_ms(1, 3)
+    for _ in range(60):
+        est.observe_step_time(1, 3, 3.0 * profiled)
+    est.rebuild()
+    assert est.step_times.step_ms(1, 3) == pytest.approx(profiled * (20 + 180) / (20 + 60))
+    for _ in range(6):  # traffic at another length only
+        for _ in range(60):
+            est.observe_step_time(1, 1, step_times().step_ms(1, 1))
+        est.rebuild()
+        # The 60 slow steps were halved once, when they were used; no more since.
+        assert est.step_times.step_ms(1, 3) == pytest.approx(profiled * (20 + 90) / (20 + 30))
+    cells = {(c["batch_size"], c["k"]): c for c in est.step_time_cells()}
+    assert cells[(1, 3)]["live_steps"] == pytest.approx(30.0)
+    assert cells[(1, 3)]["live_ratio"] == pytest.approx(3.0)
+    assert cells[(1, 1)]["live_steps"] == pytest.approx(60.0 * sum(0.5 ** j for j in range(1, 7)))
