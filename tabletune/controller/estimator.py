@@ -21,7 +21,9 @@ one's by more than ``edge_z`` standard errors of the goodput difference (the bui
 margin has already been applied along B); otherwise the batch size keeps its k. Near an edge the
 two lengths' goodputs are close by definition, so noise in a_hat no longer walks the edge. With ``prior_decay`` w halves only while the
 live counts disagree with the prior (beyond the same ``edge_z``): a prior that the traffic
-confirms has no reason to fade, and keeping it keeps the estimate's sample large.
+confirms has no reason to fade, and keeping it keeps the estimate's sample large. It also stops
+once the prior pulls a_hat off the live rate by less than one standard error of that rate: after
+a real switch halving further would only leave a_hat on a handful of drafts.
 
 Step times: the scheduler reports each steady decode step's wall time (``observe_step_time``). At a
 rebuild those samples become ratios live / profiled per profiled cell (a batch size between two
@@ -122,7 +124,8 @@ class ControllerSettings:
       longest allowed length so positions beyond the current k keep being observed
       (``DEFAULT_EXPLORATION_EVERY`` = 50 is the paper's value).
     - ``prior_decay``: halve w after a rebuild whose live counts disagree with the prior (beyond
-      ``edge_z`` standard errors), so an outdated prior fades out and a confirmed one stays.
+      ``edge_z`` standard errors), so an outdated prior fades out and a confirmed one stays;
+      it stops once the prior's pull on a_hat is within one standard error of the live rate.
     - ``hysteresis``: h in batch sizes; 0 = off. The current k is kept while B stays within h of
       the range it came from, so a batch hovering at an edge does not flip k every step.
     - ``allowed_lengths``: lengths the rebuilt table may use; None = those in the start table
@@ -674,7 +677,7 @@ class Estimator:
         )
         self._rates = rates
         self._timing = timing
-        if self._settings.prior_decay and self._live_disagrees(drafted, accepted):
+        if self._settings.prior_decay and self._live_disagrees(drafted, accepted, w):
             self._w = w / 2.0
         self._live_d = drafted / 2.0
         self._live_a = accepted / 2.0
@@ -742,17 +745,32 @@ class Estimator:
                 held += 1
         return out, held
 
-    def _live_disagrees(self, drafted: np.ndarray, accepted: np.ndarray) -> bool:
-        """True when some position's live rate is off the prior by more than edge_z errors."""
+    def _live_disagrees(self, drafted: np.ndarray, accepted: np.ndarray, w: float) -> bool:
+        """True when some position's live rate is off the prior by more than edge_z errors and
+        the prior still pulls a_hat off the live rate by more than one error of that rate.
+
+        The second test is the floor: after a real workload switch the traffic disagrees for
+        good, and halving w without end leaves a_hat resting on a handful of drafts (a table of
+        k = 0 drafts only on exploration steps), so noise walks the edges again. Once the
+        prior's pull, w * |prior - live| / (w + drafted), is within one standard error of the
+        live rate, halving trades no bias worth having for noise. (At edge_z errors the bias
+        left was enough to keep a wrong k in the simulator's workload switch.)
+        """
         z = self._settings.edge_z
         if z == 0.0:
             return True  # no noise test: halve at every rebuild
         seen = drafted > 0
         if not seen.any():
             return False
-        p = np.clip(self._prior_arr[seen], 1e-3, 1.0 - 1e-3)
-        live = accepted[seen] / drafted[seen]
-        return bool((np.abs(live - p) > z * np.sqrt(p * (1.0 - p) / drafted[seen])).any())
+        d = drafted[seen]
+        prior = self._prior_arr[seen]
+        live = accepted[seen] / d
+        off = np.abs(live - prior)
+        p = np.clip(prior, 1e-3, 1.0 - 1e-3)
+        q = np.clip(live, 1e-3, 1.0 - 1e-3)
+        disagrees = off > z * np.sqrt(p * (1.0 - p) / d)
+        pulls = w * off / (w + d) > np.sqrt(q * (1.0 - q) / d)
+        return bool((disagrees & pulls).any())
 
     def _new_counts(self) -> None:
         # Histograms by number drafted / accepted (0..K) and per-position totals; plain lists of

@@ -228,7 +228,8 @@ def test_prior_decay_lets_live_traffic_take_over_sooner():
 
 
 def test_decayed_w_of_zero_never_divides_by_zero():
-    est = make(prior_decay=True, prior_weight=5e-324)  # the smallest float: halving gives 0.0
+    # The smallest float: halving gives 0.0 (edge_z = 0: halve at every rebuild, no floor).
+    est = make(prior_decay=True, prior_weight=5e-324, edge_z=0)
     for _ in range(3):
         feed(est, 1, 0, 100)  # disagrees at position 1, so w halves; 2 and 3 never drafted
         rates = est.rebuild().rates  # w underflows to 0.0
@@ -612,3 +613,22 @@ def test_a_repair_holds_after_the_table_leaves_the_slow_cell():
     assert cells[(1, 3)]["live_steps"] == pytest.approx(30.0)
     assert cells[(1, 3)]["live_ratio"] == pytest.approx(3.0)
     assert cells[(1, 1)]["live_steps"] == pytest.approx(60.0 * sum(0.5 ** j for j in range(1, 7)))
+
+
+def test_prior_decay_stops_once_the_prior_pulls_a_hat_less_than_the_live_noise():
+    """After a real switch the traffic disagrees for good; w halves while the prior still pulls
+    a_hat off the live rate beyond one standard error of the live rate, then holds."""
+    est = make(prior=(0.75, 0.55, 0.4), prior_decay=True)
+    weights = []
+    for _ in range(14):
+        feed(est, 1, 0, 8)  # a table of k = 0 drafts only on exploration steps: few drafts
+        feed(est, 1, 1, 2)  # live a_1 = 0.2
+        weights.append(est.rebuild().prior_weight)
+    assert weights[1] == 1000.0  # it did decay while the pull was large
+    w = est.prior_weight
+    assert 1.0 < w == weights[-1] == weights[-2]  # and stopped well above 0
+    d = est.live_counts[0][0]
+    live = est.live_counts[1][0] / d
+    pull = w * abs(0.75 - live) / (w + d)
+    assert pull <= math.sqrt(live * (1 - live) / d)
+    assert abs(est.estimate()[0] - live) <= math.sqrt(live * (1 - live) / d)
