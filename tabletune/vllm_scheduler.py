@@ -9,9 +9,10 @@ from TableTune's runtime:
 * the online controller (``TABLETUNE_CONTROLLER``) chooses k per step and learns from the
   per-request drafted/accepted counts the scheduler already computes.
 
-The controller also hears each pure decode step's wall time (``update_from_output``: the time
+The controller also hears each steady decode step's wall time (``update_from_output``: the time
 since the previous output, which is the step period in both the synchronous and the asynchronous
-engine loop) and compares it with the profile.
+engine loop) and compares it with the profile. A step drafts the k chosen for it and verifies the
+k chosen one step earlier, so only steps where the two agree are timed (``step_clock``).
 
 Whatever goes wrong inside TableTune, the engine keeps running on the last good lookup: every
 entry point here catches, logs once, and falls back.
@@ -31,6 +32,7 @@ import os
 import time
 
 from tabletune.controller.lookup import CONTROL_FILE_ENV, ControlFile, StepLookup
+from tabletune.controller.step_clock import StepClock
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 
@@ -55,7 +57,7 @@ class TableTuneScheduler(Scheduler):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self._tabletune_lookup: StepLookup | None = None
-        self._tabletune_last_output = 0.0
+        self._tabletune_clock = StepClock()
         self._tabletune_slow_s = 0.0
         try:
             self._install_tabletune()
@@ -95,7 +97,7 @@ class TableTuneScheduler(Scheduler):
             slow = os.environ.get(runtime.SLOW_FAULT_ENV)
             if controller is not None and slow:
                 self._tabletune_slow_s = float(slow) / 1000.0
-                logger.warning("TableTune fault injection: every decode step sleeps %s ms per "
+                logger.warning("TableTune fault injection: every step sleeps %s ms per "
                                "drafted position (%s)", slow, runtime.SLOW_FAULT_ENV)
         self._tabletune_lookup = StepLookup(
             static, self.num_spec_tokens, ControlFile(os.environ.get(CONTROL_FILE_ENV)),
@@ -130,24 +132,15 @@ class TableTuneScheduler(Scheduler):
         return super().update_from_output(scheduler_output, model_runner_output)
 
     def _tabletune_time_step(self, lookup: StepLookup, out) -> None:
-        """Report a pure decode step's period: B requests, each verifying exactly k drafts.
-
-        Prefill steps, steps with a new request or mixed draft lengths are not what the
-        profile measured; they still restart the clock.
-        """
-        batch = len(out.num_scheduled_tokens)
-        k = -1
-        if batch and not out.scheduled_new_reqs:
-            per_request, rest = divmod(out.total_num_scheduled_tokens, batch)
-            k = per_request - 1
-            if rest or k < 0 or len(out.scheduled_spec_decode_tokens) != (batch if k else 0):
-                k = -1
-        if k >= 0 and self._tabletune_slow_s:
-            time.sleep(self._tabletune_slow_s * k)  # test-only fault (SLOW_FAULT_ENV)
-        now = time.perf_counter()
-        last, self._tabletune_last_output = self._tabletune_last_output, now
-        if k >= 0 and last:
-            lookup.controller.observe_step_time(batch, k, (now - last) * 1000.0)
+        """Report a steady decode step's period: B requests, each verifying k drafts and
+        drafting k again (``tabletune.controller.step_clock`` says why both must agree)."""
+        if self._tabletune_slow_s and out.num_scheduled_tokens:
+            # Test-only fault (SLOW_FAULT_ENV): the drafter's work of this step grows with the
+            # k it drafts, which is the k chosen for this step.
+            time.sleep(self._tabletune_slow_s * out.num_spec_tokens_to_schedule)
+        timed = self._tabletune_clock.tick(out)
+        if timed is not None:
+            lookup.controller.observe_step_time(*timed)
 
 
 class TableTuneAsyncScheduler(TableTuneScheduler, AsyncScheduler):

@@ -21,17 +21,21 @@ one's by more than ``edge_z`` standard errors of the goodput difference (the bui
 margin has already been applied along B); otherwise the batch size keeps its k. Near an edge the
 two lengths' goodputs are close by definition, so noise in a_hat no longer walks the edge. With ``prior_decay`` w halves only while the
 live counts disagree with the prior (beyond the same ``edge_z``): a prior that the traffic
-confirms has no reason to fade, and keeping it keeps the estimate's sample large.
+confirms has no reason to fade, and keeping it keeps the estimate's sample large. It also stops
+once the prior pulls a_hat off the live rate by less than one standard error of that rate: after
+a real switch halving further would only leave a_hat on a handful of drafts.
 
-Step times: the scheduler reports each pure decode step's wall time (``observe_step_time``). At a
+Step times: the scheduler reports each steady decode step's wall time (``observe_step_time``). At a
 rebuild those samples become ratios live / profiled per profiled cell (a batch size between two
 profiled ones is shared between them, as T interpolates), blended with the profile the way
 acceptance is blended with its prior,
 
     r_hat(B, k) = (w_T + sum of live ratios) / (w_T + live steps),   T'(B, k) = r_hat * T(B, k),
 
-and the rebuild uses T'. When some well-sampled cell's live ratio stays beyond ``drift_bound``
-for ``drift_rebuilds`` rebuilds in a row the profile is marked stale (``profile_stale``).
+and the rebuild uses T'. A cell's live sums halve at a rebuild only when it had new steps since
+the last one, so a repair holds after the table leaves the cell. When some well-sampled cell's
+live ratio stays beyond ``drift_bound`` for ``drift_rebuilds`` rebuilds in a row the profile is
+marked stale (``profile_stale``).
 
 Hot path: ``on_step`` and ``observe*`` touch Python lists and ints only. ``observe`` keeps a
 histogram of (drafted, accepted) per request instead of adding to up to K positions, so each
@@ -120,7 +124,8 @@ class ControllerSettings:
       longest allowed length so positions beyond the current k keep being observed
       (``DEFAULT_EXPLORATION_EVERY`` = 50 is the paper's value).
     - ``prior_decay``: halve w after a rebuild whose live counts disagree with the prior (beyond
-      ``edge_z`` standard errors), so an outdated prior fades out and a confirmed one stays.
+      ``edge_z`` standard errors), so an outdated prior fades out and a confirmed one stays;
+      it stops once the prior's pull on a_hat is within one standard error of the live rate.
     - ``hysteresis``: h in batch sizes; 0 = off. The current k is kept while B stays within h of
       the range it came from, so a batch hovering at an edge does not flip k every step.
     - ``allowed_lengths``: lengths the rebuilt table may use; None = those in the start table
@@ -511,7 +516,7 @@ class Estimator:
             pend_a[i] += int(accepted_per_position[i])
 
     def observe_step_time(self, batch_size: int, k: int, step_ms: float) -> None:
-        """Wall time of one pure decode step of ``batch_size`` requests drafting ``k`` each.
+        """Wall time of one steady decode step: ``batch_size`` requests verifying, drafting ``k``.
 
         O(1): a count and a sum per (B, k); the rebuild turns them into ratios to the profile.
         """
@@ -526,9 +531,11 @@ class Estimator:
         cell[0] += 1
         cell[1] += step_ms
 
-    def _fold_step_times(self) -> None:
-        """Move live step samples into per-profiled-cell ratio sums (a rebuild's first act)."""
+    def _fold_step_times(self) -> np.ndarray:
+        """Move live step samples into per-profiled-cell ratio sums (a rebuild's first act);
+        returns which cells got new samples."""
         obs, self._step_obs = self._step_obs, {}
+        fresh = np.zeros(self._t_n.shape, dtype=bool)
         xs, tk = self._tb, self._tk
         last = len(xs) - 1
         for (b, k), (n, total) in obs.items():
@@ -551,6 +558,8 @@ class Estimator:
             for row, share in shares:
                 self._t_n[row, j] += share * n
                 self._t_r[row, j] += share * ratio_sum
+                fresh[row, j] = True
+        return fresh
 
     def live_step_ratios(self) -> np.ndarray:
         """Live / profiled step time per profiled (B, k) cell; nan below ``drift_min_steps``."""
@@ -638,7 +647,7 @@ class Estimator:
         drafted, accepted = self._live_counts()
         w = self._w
         rates = self._estimate(drafted, accepted, w)
-        self._fold_step_times()
+        fresh = self._fold_step_times()
         worst_ratio = self._check_drift()
         timing = self._blend_step_times()
         result = build_table(
@@ -668,12 +677,15 @@ class Estimator:
         )
         self._rates = rates
         self._timing = timing
-        if self._settings.prior_decay and self._live_disagrees(drafted, accepted):
+        if self._settings.prior_decay and self._live_disagrees(drafted, accepted, w):
             self._w = w / 2.0
         self._live_d = drafted / 2.0
         self._live_a = accepted / 2.0
-        self._t_n /= 2.0
-        self._t_r /= 2.0
+        # Only cells with new steps halve: a cell the table has left keeps what its last steps
+        # said (exploration steps are never steady, so nothing else re-times it), instead of
+        # fading back to the profile and luring the table back to a length it left for cause.
+        self._t_n[fresh] /= 2.0
+        self._t_r[fresh] /= 2.0
         self._new_counts()
         self._last_rebuild_step = self._steps
         self._next_rebuild = self._steps + self._every
@@ -733,17 +745,32 @@ class Estimator:
                 held += 1
         return out, held
 
-    def _live_disagrees(self, drafted: np.ndarray, accepted: np.ndarray) -> bool:
-        """True when some position's live rate is off the prior by more than edge_z errors."""
+    def _live_disagrees(self, drafted: np.ndarray, accepted: np.ndarray, w: float) -> bool:
+        """True when some position's live rate is off the prior by more than edge_z errors and
+        the prior still pulls a_hat off the live rate by more than one error of that rate.
+
+        The second test is the floor: after a real workload switch the traffic disagrees for
+        good, and halving w without end leaves a_hat resting on a handful of drafts (a table of
+        k = 0 drafts only on exploration steps), so noise walks the edges again. Once the
+        prior's pull, w * |prior - live| / (w + drafted), is within one standard error of the
+        live rate, halving trades no bias worth having for noise. (At edge_z errors the bias
+        left was enough to keep a wrong k in the simulator's workload switch.)
+        """
         z = self._settings.edge_z
         if z == 0.0:
             return True  # no noise test: halve at every rebuild
         seen = drafted > 0
         if not seen.any():
             return False
-        p = np.clip(self._prior_arr[seen], 1e-3, 1.0 - 1e-3)
-        live = accepted[seen] / drafted[seen]
-        return bool((np.abs(live - p) > z * np.sqrt(p * (1.0 - p) / drafted[seen])).any())
+        d = drafted[seen]
+        prior = self._prior_arr[seen]
+        live = accepted[seen] / d
+        off = np.abs(live - prior)
+        p = np.clip(prior, 1e-3, 1.0 - 1e-3)
+        q = np.clip(live, 1e-3, 1.0 - 1e-3)
+        disagrees = off > z * np.sqrt(p * (1.0 - p) / d)
+        pulls = w * off / (w + d) > np.sqrt(q * (1.0 - q) / d)
+        return bool((disagrees & pulls).any())
 
     def _new_counts(self) -> None:
         # Histograms by number drafted / accepted (0..K) and per-position totals; plain lists of

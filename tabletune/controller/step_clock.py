@@ -1,0 +1,71 @@
+"""Which (B, k) an engine step's wall time belongs to, read from vLLM's SchedulerOutput.
+
+No vLLM import: the scheduler subclass hands in its ``SchedulerOutput``; tests hand in plain
+objects with the same fields.
+
+vLLM's draft length is chosen per step and used twice, one step apart (``vllm/v1/core/sched/
+scheduler.py`` and ``vllm/v1/worker/gpu_model_runner.py`` in vLLM 0.32):
+
+* at step n the scheduler asks ``dynamic_sd_lookup[B]`` and puts the answer in
+  ``num_spec_tokens_to_schedule``; the worker's drafter proposes that many tokens per request at
+  the end of step n (``propose_draft_token_ids(num_speculative_tokens=...)``);
+* step n + 1 verifies those drafts: ``scheduled_spec_decode_tokens[req]`` holds the k of step n,
+  and each request is scheduled ``1 + k`` tokens.
+
+So step n's work is verify(B, k_{n-1}) plus draft(B, k_n). The profile times steady steps, where
+both are the same k. Labelling a step by what it verifies alone (as the first version did) puts
+the step after every change of k in the wrong cell — the one after each table change, and two
+around every exploration step, which the README's settings take one step in 50. A step counts
+here only when every request verifies exactly the k it drafts again.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["steady_decode_k", "StepClock"]
+
+
+def steady_decode_k(out: Any) -> int:
+    """k when step ``out`` is a steady decode step of B requests, each verifying k drafts and
+    drafting k again; -1 otherwise (a prefill, a new request, mixed or changing lengths)."""
+    batch = len(out.num_scheduled_tokens)
+    if not batch or out.scheduled_new_reqs:
+        return -1
+    k = out.num_spec_tokens_to_schedule  # drafted at the end of this step
+    if out.total_num_scheduled_tokens != batch * (1 + k):
+        return -1
+    spec = out.scheduled_spec_decode_tokens  # verified in this step (drafted one step earlier)
+    if not k:
+        return -1 if spec else 0
+    if len(spec) != batch:
+        return -1
+    for drafts in spec.values():
+        if len(drafts) != k:
+            return -1
+    return k
+
+
+class StepClock:
+    """The period between two engine outputs, attributed to the step that ended it.
+
+    In vLLM's synchronous loop the period from one ``update_from_output`` to the next is the next
+    step's scheduling and execution; in the asynchronous loop it is the time the worker took for
+    the next step, as long as steps are queued back to back. Every step restarts the clock, so a
+    steady step right after a prefill is timed on its own.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
+        self._clock = clock
+        self._last = 0.0
+
+    def tick(self, out: Any) -> tuple[int, int, float] | None:
+        """(B, k, ms) for a steady decode step, None for any other (the clock restarts)."""
+        k = steady_decode_k(out)
+        now = self._clock()
+        last, self._last = self._last, now
+        if k < 0 or not last:
+            return None
+        return len(out.num_scheduled_tokens), k, (now - last) * 1000.0

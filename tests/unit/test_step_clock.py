@@ -1,0 +1,144 @@
+"""Live step times attributed to the (B, k) a step really ran, from SchedulerOutput stand-ins.
+
+The stand-ins carry the fields vLLM 0.32's scheduler fills (``vllm/v1/core/sched/scheduler.py``):
+``num_spec_tokens_to_schedule`` is the lookup's k for this step (drafted at its end), and
+``scheduled_spec_decode_tokens`` holds what this step verifies: the previous step's k.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from tabletune.controller.step_clock import StepClock, steady_decode_k
+
+
+def _output(batch, verified, drafted, *, new=0):
+    """One step of ``batch`` running requests (plus ``new`` prefills of 20 tokens) verifying
+    ``verified`` drafts each (an int, or a list per request) and drafting ``drafted``."""
+    per_request = verified if isinstance(verified, list) else [verified] * batch
+    ids = [f"r{i}" for i in range(batch)]
+    scheduled = {r: 1 + v for r, v in zip(ids, per_request)}
+    spec = {r: [-1] * v for r, v in zip(ids, per_request) if v}
+    for j in range(new):
+        scheduled[f"new{j}"] = 20
+    return SimpleNamespace(
+        num_scheduled_tokens=scheduled,
+        total_num_scheduled_tokens=sum(scheduled.values()),
+        scheduled_spec_decode_tokens=spec,
+        scheduled_new_reqs=[object()] * new,
+        num_spec_tokens_to_schedule=drafted,
+    )
+
+
+def test_a_step_counts_only_when_it_verifies_the_k_it_drafts_again():
+    assert steady_decode_k(_output(4, 2, 2)) == 2
+    assert steady_decode_k(_output(4, 0, 0)) == 0
+    assert steady_decode_k(_output(1, 3, 3)) == 3
+    # The step after the table moved B = 4 from k = 3 to k = 1: it verifies 3 and drafts 1.
+    # The first version labelled it (4, 3) from the tokens alone.
+    assert steady_decode_k(_output(4, 3, 1)) == -1
+    # The next step verifies the 1 it drafted and drafts 1: steady again.
+    assert steady_decode_k(_output(4, 1, 1)) == 1
+    # Into and out of an exploration step at k = 3 from k = 1.
+    assert steady_decode_k(_output(4, 1, 3)) == -1
+    assert steady_decode_k(_output(4, 3, 1)) == -1
+    # k = 0 around a change: nothing verified, but this step drafts 2 (or the reverse).
+    assert steady_decode_k(_output(4, 0, 2)) == -1
+    assert steady_decode_k(_output(4, 2, 0)) == -1
+
+
+def test_prefills_new_requests_mixed_lengths_and_empty_steps_are_not_profile_steps():
+    assert steady_decode_k(_output(3, 2, 2, new=1)) == -1  # a request joins with its prefill
+    assert steady_decode_k(_output(0, 0, 2)) == -1  # nothing scheduled
+    # Same total as B = 2 at k = 2 (6 tokens) but one request verifies 1 and the other 3.
+    mixed = _output(2, [1, 3], 2)
+    assert mixed.total_num_scheduled_tokens == 2 * (1 + 2)
+    assert steady_decode_k(mixed) == -1
+    # A request whose drafts were cut (near max_model_len) while the others verify k.
+    assert steady_decode_k(_output(3, [2, 2, 1], 2)) == -1
+    # A resumed request whose recomputation makes the step longer than B * (1 + k).
+    resumed = _output(2, 1, 1)
+    resumed.num_scheduled_tokens["r0"] += 30
+    resumed.total_num_scheduled_tokens += 30
+    assert steady_decode_k(resumed) == -1
+
+
+def test_the_clock_times_each_step_from_the_previous_output_and_restarts_on_every_step():
+    now = iter([10.000, 10.060, 10.150, 10.220, 10.290, 10.360])
+    clock = StepClock(clock=lambda: next(now))
+    steps = [
+        _output(1, 0, 2, new=1),  # prefill; drafts 2 for the next step: starts the clock
+        _output(1, 2, 2),  # 60 ms steady at k = 2
+        _output(1, 2, 2),  # 90 ms
+        _output(1, 2, 1),  # table moved to k = 1: not a (1, 2) nor a (1, 1) step
+        _output(1, 1, 1),  # 70 ms at k = 1, timed from the mixed step's output
+        _output(1, 1, 1),  # 70 ms
+    ]
+    timed = [clock.tick(s) for s in steps]
+    assert timed[0] is None and timed[3] is None
+    assert [t[:2] for t in timed if t] == [(1, 2), (1, 2), (1, 1), (1, 1)]
+    assert [t[2] for t in timed if t] == pytest.approx([60.0, 90.0, 70.0, 70.0])
+
+
+def test_the_first_steady_step_ever_has_no_period_to_report():
+    clock = StepClock(clock=lambda: 5.0)
+    assert clock.tick(_output(2, 1, 1)) is None
+
+
+@pytest.fixture
+def scheduler_module(monkeypatch):
+    """``tabletune.vllm_scheduler`` on stand-ins for vLLM's scheduler modules (no vLLM import)."""
+    import importlib
+    import sys
+    import types
+
+    import tabletune
+
+    class FakeScheduler:
+        def __init__(self, vllm_config):
+            self.vllm_config = vllm_config
+            self.dynamic_sd_lookup = [0] + [2] * 8
+            self.num_spec_tokens = 3
+            self.scheduler_config = SimpleNamespace(max_num_seqs=8, async_scheduling=False)
+
+        def update_from_output(self, scheduler_output, model_runner_output):
+            return {}
+
+    sched_mod = types.ModuleType("vllm.v1.core.sched.scheduler")
+    sched_mod.Scheduler = FakeScheduler
+    async_mod = types.ModuleType("vllm.v1.core.sched.async_scheduler")
+    async_mod.AsyncScheduler = type("AsyncScheduler", (FakeScheduler,), {})
+    for name in ("vllm", "vllm.v1", "vllm.v1.core", "vllm.v1.core.sched"):
+        monkeypatch.setitem(sys.modules, name, sys.modules.get(name) or types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, "vllm.v1.core.sched.scheduler", sched_mod)
+    monkeypatch.setitem(sys.modules, "vllm.v1.core.sched.async_scheduler", async_mod)
+    for name in ("TABLETUNE_CONTROLLER", "TABLETUNE_CONTROL_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delitem(sys.modules, "tabletune.vllm_scheduler", raising=False)
+    monkeypatch.setattr(tabletune, "vllm_scheduler", None, raising=False)  # undone after the test
+    module = importlib.import_module("tabletune.vllm_scheduler")
+    monkeypatch.setitem(sys.modules, "tabletune.vllm_scheduler", module)
+    return module
+
+
+def test_the_scheduler_times_steady_steps_and_the_fault_sleeps_per_drafted_position(
+        scheduler_module, monkeypatch):
+    heard = []
+    controller = SimpleNamespace(observe_step_time=lambda b, k, ms: heard.append((b, k, ms)))
+    scheduler = scheduler_module.TableTuneScheduler(SimpleNamespace())
+    scheduler._tabletune_lookup.controller = controller
+    scheduler._tabletune_slow_s = 0.040  # what TABLETUNE_CONTROLLER_FAULT_SLOW_MS_PER_DRAFT=40 sets
+    now = iter([1.0, 1.1, 1.2, 1.3, 1.4])
+    scheduler._tabletune_clock = StepClock(clock=lambda: next(now))
+    slept = []
+    monkeypatch.setattr(scheduler_module.time, "sleep", slept.append)
+    steps = [_output(2, 0, 2, new=2), _output(2, 2, 2), _output(2, 2, 1), _output(2, 1, 1),
+             _output(0, 0, 1)]
+    for out in steps:
+        assert scheduler.update_from_output(out, None) == {}
+    # The fault follows the k each step drafts; an empty step drafts nothing and sleeps nothing.
+    assert slept == pytest.approx([0.080, 0.080, 0.040, 0.040])
+    assert [(b, k) for b, k, _ in heard] == [(2, 2), (2, 1)]
+    assert [ms for _, _, ms in heard] == pytest.approx([100.0, 100.0])
