@@ -191,6 +191,22 @@ def _threads_running(proc_entry: Path) -> bool:
     return False
 
 
+def _die_with_parent() -> None:
+    """Runs in the child before exec: SIGTERM it when the process that launched it dies.
+
+    atexit and signal handlers cannot run when the launcher is SIGKILLed (an operator killing a
+    stuck task, the OOM killer, a lost worker), and the server runs in its own session, so
+    nothing else would stop it. SIGTERM rather than SIGKILL lets vLLM take its engine-core
+    processes down with it. Linux only; elsewhere this does nothing.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
 def stop_all_servers() -> None:
     for server in list(_LIVE_SERVERS):
         server.stop()
@@ -280,7 +296,7 @@ class VllmServer:
         self._log_file = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
             self.command(), stdout=self._log_file, stderr=subprocess.STDOUT,
-            env=self.environment(), start_new_session=True,
+            env=self.environment(), start_new_session=True, preexec_fn=_die_with_parent,
         )
         _LIVE_SERVERS.add(self)
         self._launched_at = time.monotonic()

@@ -6,13 +6,20 @@ needs. A second run triggered meanwhile must wait (one active run per DAG); mark
 task failed through the REST API, as an operator would stop a run, must leave the MLflow run
 FAILED by the DAG's failure callback; and a DAG run marked failed as a whole (Airflow runs no
 callback then) has its MLflow run closed as KILLED by the next run's start.
+
+With the pool's one slot back, ``measure_acceptance`` really starts vLLM; the task's process is
+then SIGKILLed, as a lost worker or the OOM killer would end it (no handler of ours can run):
+the engine must not outlive it, and once the operator gives up the retry the MLflow run is
+FAILED.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import signal
 import time
 
+import psutil
 import pytest
 from airflow_api import AirflowApi
 from pipeline_factories import make_acceptance, make_profile
@@ -106,3 +113,93 @@ def test_one_run_at_a_time_and_every_ending_closes_the_mlflow_run(
             states = api.task_states(DAG_ID, run["dag_run_id"])
             assert states.get("start_run") == "skipped", states
             assert not registry.find_runs(run_name=run["dag_run_id"])
+
+
+def processes_of(run_id: str) -> list[psutil.Process]:
+    """Processes started for an Airflow run: the task runner exports AIRFLOW_CTX_DAG_RUN_ID,
+    and whatever it launches (the vLLM server, its engine core) inherits it."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get("AIRFLOW_CTX_DAG_RUN_ID") == run_id:
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
+
+
+def vllm_server_of(run_id: str, timeout_s: float) -> psutil.Process:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for proc in processes_of(run_id):
+            try:
+                if "vllm.entrypoints.openai.api_server" in " ".join(proc.cmdline()):
+                    return proc
+            except psutil.NoSuchProcess:
+                continue
+        time.sleep(0.5)
+    raise AssertionError(f"no vLLM server of {run_id} within {timeout_s}s")
+
+
+@pytest.fixture
+def api(services):
+    api = AirflowApi(services.airflow_url, services.env["TABLETUNE_AIRFLOW_USER"],
+                     services.env["TABLETUNE_AIRFLOW_PASSWORD"])
+    api.wait_for_dag(DAG_ID)
+    api.call("PATCH", f"/dags/{DAG_ID}", json={"is_paused": False})
+    try:
+        yield api
+    finally:
+        api.call("PATCH", f"/dags/{DAG_ID}", json={"is_paused": True})
+
+
+def test_a_task_killed_while_its_engine_starts_leaves_no_engine_and_a_failed_mlflow_run(
+        services, unique, api):
+    key = f"killed-{unique}"
+    registry = services.registry()
+    flows.seed_registry(registry, model_name=f"tabletune-{key}", profile=make_profile(),
+                        acceptance=make_acceptance())
+    prefix = f"killed/{unique}/"
+    today = dt.datetime.now(dt.timezone.utc).date()
+    services.s3_client().put_object(
+        Bucket=services.bucket, Key=f"{prefix}dt={today:%Y-%m-%d}/part-0.jsonl",
+        Body=b"".join(b'{"prompt": "p%d"}\n' % i for i in range(8)))
+    conf = {"deployment_key": key, "prefix": prefix, "window_end": today.isoformat(),
+            "n_prompts": 4, "min_prompts": 1}
+
+    run = api.trigger(DAG_ID, conf)
+    try:
+        check_killed_task(api, registry, run)
+    finally:  # whatever happened, leave no engine running
+        for proc in processes_of(run):
+            try:
+                proc.kill()
+            except psutil.NoSuchProcess:
+                pass
+
+
+def check_killed_task(api, registry, run):
+    api.wait_for_state(DAG_ID, run, "measure_acceptance", {"running"})
+    server = vllm_server_of(run, timeout_s=60)
+    launcher = server.parent()  # the task's process (its environ is as exec'd: no run id)
+    assert launcher is not None and launcher.name().startswith("airflow worker"), launcher
+    launcher.send_signal(signal.SIGKILL)
+
+    # The server and everything it started go with their launcher, not at the next deploy.
+    _, alive = psutil.wait_procs([server], timeout=30)
+    assert not alive, f"vLLM server {server.pid} outlived its task"
+    deadline = time.monotonic() + 30
+    while processes_of(run) and time.monotonic() < deadline:
+        time.sleep(1)
+    left = [(p.pid, p.name()) for p in processes_of(run)]
+    assert not left, f"processes of {run} left after its task was killed: {left}"
+
+    # A lost task is retried (retries=1); the operator gives up on it instead.
+    state = api.wait_for_state(DAG_ID, run, "measure_acceptance",
+                               {"up_for_retry", "failed"}, timeout_s=90)
+    if state == "up_for_retry":
+        api.call("PATCH", f"/dags/{DAG_ID}/dagRuns/{run}/taskInstances/measure_acceptance",
+                 json={"new_state": "failed"})
+    assert api.wait(DAG_ID, run, timeout_s=90) == "failed"
+    closed = mlflow_run(registry, run, status="FAILED")
+    assert "DAG run failed" in closed.data.tags["tabletune.outcome"]
