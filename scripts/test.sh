@@ -22,17 +22,19 @@ log "embedded model pair: built once under the cache, then reused"
 status=0
 # The service stack starts in the background while the unit and engine tests run (one stack and
 # one engine at a time is what a 2-core machine takes; the start-up is mostly waiting).
+# From a clean state: an earlier stack's Airflow runs and registered models would change what
+# the pipeline tests see (the local secrets are kept).
 trap 'infra/local/services.sh stop' EXIT
-mkdir -p "$TABLETUNE_SERVICES_DIR"
-log "services: starting in the background (log: $TABLETUNE_SERVICES_DIR/start.log)"
-infra/local/services.sh start > "$TABLETUNE_SERVICES_DIR/start.log" 2>&1 &
+start_log="$(mktemp -t tabletune-services-start.XXXXXX)"
+log "services: starting from a clean state in the background (log: $start_log)"
+infra/local/services.sh start --clean > "$start_log" 2>&1 &
 services_pid=$!
 .venv/bin/python -m pytest -p no:cacheprovider -q -ra --durations=15 tests/unit tests/engine "$@" || status=$?
 # Airflow reads its configuration on first import: the pipeline tests get their own process,
 # once the services are up.
 services_rc=0
 wait "$services_pid" || services_rc=$?
-cat "$TABLETUNE_SERVICES_DIR/start.log" >&2
+cat "$start_log" >&2
 [ "$services_rc" -eq 0 ] || { log "services failed to start (exit $services_rc)"; exit 1; }
 # shellcheck disable=SC1091
 source "$TABLETUNE_SERVICES_DIR/env.sh"
