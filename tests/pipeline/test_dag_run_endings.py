@@ -62,21 +62,25 @@ def api_without_engine_slots(services):
                        "include_deferred": pool["include_deferred"]})
 
 
-def test_one_run_at_a_time_and_every_ending_closes_the_mlflow_run(
-        services, unique, api_without_engine_slots):
-    api = api_without_engine_slots
-    began = dt.datetime.now(dt.timezone.utc)
-    key = f"endings-{unique}"
-    registry = services.registry()
+def seed_deployment(services, registry, key: str) -> dict:
+    """A registered production table and a day of prompts in S3; the weekly run's conf."""
     flows.seed_registry(registry, model_name=f"tabletune-{key}", profile=make_profile(),
                         acceptance=make_acceptance())
-    prefix = f"endings/{unique}/"
+    prefix = f"{key}/"
     today = dt.datetime.now(dt.timezone.utc).date()
     services.s3_client().put_object(
         Bucket=services.bucket, Key=f"{prefix}dt={today:%Y-%m-%d}/part-0.jsonl",
         Body=b"".join(b'{"prompt": "p%d"}\n' % i for i in range(8)))
-    conf = {"deployment_key": key, "prefix": prefix, "window_end": today.isoformat(),
+    return {"deployment_key": key, "prefix": prefix, "window_end": today.isoformat(),
             "n_prompts": 4, "min_prompts": 1}
+
+
+def test_one_run_at_a_time_and_every_ending_closes_the_mlflow_run(
+        services, unique, api_without_engine_slots):
+    api = api_without_engine_slots
+    began = dt.datetime.now(dt.timezone.utc)
+    registry = services.registry()
+    conf = seed_deployment(services, registry, f"endings-{unique}")
 
     first = api.trigger(DAG_ID, conf)
     second = api.trigger(DAG_ID, conf)
@@ -161,17 +165,8 @@ def api(services):
 
 def test_a_task_killed_while_its_engine_starts_leaves_no_engine_and_a_failed_mlflow_run(
         services, unique, api):
-    key = f"killed-{unique}"
     registry = services.registry()
-    flows.seed_registry(registry, model_name=f"tabletune-{key}", profile=make_profile(),
-                        acceptance=make_acceptance())
-    prefix = f"killed/{unique}/"
-    today = dt.datetime.now(dt.timezone.utc).date()
-    services.s3_client().put_object(
-        Bucket=services.bucket, Key=f"{prefix}dt={today:%Y-%m-%d}/part-0.jsonl",
-        Body=b"".join(b'{"prompt": "p%d"}\n' % i for i in range(8)))
-    conf = {"deployment_key": key, "prefix": prefix, "window_end": today.isoformat(),
-            "n_prompts": 4, "min_prompts": 1}
+    conf = seed_deployment(services, registry, f"killed-{unique}")
 
     run = api.trigger(DAG_ID, conf)
     try:
