@@ -29,7 +29,11 @@ start_log="$(mktemp -t tabletune-services-start.XXXXXX)"
 log "services: starting from a clean state in the background (log: $start_log)"
 infra/local/services.sh start --clean > "$start_log" 2>&1 &
 services_pid=$!
-.venv/bin/python -m pytest -p no:cacheprovider -q -ra --durations=15 tests/unit tests/engine "$@" || status=$?
+# Two pytest-xdist workers, one test file each at a time: an engine test spends most of its time
+# in one core's worth of vLLM start-up or decoding (tests/engine/conftest.py gives each worker's
+# engines a core of their own), so two files side by side nearly halve the wall time.
+.venv/bin/python -m pytest -p no:cacheprovider -q -ra --durations=15 -n 2 --dist loadfile \
+  tests/unit tests/engine "$@" || status=$?
 # Airflow reads its configuration on first import: the pipeline tests get their own process,
 # once the services are up.
 services_rc=0

@@ -39,6 +39,7 @@ def _children(pid: int) -> list[int]:
     return [int(x) for x in text.split()]
 
 
+@pytest.mark.vllm_multiprocess  # the engine core and worker processes must go too
 @pytest.mark.parametrize("signum", [signal.SIGTERM])
 def test_a_killed_profile_takes_its_engine_down(tmp_path, signum):
     out = tmp_path / "profile.json"
