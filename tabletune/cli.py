@@ -11,8 +11,9 @@ from pathlib import Path
 from typing import Sequence
 
 from tabletune.core.atomic import atomic_write_text
-from tabletune.core.builder import StepTimes, build_table, held_out_loss, table_loss
-from tabletune.core.contracts import Acceptance, Profile, TableDocument, check_compatible, load_json, save_json
+from tabletune.core.builder import DEFAULT_TIE_MARGIN, goodput_loss
+from tabletune.core.contracts import Acceptance, Profile, TableDocument, load_json, save_json
+from tabletune.core.document import build_document
 from tabletune.core.errors import ContractError
 from tabletune.core.tables import DOCS_TABLE, DraftTable
 
@@ -200,52 +201,11 @@ def _run_acceptance(args, spec, out_dir: Path) -> Acceptance:
 def add_build_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lengths", type=_int_list, default=None,
                    help="allowed draft lengths, e.g. 0,1,3 (default: all profiled)")
-    p.add_argument("--tie-margin", type=float, default=0.005,
+    p.add_argument("--tie-margin", type=float, default=DEFAULT_TIE_MARGIN,
                    help="relative goodput within which a shorter length counts as a tie and "
                         "wins (fewer wasted drafts, fewer ranges)")
     p.add_argument("--table-max-batch-size", dest="table_max_batch_size", type=int, default=None,
                    help="build the table up to this B (default: the largest profiled B)")
-
-
-def build_document(profile: Profile, acceptance: Acceptance, *, lengths=None,
-                   tie_margin: float = 0.005, max_batch_size: int | None = None,
-                   provenance: dict | None = None):
-    """Profile + acceptance → (BuildResult, TableDocument); the one place tables are built."""
-    check_compatible(profile, acceptance)
-    steps = StepTimes.from_profile(profile)
-    rates = acceptance.rates[:profile.max_k]
-    result = build_table(steps, rates, max_batch_size=max_batch_size, lengths=lengths,
-                         tie_margin=tie_margin)
-    loss = table_loss(result.table, steps, rates, result.batch_sizes, lengths=lengths)
-    held_out = held_out_loss(profile, rates, max_batch_size=max_batch_size, lengths=lengths,
-                             tie_margin=tie_margin)
-    guard = profile.meta.get("drift_guard") or {}
-    prov = {
-        "fingerprint": profile.fingerprint,
-        "acceptance_rates": list(rates),
-        "acceptance_num_prompts": acceptance.num_prompts,
-        "temperature": acceptance.temperature,
-        "profiled_batch_sizes": list(profile.batch_sizes),
-        "step_source": profile.meta.get("step_source"),
-        "interpolation": "linear in B between profiled batch sizes; held/extrapolated beyond",
-        "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "worst_loss_vs_best_fixed": loss.worst_loss,
-        "worst_loss_batch_size": loss.worst_batch_size,
-        "worst_loss_kind": "modelled, in-sample (the profile the table was chosen from)",
-        # What `show` must be able to name without the profile at hand.
-        "profile_flagged_cells": [
-            {"batch_size": c.batch_size, "k": c.k,
-             "why": list(c.flags) or (["spread"] if c.flagged else [])}
-            for c in profile.cells if c.flagged or c.flags],
-        "profile_inconsistent": [v.get("text", str(v)) for v in
-                                 profile.meta.get("inconsistent") or []],
-        "profile_drift_events": len(guard.get("drift_events") or []),
-        **(provenance or {}),
-    }
-    doc = result.to_document(prov)
-    if held_out is not None:
-        doc.goodput["out_of_sample"] = held_out
-    return result, doc
 
 
 def _write_plots(d: Path, profile: Profile, result) -> list[Path]:
@@ -328,8 +288,9 @@ def cmd_build(args) -> int:
                             f"--max-batch-size {args.max_batch_size} (give one)")
     profile = load_json(args.profile, "profile")
     acceptance = load_json(args.acceptance, "acceptance")
-    result, doc = build_document(profile, acceptance, lengths=args.lengths,
-                                 tie_margin=args.tie_margin, max_batch_size=max_batch_size)
+    built = build_document(profile, acceptance, lengths=args.lengths,
+                           tie_margin=args.tie_margin, max_batch_size=max_batch_size)
+    result, doc = built.build, built.document
     save_json(args.out, doc)
     print(_describe_document(doc))
     if args.plots:
@@ -426,10 +387,10 @@ def cmd_tune(args) -> int:
     if not args.acceptance:
         save_json(out / "acceptance.json", acceptance)
     t_acceptance = time.time() - t0 + measured.get("acceptance_s", 0.0)
-    result, doc = build_document(profile, acceptance, lengths=args.lengths,
-                                 tie_margin=args.tie_margin,
-                                 max_batch_size=args.table_max_batch_size,
-                                 provenance={"tune_wall_s": round(time.time() - started, 1)})
+    built = build_document(profile, acceptance, lengths=args.lengths,
+                           tie_margin=args.tie_margin, max_batch_size=args.table_max_batch_size,
+                           provenance={"tune_wall_s": round(time.time() - started, 1)})
+    result, doc = built.build, built.document
     save_json(out / "table.json", doc)
     _write_plots(out / "plots", profile, result)
     timing = {"profile_s": round(t_profile, 1), "acceptance_s": round(t_acceptance, 1),
@@ -453,30 +414,23 @@ def _describe_document(doc: TableDocument) -> str:
     lines.append(f"  --speculative-config '{json.dumps(cfg)}'")
     g = doc.goodput
     if g.get("tokens_per_s"):
-        import numpy as np
-
         m, lengths, bs, chosen_k = _goodput_block(g)
-        best = m.max(axis=1)
-        # Rows where no length has any goodput have no loss to speak of (and 0/0 is nan).
-        rows = best > 0
 
-        def worst(values) -> str:
-            return f"{float(np.max(1 - values[rows] / best[rows])):.1%}"
+        def worst(table_ks) -> str:
+            return f"{goodput_loss(m, lengths, bs, table_ks).worst_loss:.1%}"
 
         lines.append(f"worst loss vs the per-B best fixed length over B 1–{bs[-1]}, modelled, "
                      "in-sample (from the profile the table was chosen from, so the table's "
                      "own figure shows only its tie margin; `tabletune evaluate` measures):")
-        if not rows.any():
+        if not (m > 0).any():
             lines.append("  none to report: the goodput block is zero at every batch size")
             return "\n".join(lines)
-        chosen = np.array([m[i, lengths.index(k)] for i, k in enumerate(chosen_k)])
-        lines.append(f"  this table (modelled, in-sample): {worst(chosen)}")
+        lines.append(f"  this table (modelled, in-sample): {worst(chosen_k)}")
         docs = [DOCS_TABLE.k_for(b) for b in bs]
         if all(k in lengths for k in docs):
-            dv = np.array([m[i, lengths.index(k)] for i, k in enumerate(docs)])
-            lines.append(f"  vLLM docs table: {worst(dv)}")
-        for j, k in enumerate(lengths):
-            lines.append(f"  fixed k={k}: {worst(m[:, j])}")
+            lines.append(f"  vLLM docs table: {worst(docs)}")
+        for k in lengths:
+            lines.append(f"  fixed k={k}: {worst([k] * len(bs))}")
         if g.get("interpolated_batch_sizes"):
             lines.append("  (T(B,k) interpolated linearly between profiled batch sizes)")
         oos = g.get("out_of_sample")
@@ -576,7 +530,7 @@ def cmd_show(args) -> int:
 def cmd_plot(args) -> int:
     profile = load_json(args.profile, "profile")
     acceptance = load_json(args.acceptance, "acceptance")
-    result, _ = build_document(profile, acceptance)
+    result = build_document(profile, acceptance).build
     for path in _write_plots(Path(args.out_dir), profile, result):
         print(path)
     return 0

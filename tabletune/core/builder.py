@@ -31,6 +31,7 @@ __all__ = [
     "LossRow",
     "LossReport",
     "table_loss",
+    "goodput_loss",
     "DEFAULT_TIE_MARGIN",
     "recorded_build_settings",
     "held_out_loss",
@@ -464,12 +465,31 @@ def table_loss(
                  f"is above the number of acceptance rates ({len(rates)})")
     all_lengths = tuple(sorted(set(lengths) | set(table_ks)))
     g = fixed_length_goodput(step_times, rates, batch_sizes, all_lengths)
-    allowed = [all_lengths.index(k) for k in lengths]
+    return goodput_loss(g, all_lengths, batch_sizes, table_ks, allowed=lengths)
+
+
+def goodput_loss(
+    goodput: np.ndarray,
+    lengths: Sequence[int],
+    batch_sizes: Sequence[int],
+    table_ks: Sequence[int],
+    *,
+    allowed: Sequence[int] | None = None,
+) -> LossReport:
+    """Loss of the lengths ``table_ks`` (one per batch size) against the best of ``allowed``.
+
+    ``goodput`` has a row per batch size and a column per length in ``lengths`` (a build's
+    matrix, or a document's goodput block); ``allowed`` defaults to every length. A batch size
+    where no length has any goodput has nothing to lose (loss 0, not 0/0).
+    """
+    lengths = tuple(lengths)
+    allowed_cols = [lengths.index(k) for k in (lengths if allowed is None else allowed)]
     rows = []
     for i, (b, k) in enumerate(zip(batch_sizes, table_ks)):
-        best_col = allowed[int(np.argmax(g[i, allowed]))]
-        mine, best = float(g[i, all_lengths.index(k)]), float(g[i, best_col])
-        rows.append(LossRow(b, k, mine, all_lengths[best_col], best, 1.0 - mine / best))
+        best_col = allowed_cols[int(np.argmax(goodput[i, allowed_cols]))]
+        mine, best = float(goodput[i, lengths.index(k)]), float(goodput[i, best_col])
+        loss = 1.0 - mine / best if best > 0 else 0.0
+        rows.append(LossRow(b, k, mine, lengths[best_col], best, loss))
     return LossReport(tuple(rows))
 
 
