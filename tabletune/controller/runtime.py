@@ -42,7 +42,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from tabletune.controller.estimator import ControllerSettings, Estimator, Rebuild
+from tabletune.controller.estimator import ControllerSettings, Estimator, RebuildRecord
 from tabletune.controller.stale import profile_digest, write_stale_mark
 from tabletune.core.atomic import atomic_write_text
 from tabletune.core.builder import StepTimes, recorded_build_settings
@@ -270,7 +270,7 @@ class ControllerRuntime:
         self.stale_mark = mark
 
     @staticmethod
-    def _log(r: Rebuild) -> None:
+    def _log(r: RebuildRecord) -> None:
         rates = ", ".join(f"{a:.3f}" for a in r.rates)
         held = f"; {r.held} batch sizes kept their k (gain within noise)" if r.held else ""
         if r.changed:

@@ -15,6 +15,7 @@ from typing import Sequence
 
 from tabletune.core.contracts import Acceptance
 from tabletune.core.errors import ContractError
+from tabletune.core.goodput import monotone_rates
 from tabletune.engine.client import run_batch
 from tabletune.engine.server import EngineError, VllmServer, speculative_config
 from tabletune.engine.spec import EngineSpec, deployment_fingerprint
@@ -49,11 +50,8 @@ def rates_from_counters(num_drafts: float, accepted_per_position: Sequence[float
     if num_drafts <= 0:
         raise EngineError("the engine made no drafts during the acceptance run "
                           "(is speculative decoding on?)")
-    rates = [min(1.0, max(0.0, a / num_drafts)) for a in accepted_per_position]
     # Counters are sampled independently per position; keep the contract's non-increase exact.
-    for i in range(1, len(rates)):
-        rates[i] = min(rates[i], rates[i - 1])
-    return tuple(rates)
+    return monotone_rates([a / num_drafts for a in accepted_per_position])
 
 
 def measure_acceptance_on(server: VllmServer, prompts: Sequence[str], *, max_k: int,
