@@ -483,14 +483,18 @@ def goodput_loss(
     where no length has any goodput has nothing to lose (loss 0, not 0/0).
     """
     lengths = tuple(lengths)
-    allowed_cols = [lengths.index(k) for k in (lengths if allowed is None else allowed)]
-    rows = []
-    for i, (b, k) in enumerate(zip(batch_sizes, table_ks)):
-        best_col = allowed_cols[int(np.argmax(goodput[i, allowed_cols]))]
-        mine, best = float(goodput[i, lengths.index(k)]), float(goodput[i, best_col])
-        loss = 1.0 - mine / best if best > 0 else 0.0
-        rows.append(LossRow(b, k, mine, lengths[best_col], best, loss))
-    return LossReport(tuple(rows))
+    allowed_cols = np.array([lengths.index(k) for k in (lengths if allowed is None else allowed)])
+    g = np.asarray(goodput, dtype=float)
+    index = np.arange(len(table_ks))
+    best_cols = allowed_cols[np.argmax(g[:, allowed_cols], axis=1)]  # first max: shorter k
+    mine = g[index, [lengths.index(k) for k in table_ks]]
+    best = g[index, best_cols]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        loss = np.where(best > 0, 1.0 - mine / np.where(best > 0, best, 1.0), 0.0)
+    best_ks = [lengths[c] for c in best_cols.tolist()]
+    return LossReport(tuple(
+        LossRow(b, k, m, bk, bg, ls) for b, k, m, bk, bg, ls in
+        zip(batch_sizes, table_ks, mine.tolist(), best_ks, best.tolist(), loss.tolist())))
 
 
 
