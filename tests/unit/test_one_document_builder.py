@@ -1,18 +1,20 @@
 """One table-document builder: `tabletune build` and a pipeline run's rebuild write the same
-document from the same inputs, and the online controller, given that document and no traffic,
-rebuilds the same table."""
+document from the same inputs, the online controller, given that document and no traffic,
+rebuilds the same table, and `show` scores a document with the same loss as the builder."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import replace
 
+import numpy as np
 from pipeline_factories import make_acceptance, make_profile
 
 from tabletune.cli import main
 from tabletune.controller.estimator import ControllerSettings, Estimator
-from tabletune.core.builder import StepTimes
-from tabletune.core.contracts import Profile, load_json, save_json
+from tabletune.core.builder import StepTimes, goodput_loss, table_loss
+from tabletune.core.contracts import Profile, TableDocument, load_json, save_json
+from tabletune.core.tables import DraftTable
 from tabletune.pipeline.rebuild import rebuild_table
 
 
@@ -72,3 +74,18 @@ def test_the_controller_without_traffic_rebuilds_the_documents_table():
     assert record.new_ranges == table.ranges and not record.changed
     # Not only because it holds the start table's edges within the noise: nothing was held.
     assert record.held == 0
+
+
+def test_show_scores_a_document_with_the_same_loss_as_table_loss():
+    profile, acceptance = noisy_profile(), make_acceptance()
+    built = rebuild_table(profile, acceptance, provenance={}).build
+    # What `tabletune show` has: the document's goodput block, no profile.
+    g = TableDocument.from_dict(json.loads(json.dumps(built.to_document({}).to_dict()))).goodput
+    steps = StepTimes.from_profile(profile)
+    for ks in (list(built.chosen), [3] * len(built.batch_sizes)):
+        from_block = goodput_loss(np.array(g["tokens_per_s"]), g["lengths"],
+                                  g["batch_sizes"], ks)
+        from_profile = table_loss(DraftTable.from_lookup(ks), steps, acceptance.rates,
+                                  built.batch_sizes)
+        assert from_block.rows == from_profile.rows
+    assert from_block.worst_loss > 0.05  # fixed k=3 loses at large batches: not a 0 == 0 check
