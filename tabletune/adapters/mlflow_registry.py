@@ -57,13 +57,13 @@ from tabletune.core.contracts import (
     save_json,
 )
 from tabletune.core.errors import ContractError
-from tabletune.pipeline.errors import (
+from tabletune.core.pipeline_errors import (
     PriorUnavailable,
     PromotionConflict,
     RegistryStateError,
     RegistryUnavailable,
 )
-from tabletune.pipeline.promotion import (
+from tabletune.core.promotion import (
     CANDIDATE,
     PREVIOUS,
     PRODUCTION,
@@ -76,7 +76,7 @@ from tabletune.pipeline.promotion import (
     plan_rollback,
     rollback_target,
 )
-from tabletune.pipeline.redaction import redact_params
+from tabletune.core.redaction import redact_params
 
 __all__ = [
     "MlflowRegistry",

@@ -89,7 +89,7 @@ def load_prior(uri: str, *, cache_dir: Path | None = None) -> PriorBundle:
             raise ContractError(f"{PRIOR_ENV}: {uri!r} needs MLFLOW_TRACKING_URI")
         cache = cache_dir or Path(os.environ.get(
             "TABLETUNE_PRIOR_CACHE", Path.home() / ".cache" / "tabletune" / "priors"))
-        from tabletune.pipeline.errors import PriorUnavailable
+        from tabletune.core.pipeline_errors import PriorUnavailable
 
         try:
             table, profile, acceptance = load_production_prior(name, tracking_uri=tracking,

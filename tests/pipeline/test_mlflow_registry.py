@@ -16,7 +16,7 @@ from tabletune.adapters.mlflow_registry import (
     load_production_prior_with_source,
 )
 from tabletune.pipeline import flows
-from tabletune.pipeline.errors import (
+from tabletune.core.pipeline_errors import (
     GateFailed,
     PriorUnavailable,
     PromotionConflict,

@@ -19,7 +19,7 @@ from tabletune.adapters.mlflow_registry import (
     load_production_prior_with_source,
 )
 from tabletune.core.builder import StepTimes, build_table
-from tabletune.pipeline.errors import PriorUnavailable
+from tabletune.core.pipeline_errors import PriorUnavailable
 from pipeline_factories import make_acceptance, make_profile
 
 MODEL = "tabletune-unit-model"

@@ -25,7 +25,7 @@ from tabletune.adapters.mlflow_registry import (  # noqa: E402
     LOCK_OWNER_TAG,
     MlflowRegistry,
 )
-from tabletune.pipeline.errors import PromotionConflict  # noqa: E402
+from tabletune.core.pipeline_errors import PromotionConflict  # noqa: E402
 
 MODEL = "tabletune-lock-test"
 LOCK = f"{MODEL}.lock"
