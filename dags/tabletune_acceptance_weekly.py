@@ -112,7 +112,7 @@ def tabletune_acceptance_weekly():
     @permanent_errors_fail_fast
     def sample_prompts(info: dict, params=None, run_id=None, dag_run=None) -> dict:
         from tabletune.pipeline import flows
-        from tabletune.pipeline.sampling import seed_for_run
+        from tabletune.core.sampling import seed_for_run
 
         if params["window_end"]:
             end = dt.date.fromisoformat(params["window_end"])

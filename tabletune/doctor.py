@@ -169,7 +169,7 @@ def _spread(samples: Sequence[float]) -> float:
 
 
 def _pin(control: Path, doc: dict) -> None:
-    from tabletune.controller.lookup import write_control
+    from tabletune.core.vllm_contract import write_control
 
     write_control(control, force_k=doc.get("force_k"), table=doc.get("table"))
 
@@ -183,8 +183,7 @@ def examine_runner(spec: EngineSpec, table: DraftTable, probe: Probe, *, runner:
     ``side_by_side`` launches the table server and every fixed-length server at once (GPU:
     minutes of start-up each; give them a fixed ``--kv-cache-memory``), then measures them one
     after another; otherwise each starts when the previous one is done."""
-    from tabletune.controller.lookup import CONTROL_FILE_ENV, write_control
-    from tabletune.tuner.profiler import SCHEDULER_CLS
+    from tabletune.core.vllm_contract import CONTROL_FILE_ENV, SCHEDULER_CLS, write_control
 
     run_spec = spec.with_(max_k=max(1, table.max_k))
     control = log_dir / f"control-{runner}.json"

@@ -89,8 +89,7 @@ def parse_arm(text: str, max_k: int) -> Arm:
 
 def controller_env(arm: Arm, *, start_table: DraftTable, settings: dict, out_dir: Path) -> dict:
     """The environment that turns TableTune's scheduler into the controller for ``arm``."""
-    from tabletune.controller.runtime import (OUT_ENV, PRIOR_ENV, SETTINGS_ENV,
-                                             START_TABLE_ENV)
+    from tabletune.core.vllm_contract import OUT_ENV, PRIOR_ENV, SETTINGS_ENV, START_TABLE_ENV
 
     return {PRIOR_ENV: str(Path(arm.prior).resolve()), OUT_ENV: str(out_dir),
             SETTINGS_ENV: json.dumps(settings), START_TABLE_ENV: json.dumps(start_table.to_vllm())}
@@ -199,8 +198,8 @@ def _in_arm_order(results, arms, concurrency) -> list[ArmResult]:
 
 def _server_groups(spec, arms, max_c, log_dir, one_server, startup_timeout_s, ctl_env):
     """[(server, control file or None, arms it serves)] in the order of ``arms``."""
-    from tabletune.controller.lookup import CONTROL_FILE_ENV, write_control
-    from tabletune.tuner.profiler import SCHEDULER_CLS, table_with_every_length
+    from tabletune.core.vllm_contract import CONTROL_FILE_ENV, SCHEDULER_CLS, write_control
+    from tabletune.tuner.profiler import table_with_every_length
 
     groups, shared = [], None
     for i, arm in enumerate(arms):
@@ -242,7 +241,7 @@ def _server_groups(spec, arms, max_c, log_dir, one_server, startup_timeout_s, ct
 
 def _select(control: Path | None, arm: Arm) -> None:
     """Point the shared server's control file at ``arm`` (nothing pinned: the controller)."""
-    from tabletune.controller.lookup import write_control
+    from tabletune.core.vllm_contract import write_control
 
     if control is None:
         return

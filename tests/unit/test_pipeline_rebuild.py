@@ -9,7 +9,7 @@ from pipeline_factories import make_acceptance, make_profile
 from tabletune.core.contracts import TableDocument
 from tabletune.core.errors import ContractError
 from tabletune.core.tables import DraftTable
-from tabletune.plots import plot_goodput, plot_tables
+from tabletune.pipeline.plots import plot_goodput, plot_tables
 from tabletune.pipeline.rebuild import goodput_rows, rebuild_table
 
 
