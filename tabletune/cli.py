@@ -16,6 +16,9 @@ from tabletune.core.contracts import Acceptance, Profile, TableDocument, load_js
 from tabletune.core.document import build_document
 from tabletune.core.errors import ContractError
 from tabletune.core.tables import DOCS_TABLE, DraftTable
+from tabletune.engine_args import add_engine_args, engine_spec_from_args
+from tabletune.prompt_args import add_prompt_args, prompts_from_args
+from tabletune.tuner.profiler import DEFAULT_REPEATS
 
 EMBEDDED_GRID = "1,2,4,8,16"
 
@@ -39,45 +42,6 @@ class HelpfulParser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
 
-# ---------------------------------------------------------------------------------------------
-# Engine options shared by every command that starts vLLM
-
-
-def add_engine_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("engine (default: the embedded CPU model pair)")
-    g.add_argument("--model", help="target model path; omit for the embedded pair")
-    g.add_argument("--drafter", help="drafter model path (method draft_model / eagle / eagle3)")
-    g.add_argument("--method", default="draft_model",
-                   help="speculative method with --drafter: draft_model, eagle, eagle3, ...")
-    g.add_argument("--max-k", type=int, default=3, help="longest draft length K")
-    g.add_argument("--device", choices=("cpu", "cuda"), default=None,
-                   help="default: cpu for the embedded pair, cuda for a given model")
-    g.add_argument("--tensor-parallel-size", type=int, default=1, help="GPUs per server")
-    g.add_argument("--max-num-seqs", type=int, default=None,
-                   help="vLLM's largest batch (default: the largest batch size the command uses)")
-    g.add_argument("--max-model-len", type=int, default=512,
-                   help="vLLM's context length per request")
-    g.add_argument("--dtype", default=None,
-                   help="weights' dtype (default: float32 for the embedded pair, else vLLM's auto)")
-    g.add_argument("--engine-arg", action="append", default=[], metavar="ARG",
-                   help="extra vLLM server argument (repeat; e.g. --engine-arg=--gpu-memory-utilization=0.8)")
-    g.add_argument("--runner", choices=("v1", "v2"), default=None,
-                   help="vLLM's GPU model runner (default on cuda: v2 for eagle/eagle3/mtp, "
-                        "which keeps full CUDA graphs with a table; v1 otherwise)")
-    g.add_argument("--cache-root", default=None, metavar="DIR",
-                   help="keep vLLM's compile caches under DIR (one folder per server role) so "
-                        "a later run of the same deployment starts faster")
-    g.add_argument("--synthetic-acceptance", type=_float_list, default=None,
-                   help="GPU only: emulate acceptance with vLLM's synthetic rates a_1,..,a_K")
-
-
-def _float_list(text: str) -> tuple[float, ...]:
-    try:
-        return tuple(float(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of numbers")
-
-
 def _int_list(text: str) -> tuple[int, ...]:
     try:
         return tuple(int(x) for x in text.split(",") if x.strip())
@@ -85,26 +49,8 @@ def _int_list(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers")
 
 
-def engine_spec_from_args(args: argparse.Namespace, *, max_batch_size: int | None = None):
-    from tabletune.engine.spec import EngineSpec
-
-    common = dict(max_k=args.max_k, tensor_parallel_size=args.tensor_parallel_size,
-                  max_model_len=args.max_model_len, extra_args=tuple(args.engine_arg),
-                  synthetic_acceptance=args.synthetic_acceptance,
-                  runner=getattr(args, "runner", None),
-                  cache_root=getattr(args, "cache_root", None))
-    if args.max_num_seqs or max_batch_size:
-        common["max_num_seqs"] = max(args.max_num_seqs or 0, max_batch_size or 0)
-    if args.model is None:
-        spec = EngineSpec.embedded_default(**common)
-        if args.device == "cuda":
-            spec = spec.with_(device="cuda")
-    else:
-        spec = EngineSpec(model=args.model, drafter=args.drafter, method=args.method,
-                          device=args.device or "cuda", dtype=args.dtype or "auto", **common)
-    if args.dtype and args.model is None:
-        spec = spec.with_(dtype=args.dtype)
-    return spec
+# ---------------------------------------------------------------------------------------------
+# Options of the measuring commands (engine and prompt options: engine_args, prompt_args)
 
 
 def _grid(args: argparse.Namespace) -> tuple[int, ...]:
@@ -123,7 +69,8 @@ def add_profile_args(p: argparse.ArgumentParser) -> None:
                    f"to 16, every 4 to 64, every 8 to --max-batch-size; embedded: {EMBEDDED_GRID})")
     p.add_argument("--max-batch-size", type=int, default=None,
                    help="profile batch sizes up to this B (default: 256; embedded: 16)")
-    p.add_argument("--repeats", type=int, default=3, help="timing windows per (B, k) cell")
+    p.add_argument("--repeats", type=int, default=DEFAULT_REPEATS,
+                   help="timing windows per (B, k) cell")
     p.add_argument("--max-spread", type=float, default=0.25,
                    help="repeat a cell (up to 2 more times), then flag it, while the relative "
                         "spread of its repeats exceeds this")
@@ -160,32 +107,6 @@ def _run_profile(args, spec, out_dir: Path, checkpoint: Path | None = None,
                               on_first_server_ready=on_first_server_ready)
 
 
-def add_acceptance_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--prompts", type=Path, help="JSONL file with a 'prompt' field per line "
-                   "(default: built-in synthetic prompts)")
-    p.add_argument("--num-prompts", type=int, default=160,
-                   help="prompts to measure acceptance on (a sample if the file has more)")
-    p.add_argument("--temperature", type=float, default=0.0, help="the serving temperature")
-    p.add_argument("--max-tokens", type=int, default=64, help="tokens generated per prompt")
-    p.add_argument("--seed", type=int, default=0, help="prompt sampling seed")
-
-
-def _prompts(args) -> list[str]:
-    import random
-
-    from tabletune.engine.model_pair import synthetic_prompts
-    from tabletune.tuner.acceptance import load_prompts
-
-    if args.num_prompts < 1:
-        raise ContractError(f"--num-prompts: {args.num_prompts!r} must be >= 1")
-    if args.prompts is None:
-        return synthetic_prompts(args.num_prompts, seed=1000 + args.seed)
-    prompts = load_prompts(args.prompts)
-    if len(prompts) > args.num_prompts:
-        prompts = random.Random(args.seed).sample(prompts, args.num_prompts)
-    return prompts
-
-
 def _acceptance_spec(spec):
     return spec.with_(max_num_seqs=max(spec.max_num_seqs, 64))
 
@@ -193,7 +114,7 @@ def _acceptance_spec(spec):
 def _run_acceptance(args, spec, out_dir: Path) -> Acceptance:
     from tabletune.tuner.acceptance import measure_acceptance
 
-    return measure_acceptance(_acceptance_spec(spec), _prompts(args),
+    return measure_acceptance(_acceptance_spec(spec), prompts_from_args(args),
                               temperature=args.temperature, max_tokens=args.max_tokens,
                               log_dir=out_dir / "logs")
 
@@ -361,7 +282,7 @@ def cmd_tune(args) -> int:
         from tabletune.tuner.acceptance import (acceptance_from, check_acceptance_inputs,
                                                 launch_acceptance_server)
 
-        prompts = _prompts(args)
+        prompts = prompts_from_args(args)
         check_acceptance_inputs(prompts, args.temperature)
         acc_server = launch_acceptance_server(_acceptance_spec(spec),
                                               log_dir=out / "logs",
@@ -543,7 +464,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("tune", help="profile + acceptance + build + plots (the main job)")
     add_engine_args(p)
     add_profile_args(p)
-    add_acceptance_args(p)
+    add_prompt_args(p)
     add_build_args(p)
     p.add_argument("--acceptance", type=Path, help="reuse an acceptance file instead of measuring")
     p.add_argument("--overlap-startups", action="store_true",
@@ -562,7 +483,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("acceptance", help="measure a_1..a_K at the longest length")
     add_engine_args(p)
-    add_acceptance_args(p)
+    add_prompt_args(p)
     p.add_argument("--out", default="acceptance.json", help="acceptance file to write")
     p.set_defaults(func=cmd_acceptance)
 
@@ -608,10 +529,10 @@ def _add_optional_commands(sub) -> None:
     except ImportError:
         pass
     else:
-        add_evaluate_parsers(sub, add_engine_args)
+        add_evaluate_parsers(sub)
     from tabletune.doctor import add_doctor_parser
 
-    add_doctor_parser(sub, add_engine_args)
+    add_doctor_parser(sub)
 
 
 class Terminated(BaseException):

@@ -31,6 +31,8 @@ from tabletune.core.errors import ContractError
 from tabletune.core.tables import DraftTable
 from tabletune.engine.server import EngineError, VllmServer, speculative_config
 from tabletune.engine.spec import EngineSpec, deployment_fingerprint
+from tabletune.engine_args import add_engine_args, engine_spec_from_args
+from tabletune.prompt_args import add_prompt_args, prompts_from_args
 
 DOCTOR_SCHEMA = "tabletune.doctor/v1"
 
@@ -275,8 +277,6 @@ def runners_for(spec: EngineSpec, asked: str | None) -> list[str]:
 
 
 def cmd_doctor(args) -> int:
-    from tabletune.cli import _prompts, engine_spec_from_args
-
     if args.table:
         table = _candidate_table(Path(args.table))
     else:
@@ -295,7 +295,7 @@ def cmd_doctor(args) -> int:
     spec = engine_spec_from_args(args, max_batch_size=args.max_batch_size)
     runners = runners_for(spec, args.runners)
     probe = probes(table, args.max_batch_size)
-    prompts = _prompts(args)
+    prompts = prompts_from_args(args)
     if len(prompts) < args.max_batch_size:
         prompts = (prompts * (args.max_batch_size // len(prompts) + 1))[:args.max_batch_size]
     timer = _window_timer(prompts, args.output_tokens, args.repeats)
@@ -333,14 +333,12 @@ def _jsonable(obj):
     return obj
 
 
-def add_doctor_parser(sub, add_engine_args) -> None:
-    from tabletune.cli import add_acceptance_args
-
+def add_doctor_parser(sub) -> None:
     p = sub.add_parser("doctor", help="can this engine serve this table at its lengths' speed? "
                                       "(start-up, each length vs the same fixed length, "
                                       "transitions; per runner)")
     add_engine_args(p)
-    add_acceptance_args(p)
+    add_prompt_args(p)
     p.add_argument("--table", help="the candidate: a table.json, or a JSON list of ranges "
                                    "[[start, end, k], ...] (default: vLLM's docs table)")
     p.add_argument("--runners", default=None,

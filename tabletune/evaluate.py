@@ -24,6 +24,8 @@ from tabletune.core.tables import DOCS_TABLE, DraftTable
 from tabletune.engine.client import run_load
 from tabletune.engine.server import VllmServer, speculative_config
 from tabletune.engine.spec import EngineSpec, deployment_fingerprint
+from tabletune.engine_args import add_engine_args, engine_spec_from_args
+from tabletune.prompt_args import add_prompt_args, prompts_from_args
 
 RESULTS_SCHEMA = "tabletune.evaluation/v1"
 
@@ -311,13 +313,11 @@ def _print_losses(losses: dict) -> None:
 
 
 def _common(args) -> tuple[EngineSpec, list[str], list[int]]:
-    from tabletune.cli import _prompts, engine_spec_from_args
-
     concurrency = [int(x) for x in args.concurrency.split(",") if x.strip()]
     if not concurrency or min(concurrency) < 1:
         raise ContractError(f"--concurrency: {args.concurrency!r} must list levels >= 1")
     spec = engine_spec_from_args(args, max_batch_size=max(concurrency))
-    prompts = _prompts(args)
+    prompts = prompts_from_args(args)
     return spec, prompts, concurrency
 
 
@@ -380,12 +380,10 @@ def cmd_evaluate(args) -> int:
     return 0
 
 
-def add_evaluate_parsers(sub, add_engine_args) -> None:
-    from tabletune.cli import add_acceptance_args
-
+def add_evaluate_parsers(sub) -> None:
     def load_args(p, default_concurrency):
         add_engine_args(p)
-        add_acceptance_args(p)
+        add_prompt_args(p)
         p.add_argument("--concurrency", default=default_concurrency,
                        help="comma-separated concurrency levels")
         p.add_argument("--requests-per-client", type=int, default=4,

@@ -23,6 +23,12 @@ from tabletune.engine.spec import EngineSpec, deployment_fingerprint
 # An Airflow task's log shows these: a measurement takes minutes and should not look hung.
 log = logging.getLogger("tabletune.acceptance")
 
+# What an acceptance measurement uses unless told otherwise (the CLI's and the weekly DAG's
+# defaults come from here): prompts measured on, serving temperature, tokens per prompt.
+DEFAULT_NUM_PROMPTS = 160
+DEFAULT_TEMPERATURE = 0.0
+DEFAULT_MAX_TOKENS = 64
+
 
 def load_prompts(path: Path, *, field: str = "prompt") -> list[str]:
     """Prompts from a JSONL file (one object per line with a ``prompt`` string) or plain text."""
@@ -55,7 +61,8 @@ def rates_from_counters(num_drafts: float, accepted_per_position: Sequence[float
 
 
 def measure_acceptance_on(server: VllmServer, prompts: Sequence[str], *, max_k: int,
-                          temperature: float = 0.0, max_tokens: int = 64) -> Acceptance:
+                          temperature: float = DEFAULT_TEMPERATURE,
+                          max_tokens: int = DEFAULT_MAX_TOKENS) -> Acceptance:
     """Acceptance on an already running server at draft length ``max_k``."""
     before = server.spec_decode_counters()
     log.info("acceptance: sending %d prompts at k=%d (%d tokens each, temperature %g)",
@@ -92,8 +99,9 @@ def launch_acceptance_server(spec: EngineSpec, *, log_dir: Path | None = None,
     return server.launch()
 
 
-def acceptance_from(server: VllmServer, prompts: Sequence[str], *, temperature: float = 0.0,
-                    max_tokens: int = 64) -> Acceptance:
+def acceptance_from(server: VllmServer, prompts: Sequence[str], *,
+                    temperature: float = DEFAULT_TEMPERATURE,
+                    max_tokens: int = DEFAULT_MAX_TOKENS) -> Acceptance:
     """Wait for a launched acceptance server, measure, stop it (also on failure)."""
     spec = server.spec
     try:
@@ -123,8 +131,9 @@ def check_acceptance_inputs(prompts: Sequence[str], temperature: float) -> None:
         raise ContractError(f"temperature: {temperature!r} must be >= 0")
 
 
-def measure_acceptance(spec: EngineSpec, prompts: Sequence[str], *, temperature: float = 0.0,
-                       max_tokens: int = 64, log_dir: Path | None = None,
+def measure_acceptance(spec: EngineSpec, prompts: Sequence[str], *,
+                       temperature: float = DEFAULT_TEMPERATURE,
+                       max_tokens: int = DEFAULT_MAX_TOKENS, log_dir: Path | None = None,
                        startup_timeout_s: float = 600.0) -> Acceptance:
     """Start a server at the longest length K (no table), measure, stop it."""
     check_acceptance_inputs(prompts, temperature)

@@ -46,6 +46,8 @@ CHECKPOINT_SCHEMA = "tabletune.profile-checkpoint/v1"
 # How far (relative) the engine's per-step log may sit from the client's step time and still
 # count as the same quantity.
 ENGINE_AGREEMENT = 0.3
+# Timing windows per (B, k) cell unless told otherwise (the CLI's and the profile DAG's default).
+DEFAULT_REPEATS = 3
 
 
 def default_grid(max_batch_size: int) -> tuple[int, ...]:
@@ -84,7 +86,7 @@ def parse_grid(text: str) -> tuple[int, ...]:
 @dataclass(frozen=True)
 class ProfileSettings:
     batch_sizes: tuple[int, ...]
-    repeats: int = 3
+    repeats: int = DEFAULT_REPEATS
     output_tokens: int = 65
     max_spread: float = 0.25                    # (max - min) / median of a cell's repeats
     max_extra_repeats: int = 2
@@ -600,7 +602,7 @@ ProgressFn = Callable[[int, int, str], None]
 
 
 def profile_step_times(spec: EngineSpec, *, batch_sizes: Sequence[int], checkpoint: Path,
-                       repeats: int = 3, settings: ProfileSettings | None = None,
+                       repeats: int = DEFAULT_REPEATS, settings: ProfileSettings | None = None,
                        prompts: Sequence[str] | None = None, log_dir: Path | None = None,
                        progress: bool = True, mode: str = "one-launch",
                        on_first_server_ready: Callable[[], None] | None = None) -> Profile:
