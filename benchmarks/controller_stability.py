@@ -34,7 +34,7 @@ from tabletune.engine.client import run_load
 from tabletune.engine.model_pair import synthetic_prompts
 from tabletune.engine.server import speculative_config
 from tabletune.engine.spec import EngineSpec
-from tabletune.tuner.profiler import SCHEDULER_CLS
+from tabletune.core.vllm_contract import SCHEDULER_CLS
 
 ROOT = Path(__file__).resolve().parents[1]
 # Never speculates past B = 2 and never uses k = 2 or 3: the controller has to repair it.

@@ -55,11 +55,6 @@ def time_path(name: str, steps: int, batch_size: int) -> dict:
     est, _ = make_estimator(batch_size)
     acc = inputs(batch_size, est.prior_rates)
     drafted = {k: [k] * batch_size for k in acc}
-    # Per-position totals for observe_positions, as vLLM's SpecDecodingStats holds them.
-    per_pos = {
-        k: [([batch_size] * k, [sum(1 for a in v if a > i) for i in range(k)]) for v in acc[k]]
-        for k in acc
-    }
     on_step = est.on_step
     blocks: list[float] = []
     done = 0
@@ -69,11 +64,6 @@ def time_path(name: str, steps: int, batch_size: int) -> dict:
             for i in range(BLOCK):
                 k = on_step(batch_size)
                 est.observe_many(drafted[k], acc[k][i & 63])
-        elif name == "on_step + observe_positions":
-            for i in range(BLOCK):
-                k = on_step(batch_size)
-                d, a = per_pos[k][i & 63]
-                est.observe_positions(d, a)
         elif name == "on_step + observe per request":
             observe = est.observe
             for i in range(BLOCK):
@@ -120,8 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     _, step_ms = make_estimator(args.batch_size)
-    paths = ["on_step + observe_many", "on_step + observe_positions",
-             "on_step + observe per request", "on_step only"]
+    paths = ["on_step + observe_many", "on_step + observe per request", "on_step only"]
     results = []
     for path in paths:
         # Other work on a shared machine only ever adds time, so the quietest run is the

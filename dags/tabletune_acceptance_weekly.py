@@ -24,6 +24,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 
+from _tabletune_tasks import gate_and_promote, register
 from airflow.sdk import Param, dag, task
 from tabletune_airflow import (
     DEFAULT_ARGS,
@@ -39,6 +40,11 @@ from tabletune_airflow import (
     skip_if_missed_schedule,
     staging_key,
 )
+
+from tabletune.adapters.s3_prompts import DEFAULT_PARTITION
+from tabletune.pipeline.gate import DEFAULT_EDGE_TOLERANCE
+from tabletune.tuner.acceptance import (DEFAULT_MAX_TOKENS, DEFAULT_NUM_PROMPTS,
+                                        DEFAULT_TEMPERATURE)
 
 _BUCKET = os.environ.get("TABLETUNE_PROMPTS_BUCKET", "tabletune")
 _PREFIX = os.environ.get("TABLETUNE_PROMPTS_PREFIX", "prompts/")
@@ -58,7 +64,8 @@ _STAGING = os.environ.get("TABLETUNE_STAGING_PREFIX", "tabletune/staging")
     default_args=DEFAULT_ARGS,
     tags=["tabletune"],
     params={
-        "n_prompts": Param(160, type="integer", minimum=1, description="Prompts to sample."),
+        "n_prompts": Param(DEFAULT_NUM_PROMPTS, type="integer", minimum=1,
+                           description="Prompts to sample."),
         "min_prompts": Param(16, type="integer", minimum=1,
                              description="Fail if fewer valid prompts remain."),
         "days": Param(7, type="integer", minimum=1, maximum=92,
@@ -69,12 +76,12 @@ _STAGING = os.environ.get("TABLETUNE_STAGING_PREFIX", "tabletune/staging")
                       description="Sampling seed (default: derived from the run id)."),
         "bucket": Param(_BUCKET, type="string"),
         "prefix": Param(_PREFIX, type="string", description="Prefix of the dt= partitions."),
-        "partition": Param("dt={date:%Y-%m-%d}/", type="string"),
+        "partition": Param(DEFAULT_PARTITION, type="string"),
         "prompt_field": Param("prompt", type="string"),
-        "temperature": Param(0.0, type="number", minimum=0,
+        "temperature": Param(DEFAULT_TEMPERATURE, type="number", minimum=0,
                              description="Serving temperature to measure acceptance at."),
-        "max_tokens": Param(64, type="integer", minimum=1),
-        "edge_tolerance": Param(0.25, type="number", minimum=0,
+        "max_tokens": Param(DEFAULT_MAX_TOKENS, type="integer", minimum=1),
+        "edge_tolerance": Param(DEFAULT_EDGE_TOLERANCE, type="number", minimum=0,
                                 description="Max relative move of any table edge."),
         "edge_tolerance_per_length": Param({}, type="object",
                                            description='Per-length overrides, e.g. {"1": 0.1}.'),
@@ -112,7 +119,7 @@ def tabletune_acceptance_weekly():
     @permanent_errors_fail_fast
     def sample_prompts(info: dict, params=None, run_id=None, dag_run=None) -> dict:
         from tabletune.pipeline import flows
-        from tabletune.pipeline.sampling import seed_for_run
+        from tabletune.core.sampling import seed_for_run
 
         if params["window_end"]:
             end = dt.date.fromisoformat(params["window_end"])
@@ -165,29 +172,6 @@ def tabletune_acceptance_weekly():
             TableTuneMlflowHook().get_conn(), mlflow_run_id=info["mlflow_run_id"],
             model_name=info["model_name"], production_version=info["production_version"],
             candidate=built["table"], settings=settings,
-        )
-
-    @task
-    @permanent_errors_fail_fast
-    def register(info: dict, built: dict, report: dict, run_id=None) -> str:
-        from tabletune.pipeline import flows
-
-        return flows.register(
-            TableTuneMlflowHook().get_conn(), mlflow_run_id=info["mlflow_run_id"],
-            run_name=run_id, model_name=info["model_name"], candidate=built["table"],
-            report=report,
-        )
-
-    @task
-    @permanent_errors_fail_fast
-    def gate_and_promote(info: dict, version: str, report: dict, params=None,
-                         run_id=None) -> dict:
-        from tabletune.pipeline import flows
-
-        return flows.gate_and_promote(
-            TableTuneMlflowHook().get_conn(), mlflow_run_id=info["mlflow_run_id"],
-            run_name=run_id, model_name=info["model_name"], version=version, report=report,
-            production_version=info["production_version"], promote=params["promote"],
         )
 
     info = start_run()

@@ -173,7 +173,7 @@ def permanent_errors_fail_fast(fn):
         from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
         from tabletune.core.errors import ContractError
-        from tabletune.pipeline.errors import PermanentPipelineError, Superseded
+        from tabletune.core.pipeline_errors import PermanentPipelineError, Superseded
 
         try:
             return fn(*args, **kwargs)

@@ -11,10 +11,14 @@ from pathlib import Path
 from typing import Sequence
 
 from tabletune.core.atomic import atomic_write_text
-from tabletune.core.builder import StepTimes, build_table, held_out_loss, table_loss
-from tabletune.core.contracts import Acceptance, Profile, TableDocument, check_compatible, load_json, save_json
+from tabletune.core.builder import DEFAULT_TIE_MARGIN, goodput_loss
+from tabletune.core.contracts import Acceptance, Profile, TableDocument, load_json, save_json
+from tabletune.core.document import build_document
 from tabletune.core.errors import ContractError
 from tabletune.core.tables import DOCS_TABLE, DraftTable
+from tabletune.engine_args import add_engine_args, engine_spec_from_args
+from tabletune.prompt_args import add_prompt_args, prompts_from_args
+from tabletune.tuner.profiler import DEFAULT_REPEATS
 
 EMBEDDED_GRID = "1,2,4,8,16"
 
@@ -38,45 +42,6 @@ class HelpfulParser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
 
-# ---------------------------------------------------------------------------------------------
-# Engine options shared by every command that starts vLLM
-
-
-def add_engine_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("engine (default: the embedded CPU model pair)")
-    g.add_argument("--model", help="target model path; omit for the embedded pair")
-    g.add_argument("--drafter", help="drafter model path (method draft_model / eagle / eagle3)")
-    g.add_argument("--method", default="draft_model",
-                   help="speculative method with --drafter: draft_model, eagle, eagle3, ...")
-    g.add_argument("--max-k", type=int, default=3, help="longest draft length K")
-    g.add_argument("--device", choices=("cpu", "cuda"), default=None,
-                   help="default: cpu for the embedded pair, cuda for a given model")
-    g.add_argument("--tensor-parallel-size", type=int, default=1, help="GPUs per server")
-    g.add_argument("--max-num-seqs", type=int, default=None,
-                   help="vLLM's largest batch (default: the largest batch size the command uses)")
-    g.add_argument("--max-model-len", type=int, default=512,
-                   help="vLLM's context length per request")
-    g.add_argument("--dtype", default=None,
-                   help="weights' dtype (default: float32 for the embedded pair, else vLLM's auto)")
-    g.add_argument("--engine-arg", action="append", default=[], metavar="ARG",
-                   help="extra vLLM server argument (repeat; e.g. --engine-arg=--gpu-memory-utilization=0.8)")
-    g.add_argument("--runner", choices=("v1", "v2"), default=None,
-                   help="vLLM's GPU model runner (default on cuda: v2 for eagle/eagle3/mtp, "
-                        "which keeps full CUDA graphs with a table; v1 otherwise)")
-    g.add_argument("--cache-root", default=None, metavar="DIR",
-                   help="keep vLLM's compile caches under DIR (one folder per server role) so "
-                        "a later run of the same deployment starts faster")
-    g.add_argument("--synthetic-acceptance", type=_float_list, default=None,
-                   help="GPU only: emulate acceptance with vLLM's synthetic rates a_1,..,a_K")
-
-
-def _float_list(text: str) -> tuple[float, ...]:
-    try:
-        return tuple(float(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of numbers")
-
-
 def _int_list(text: str) -> tuple[int, ...]:
     try:
         return tuple(int(x) for x in text.split(",") if x.strip())
@@ -84,26 +49,8 @@ def _int_list(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers")
 
 
-def engine_spec_from_args(args: argparse.Namespace, *, max_batch_size: int | None = None):
-    from tabletune.engine.spec import EngineSpec
-
-    common = dict(max_k=args.max_k, tensor_parallel_size=args.tensor_parallel_size,
-                  max_model_len=args.max_model_len, extra_args=tuple(args.engine_arg),
-                  synthetic_acceptance=args.synthetic_acceptance,
-                  runner=getattr(args, "runner", None),
-                  cache_root=getattr(args, "cache_root", None))
-    if args.max_num_seqs or max_batch_size:
-        common["max_num_seqs"] = max(args.max_num_seqs or 0, max_batch_size or 0)
-    if args.model is None:
-        spec = EngineSpec.embedded_default(**common)
-        if args.device == "cuda":
-            spec = spec.with_(device="cuda")
-    else:
-        spec = EngineSpec(model=args.model, drafter=args.drafter, method=args.method,
-                          device=args.device or "cuda", dtype=args.dtype or "auto", **common)
-    if args.dtype and args.model is None:
-        spec = spec.with_(dtype=args.dtype)
-    return spec
+# ---------------------------------------------------------------------------------------------
+# Options of the measuring commands (engine and prompt options: engine_args, prompt_args)
 
 
 def _grid(args: argparse.Namespace) -> tuple[int, ...]:
@@ -122,7 +69,8 @@ def add_profile_args(p: argparse.ArgumentParser) -> None:
                    f"to 16, every 4 to 64, every 8 to --max-batch-size; embedded: {EMBEDDED_GRID})")
     p.add_argument("--max-batch-size", type=int, default=None,
                    help="profile batch sizes up to this B (default: 256; embedded: 16)")
-    p.add_argument("--repeats", type=int, default=3, help="timing windows per (B, k) cell")
+    p.add_argument("--repeats", type=int, default=DEFAULT_REPEATS,
+                   help="timing windows per (B, k) cell")
     p.add_argument("--max-spread", type=float, default=0.25,
                    help="repeat a cell (up to 2 more times), then flag it, while the relative "
                         "spread of its repeats exceeds this")
@@ -159,32 +107,6 @@ def _run_profile(args, spec, out_dir: Path, checkpoint: Path | None = None,
                               on_first_server_ready=on_first_server_ready)
 
 
-def add_acceptance_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--prompts", type=Path, help="JSONL file with a 'prompt' field per line "
-                   "(default: built-in synthetic prompts)")
-    p.add_argument("--num-prompts", type=int, default=160,
-                   help="prompts to measure acceptance on (a sample if the file has more)")
-    p.add_argument("--temperature", type=float, default=0.0, help="the serving temperature")
-    p.add_argument("--max-tokens", type=int, default=64, help="tokens generated per prompt")
-    p.add_argument("--seed", type=int, default=0, help="prompt sampling seed")
-
-
-def _prompts(args) -> list[str]:
-    import random
-
-    from tabletune.engine.model_pair import synthetic_prompts
-    from tabletune.tuner.acceptance import load_prompts
-
-    if args.num_prompts < 1:
-        raise ContractError(f"--num-prompts: {args.num_prompts!r} must be >= 1")
-    if args.prompts is None:
-        return synthetic_prompts(args.num_prompts, seed=1000 + args.seed)
-    prompts = load_prompts(args.prompts)
-    if len(prompts) > args.num_prompts:
-        prompts = random.Random(args.seed).sample(prompts, args.num_prompts)
-    return prompts
-
-
 def _acceptance_spec(spec):
     return spec.with_(max_num_seqs=max(spec.max_num_seqs, 64))
 
@@ -192,7 +114,7 @@ def _acceptance_spec(spec):
 def _run_acceptance(args, spec, out_dir: Path) -> Acceptance:
     from tabletune.tuner.acceptance import measure_acceptance
 
-    return measure_acceptance(_acceptance_spec(spec), _prompts(args),
+    return measure_acceptance(_acceptance_spec(spec), prompts_from_args(args),
                               temperature=args.temperature, max_tokens=args.max_tokens,
                               log_dir=out_dir / "logs")
 
@@ -200,52 +122,11 @@ def _run_acceptance(args, spec, out_dir: Path) -> Acceptance:
 def add_build_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lengths", type=_int_list, default=None,
                    help="allowed draft lengths, e.g. 0,1,3 (default: all profiled)")
-    p.add_argument("--tie-margin", type=float, default=0.005,
+    p.add_argument("--tie-margin", type=float, default=DEFAULT_TIE_MARGIN,
                    help="relative goodput within which a shorter length counts as a tie and "
                         "wins (fewer wasted drafts, fewer ranges)")
     p.add_argument("--table-max-batch-size", dest="table_max_batch_size", type=int, default=None,
                    help="build the table up to this B (default: the largest profiled B)")
-
-
-def build_document(profile: Profile, acceptance: Acceptance, *, lengths=None,
-                   tie_margin: float = 0.005, max_batch_size: int | None = None,
-                   provenance: dict | None = None):
-    """Profile + acceptance → (BuildResult, TableDocument); the one place tables are built."""
-    check_compatible(profile, acceptance)
-    steps = StepTimes.from_profile(profile)
-    rates = acceptance.rates[:profile.max_k]
-    result = build_table(steps, rates, max_batch_size=max_batch_size, lengths=lengths,
-                         tie_margin=tie_margin)
-    loss = table_loss(result.table, steps, rates, result.batch_sizes, lengths=lengths)
-    held_out = held_out_loss(profile, rates, max_batch_size=max_batch_size, lengths=lengths,
-                             tie_margin=tie_margin)
-    guard = profile.meta.get("drift_guard") or {}
-    prov = {
-        "fingerprint": profile.fingerprint,
-        "acceptance_rates": list(rates),
-        "acceptance_num_prompts": acceptance.num_prompts,
-        "temperature": acceptance.temperature,
-        "profiled_batch_sizes": list(profile.batch_sizes),
-        "step_source": profile.meta.get("step_source"),
-        "interpolation": "linear in B between profiled batch sizes; held/extrapolated beyond",
-        "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "worst_loss_vs_best_fixed": loss.worst_loss,
-        "worst_loss_batch_size": loss.worst_batch_size,
-        "worst_loss_kind": "modelled, in-sample (the profile the table was chosen from)",
-        # What `show` must be able to name without the profile at hand.
-        "profile_flagged_cells": [
-            {"batch_size": c.batch_size, "k": c.k,
-             "why": list(c.flags) or (["spread"] if c.flagged else [])}
-            for c in profile.cells if c.flagged or c.flags],
-        "profile_inconsistent": [v.get("text", str(v)) for v in
-                                 profile.meta.get("inconsistent") or []],
-        "profile_drift_events": len(guard.get("drift_events") or []),
-        **(provenance or {}),
-    }
-    doc = result.to_document(prov)
-    if held_out is not None:
-        doc.goodput["out_of_sample"] = held_out
-    return result, doc
 
 
 def _write_plots(d: Path, profile: Profile, result) -> list[Path]:
@@ -328,8 +209,9 @@ def cmd_build(args) -> int:
                             f"--max-batch-size {args.max_batch_size} (give one)")
     profile = load_json(args.profile, "profile")
     acceptance = load_json(args.acceptance, "acceptance")
-    result, doc = build_document(profile, acceptance, lengths=args.lengths,
-                                 tie_margin=args.tie_margin, max_batch_size=max_batch_size)
+    built = build_document(profile, acceptance, lengths=args.lengths,
+                           tie_margin=args.tie_margin, max_batch_size=max_batch_size)
+    result, doc = built.build, built.document
     save_json(args.out, doc)
     print(_describe_document(doc))
     if args.plots:
@@ -400,7 +282,7 @@ def cmd_tune(args) -> int:
         from tabletune.tuner.acceptance import (acceptance_from, check_acceptance_inputs,
                                                 launch_acceptance_server)
 
-        prompts = _prompts(args)
+        prompts = prompts_from_args(args)
         check_acceptance_inputs(prompts, args.temperature)
         acc_server = launch_acceptance_server(_acceptance_spec(spec),
                                               log_dir=out / "logs",
@@ -426,10 +308,10 @@ def cmd_tune(args) -> int:
     if not args.acceptance:
         save_json(out / "acceptance.json", acceptance)
     t_acceptance = time.time() - t0 + measured.get("acceptance_s", 0.0)
-    result, doc = build_document(profile, acceptance, lengths=args.lengths,
-                                 tie_margin=args.tie_margin,
-                                 max_batch_size=args.table_max_batch_size,
-                                 provenance={"tune_wall_s": round(time.time() - started, 1)})
+    built = build_document(profile, acceptance, lengths=args.lengths,
+                           tie_margin=args.tie_margin, max_batch_size=args.table_max_batch_size,
+                           provenance={"tune_wall_s": round(time.time() - started, 1)})
+    result, doc = built.build, built.document
     save_json(out / "table.json", doc)
     _write_plots(out / "plots", profile, result)
     timing = {"profile_s": round(t_profile, 1), "acceptance_s": round(t_acceptance, 1),
@@ -453,30 +335,23 @@ def _describe_document(doc: TableDocument) -> str:
     lines.append(f"  --speculative-config '{json.dumps(cfg)}'")
     g = doc.goodput
     if g.get("tokens_per_s"):
-        import numpy as np
-
         m, lengths, bs, chosen_k = _goodput_block(g)
-        best = m.max(axis=1)
-        # Rows where no length has any goodput have no loss to speak of (and 0/0 is nan).
-        rows = best > 0
 
-        def worst(values) -> str:
-            return f"{float(np.max(1 - values[rows] / best[rows])):.1%}"
+        def worst(table_ks) -> str:
+            return f"{goodput_loss(m, lengths, bs, table_ks).worst_loss:.1%}"
 
         lines.append(f"worst loss vs the per-B best fixed length over B 1–{bs[-1]}, modelled, "
                      "in-sample (from the profile the table was chosen from, so the table's "
                      "own figure shows only its tie margin; `tabletune evaluate` measures):")
-        if not rows.any():
+        if not (m > 0).any():
             lines.append("  none to report: the goodput block is zero at every batch size")
             return "\n".join(lines)
-        chosen = np.array([m[i, lengths.index(k)] for i, k in enumerate(chosen_k)])
-        lines.append(f"  this table (modelled, in-sample): {worst(chosen)}")
+        lines.append(f"  this table (modelled, in-sample): {worst(chosen_k)}")
         docs = [DOCS_TABLE.k_for(b) for b in bs]
         if all(k in lengths for k in docs):
-            dv = np.array([m[i, lengths.index(k)] for i, k in enumerate(docs)])
-            lines.append(f"  vLLM docs table: {worst(dv)}")
-        for j, k in enumerate(lengths):
-            lines.append(f"  fixed k={k}: {worst(m[:, j])}")
+            lines.append(f"  vLLM docs table: {worst(docs)}")
+        for k in lengths:
+            lines.append(f"  fixed k={k}: {worst([k] * len(bs))}")
         if g.get("interpolated_batch_sizes"):
             lines.append("  (T(B,k) interpolated linearly between profiled batch sizes)")
         oos = g.get("out_of_sample")
@@ -576,7 +451,7 @@ def cmd_show(args) -> int:
 def cmd_plot(args) -> int:
     profile = load_json(args.profile, "profile")
     acceptance = load_json(args.acceptance, "acceptance")
-    result, _ = build_document(profile, acceptance)
+    result = build_document(profile, acceptance).build
     for path in _write_plots(Path(args.out_dir), profile, result):
         print(path)
     return 0
@@ -589,7 +464,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("tune", help="profile + acceptance + build + plots (the main job)")
     add_engine_args(p)
     add_profile_args(p)
-    add_acceptance_args(p)
+    add_prompt_args(p)
     add_build_args(p)
     p.add_argument("--acceptance", type=Path, help="reuse an acceptance file instead of measuring")
     p.add_argument("--overlap-startups", action="store_true",
@@ -608,7 +483,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("acceptance", help="measure a_1..a_K at the longest length")
     add_engine_args(p)
-    add_acceptance_args(p)
+    add_prompt_args(p)
     p.add_argument("--out", default="acceptance.json", help="acceptance file to write")
     p.set_defaults(func=cmd_acceptance)
 
@@ -654,10 +529,10 @@ def _add_optional_commands(sub) -> None:
     except ImportError:
         pass
     else:
-        add_evaluate_parsers(sub, add_engine_args)
+        add_evaluate_parsers(sub)
     from tabletune.doctor import add_doctor_parser
 
-    add_doctor_parser(sub, add_engine_args)
+    add_doctor_parser(sub)
 
 
 class Terminated(BaseException):

@@ -31,6 +31,8 @@ from tabletune.core.errors import ContractError
 from tabletune.core.tables import DraftTable
 from tabletune.engine.server import EngineError, VllmServer, speculative_config
 from tabletune.engine.spec import EngineSpec, deployment_fingerprint
+from tabletune.engine_args import add_engine_args, engine_spec_from_args
+from tabletune.prompt_args import add_prompt_args, prompts_from_args
 
 DOCTOR_SCHEMA = "tabletune.doctor/v1"
 
@@ -169,7 +171,7 @@ def _spread(samples: Sequence[float]) -> float:
 
 
 def _pin(control: Path, doc: dict) -> None:
-    from tabletune.controller.lookup import write_control
+    from tabletune.core.vllm_contract import write_control
 
     write_control(control, force_k=doc.get("force_k"), table=doc.get("table"))
 
@@ -183,8 +185,7 @@ def examine_runner(spec: EngineSpec, table: DraftTable, probe: Probe, *, runner:
     ``side_by_side`` launches the table server and every fixed-length server at once (GPU:
     minutes of start-up each; give them a fixed ``--kv-cache-memory``), then measures them one
     after another; otherwise each starts when the previous one is done."""
-    from tabletune.controller.lookup import CONTROL_FILE_ENV, write_control
-    from tabletune.tuner.profiler import SCHEDULER_CLS
+    from tabletune.core.vllm_contract import CONTROL_FILE_ENV, SCHEDULER_CLS, write_control
 
     run_spec = spec.with_(max_k=max(1, table.max_k))
     control = log_dir / f"control-{runner}.json"
@@ -276,8 +277,6 @@ def runners_for(spec: EngineSpec, asked: str | None) -> list[str]:
 
 
 def cmd_doctor(args) -> int:
-    from tabletune.cli import _prompts, engine_spec_from_args
-
     if args.table:
         table = _candidate_table(Path(args.table))
     else:
@@ -296,7 +295,7 @@ def cmd_doctor(args) -> int:
     spec = engine_spec_from_args(args, max_batch_size=args.max_batch_size)
     runners = runners_for(spec, args.runners)
     probe = probes(table, args.max_batch_size)
-    prompts = _prompts(args)
+    prompts = prompts_from_args(args)
     if len(prompts) < args.max_batch_size:
         prompts = (prompts * (args.max_batch_size // len(prompts) + 1))[:args.max_batch_size]
     timer = _window_timer(prompts, args.output_tokens, args.repeats)
@@ -334,14 +333,12 @@ def _jsonable(obj):
     return obj
 
 
-def add_doctor_parser(sub, add_engine_args) -> None:
-    from tabletune.cli import add_acceptance_args
-
+def add_doctor_parser(sub) -> None:
     p = sub.add_parser("doctor", help="can this engine serve this table at its lengths' speed? "
                                       "(start-up, each length vs the same fixed length, "
                                       "transitions; per runner)")
     add_engine_args(p)
-    add_acceptance_args(p)
+    add_prompt_args(p)
     p.add_argument("--table", help="the candidate: a table.json, or a JSON list of ranges "
                                    "[[start, end, k], ...] (default: vLLM's docs table)")
     p.add_argument("--runners", default=None,

@@ -24,6 +24,8 @@ from tabletune.core.tables import DOCS_TABLE, DraftTable
 from tabletune.engine.client import run_load
 from tabletune.engine.server import VllmServer, speculative_config
 from tabletune.engine.spec import EngineSpec, deployment_fingerprint
+from tabletune.engine_args import add_engine_args, engine_spec_from_args
+from tabletune.prompt_args import add_prompt_args, prompts_from_args
 
 RESULTS_SCHEMA = "tabletune.evaluation/v1"
 
@@ -89,8 +91,7 @@ def parse_arm(text: str, max_k: int) -> Arm:
 
 def controller_env(arm: Arm, *, start_table: DraftTable, settings: dict, out_dir: Path) -> dict:
     """The environment that turns TableTune's scheduler into the controller for ``arm``."""
-    from tabletune.controller.runtime import (OUT_ENV, PRIOR_ENV, SETTINGS_ENV,
-                                             START_TABLE_ENV)
+    from tabletune.core.vllm_contract import OUT_ENV, PRIOR_ENV, SETTINGS_ENV, START_TABLE_ENV
 
     return {PRIOR_ENV: str(Path(arm.prior).resolve()), OUT_ENV: str(out_dir),
             SETTINGS_ENV: json.dumps(settings), START_TABLE_ENV: json.dumps(start_table.to_vllm())}
@@ -199,8 +200,8 @@ def _in_arm_order(results, arms, concurrency) -> list[ArmResult]:
 
 def _server_groups(spec, arms, max_c, log_dir, one_server, startup_timeout_s, ctl_env):
     """[(server, control file or None, arms it serves)] in the order of ``arms``."""
-    from tabletune.controller.lookup import CONTROL_FILE_ENV, write_control
-    from tabletune.tuner.profiler import SCHEDULER_CLS, table_with_every_length
+    from tabletune.core.vllm_contract import CONTROL_FILE_ENV, SCHEDULER_CLS, write_control
+    from tabletune.tuner.profiler import table_with_every_length
 
     groups, shared = [], None
     for i, arm in enumerate(arms):
@@ -242,7 +243,7 @@ def _server_groups(spec, arms, max_c, log_dir, one_server, startup_timeout_s, ct
 
 def _select(control: Path | None, arm: Arm) -> None:
     """Point the shared server's control file at ``arm`` (nothing pinned: the controller)."""
-    from tabletune.controller.lookup import write_control
+    from tabletune.core.vllm_contract import write_control
 
     if control is None:
         return
@@ -312,13 +313,11 @@ def _print_losses(losses: dict) -> None:
 
 
 def _common(args) -> tuple[EngineSpec, list[str], list[int]]:
-    from tabletune.cli import _prompts, engine_spec_from_args
-
     concurrency = [int(x) for x in args.concurrency.split(",") if x.strip()]
     if not concurrency or min(concurrency) < 1:
         raise ContractError(f"--concurrency: {args.concurrency!r} must list levels >= 1")
     spec = engine_spec_from_args(args, max_batch_size=max(concurrency))
-    prompts = _prompts(args)
+    prompts = prompts_from_args(args)
     return spec, prompts, concurrency
 
 
@@ -381,12 +380,10 @@ def cmd_evaluate(args) -> int:
     return 0
 
 
-def add_evaluate_parsers(sub, add_engine_args) -> None:
-    from tabletune.cli import add_acceptance_args
-
+def add_evaluate_parsers(sub) -> None:
     def load_args(p, default_concurrency):
         add_engine_args(p)
-        add_acceptance_args(p)
+        add_prompt_args(p)
         p.add_argument("--concurrency", default=default_concurrency,
                        help="comma-separated concurrency levels")
         p.add_argument("--requests-per-client", type=int, default=4,

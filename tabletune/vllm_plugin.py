@@ -1,50 +1,6 @@
-"""vLLM general plugin (entry point ``vllm.general_plugins: tabletune``).
+"""Old entry-point path: the venv installed before tabletune.vllm registers ``tabletune.vllm_plugin:register``.
 
-vLLM calls :func:`register` in every engine process. It imports vLLM lazily and does nothing
-unless asked, so installing TableTune never changes an engine that does not opt in:
-
-* the engine-compatibility layer (:mod:`tabletune.vllm_compat`): fixes verified for this vLLM
-  version that let it serve a draft-length table; on other versions it applies nothing;
-* ``TABLETUNE_REJECT_ALL=1`` — reject every draft after the drafter and the verifier have both
-  run. The profiler uses it where vLLM's synthetic rejection mode is unavailable (the CPU build),
-  so each of B requests advances exactly one token per step and the batch stays at B.
+Remove once the package is re-installed (``pip install -e .`` re-reads pyproject.toml).
 """
 
-from __future__ import annotations
-
-import logging
-import os
-
-logger = logging.getLogger("vllm.tabletune.plugin")
-
-REJECT_ALL_ENV = "TABLETUNE_REJECT_ALL"
-_patched = False
-
-
-def register() -> None:
-    from tabletune.vllm_compat import install
-
-    install()  # logs what it applied; never raises
-    if os.environ.get(REJECT_ALL_ENV, "") not in ("", "0"):
-        _install_reject_all()
-
-
-def _install_reject_all() -> None:
-    global _patched
-    if _patched:
-        return
-    from vllm.v1.sample import rejection_sampler as module
-
-    original = module.rejection_sample
-    placeholder = module.PLACEHOLDER_TOKEN_ID
-
-    def reject_every_draft(*args, **kwargs):
-        # Run the real verification so the step pays its full cost, then keep only column 0:
-        # whether draft 1 was accepted or not, column 0 holds the target's own token there.
-        output_token_ids = original(*args, **kwargs)
-        output_token_ids[:, 1:] = placeholder
-        return output_token_ids
-
-    module.rejection_sample = reject_every_draft
-    _patched = True
-    logger.warning("TableTune reject-all mode: every draft token is rejected (profiling only)")
+from tabletune.vllm.plugin import register  # noqa: F401

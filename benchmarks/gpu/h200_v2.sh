@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # TableTune on the lent H200 with vLLM 0.26.0's V2 runner and an EAGLE-3 drafter, through
-# TableTune's engine-compatibility layer (tabletune/vllm_compat.py).
+# TableTune's engine-compatibility layer (tabletune/vllm/compat.py).
 # usage (on the device, repo root, vLLM bundle unpacked in /tmp/site): benchmarks/gpu/h200_v2.sh PHASE
 #   tune      one-launch profile + acceptance (servers started side by side) + table + plots
 #   evaluate  load test; no speculation and fixed K=3 on their own servers, the measured table,
@@ -12,7 +12,7 @@ OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
 # vLLM finds general plugins through package metadata: give the source tree an entry point.
 meta=/tmp/site/tabletune-0.1.0.dist-info; mkdir -p "$meta"
 printf 'Metadata-Version: 2.1\nName: tabletune\nVersion: 0.1.0\n' > "$meta/METADATA"
-printf '[vllm.general_plugins]\ntabletune = tabletune.vllm_plugin:register\n' > "$meta/entry_points.txt"
+printf '[vllm.general_plugins]\ntabletune = tabletune.vllm.plugin:register\n' > "$meta/entry_points.txt"
 pkill -f vllm.entrypoints 2>/dev/null; sleep 1
 MODELS=/tmp/tt-models; WORK=/tmp/tt-work; mkdir -p "$WORK"
 [ -f "$MODELS/eagle3/config.json" ] || python3 benchmarks/gpu/make_models.py "$MODELS" >/dev/null

@@ -51,7 +51,7 @@ case "$1" in
   start)
     meta=/tmp/site/tabletune-0.1.0.dist-info; mkdir -p "$meta"   # vLLM finds plugins by metadata
     printf 'Metadata-Version: 2.1\nName: tabletune\nVersion: 0.1.0\n' > "$meta/METADATA"
-    printf '[vllm.general_plugins]\ntabletune = tabletune.vllm_plugin:register\n' > "$meta/entry_points.txt"
+    printf '[vllm.general_plugins]\ntabletune = tabletune.vllm.plugin:register\n' > "$meta/entry_points.txt"
     nvidia-smi --query-gpu=index,name,memory.used --format=csv
     [ -f "$MODELS/eagle3/config.json" ] || python3 benchmarks/gpu/make_models.py "$MODELS" >/dev/null
     export -f gpu0 doctor tune engine tt; export MODELS WORK RESULTS CONC

@@ -1,33 +1,21 @@
-"""The validation gate, run as great-expectations suites over the rows of tabletune.pipeline.gate.
+"""great-expectations suites over the validation gate's rows (``tabletune.pipeline.gate``).
 
 Three suites, one per kind of row: acceptance rates (in [0, 1], non-increasing, no nulls), step
-times (finite and positive) and edge moves (relative shift <= tolerance per row). The structural
-vLLM-validity rules come from the pure gate module. The result is one :class:`GateReport` whose
-failures read like ``acceptance.rates[2]: 0.9 breaks expect_column_values_to_be_decreasing``.
+times (finite and positive) and edge moves (relative shift <= tolerance per row). Each returns
+failures that read like ``acceptance.rates[2]: 0.9 breaks expect_column_values_to_be_decreasing``
+and how many checks ran; the gate (``tabletune.pipeline.gate.run_gate``) makes the rows, applies
+its structural rules and assembles the report.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from tabletune.core.contracts import Acceptance, Profile, TableDocument
-from tabletune.core.tables import DraftTable
-from tabletune.pipeline.gate import (
-    EdgeMove,
-    GateReport,
-    GateSettings,
-    edge_moves,
-    rate_rows,
-    step_time_rows,
-    vllm_table_problems,
-)
+__all__ = ["GxRowChecks"]
 
-__all__ = ["run_gate"]
-
-log = logging.getLogger("tabletune.gate")
 # Longest step we accept as a real measurement; infinity and absurd values fail "finite".
 MAX_STEP_MS = 3_600_000.0
 
@@ -73,81 +61,58 @@ def _validate(context: Any, name: str, rows: list[dict[str, Any]], expectations:
     return failures, len(expectations)
 
 
-def run_gate(
-    candidate: TableDocument,
-    *,
-    profile: Profile,
-    acceptance: Acceptance,
-    production: DraftTable | None,
-    production_version: str | None,
-    settings: GateSettings,
-    drafter_max_k: int | None = None,
-) -> GateReport:
-    """Check the candidate; the edge rule applies only if ``settings.compare_edges`` and there
-    is a production table."""
-    gx = _gx()
-    context = gx.get_context(mode="ephemeral")
-    try:
-        context.variables.progress_bars = {"globally": False}
-    except Exception:  # noqa: BLE001 - cosmetic only
-        pass
-    context.data_sources.add_pandas("tabletune")
-    E = gx.expectations
-    failures: list[str] = []
-    checks: dict[str, int] = {}
+class GxRowChecks:
+    """One ephemeral great-expectations context; each method runs one suite over its rows and
+    returns (failure messages, number of checks run)."""
 
-    rates = rate_rows(acceptance)
-    found, n = _validate(
-        context, "rates", rates,
-        [
-            E.ExpectColumnValuesToNotBeNull(column="rate"),
-            E.ExpectColumnValuesToBeBetween(column="rate", min_value=0.0, max_value=1.0),
-            E.ExpectColumnValuesToBeDecreasing(column="rate", strictly=False),
-        ],
-        lambda row: f"acceptance.rates[{int(row['position']) - 1}]: {float(row['rate'])!r}",
-    )
-    failures += found
-    checks["rates"] = n * len(rates)
+    def __init__(self) -> None:
+        gx = _gx()
+        self._expect = gx.expectations
+        self._context = gx.get_context(mode="ephemeral")
+        try:
+            self._context.variables.progress_bars = {"globally": False}
+        except Exception:  # noqa: BLE001 - cosmetic only
+            pass
+        self._context.data_sources.add_pandas("tabletune")
 
-    steps = step_time_rows(profile)
-    found, n = _validate(
-        context, "step_times", steps,
-        [
-            E.ExpectColumnValuesToNotBeNull(column="step_ms"),
-            E.ExpectColumnValuesToBeBetween(column="step_ms", min_value=0.0, max_value=MAX_STEP_MS,
-                                            strict_min=True),
-        ],
-        lambda row: f"profile step_ms(B={int(row['batch_size'])}, k={int(row['k'])}): "
-                    f"{float(row['step_ms'])!r}",
-    )
-    failures += found
-    checks["step_times"] = n * len(steps)
-
-    problems = vllm_table_problems(candidate, profile=profile, drafter_max_k=drafter_max_k)
-    failures += problems
-    checks["vllm_table"] = 1
-
-    moves: Sequence[EdgeMove] = ()
-    compared_with = None
-    if settings.compare_edges and production is not None:
-        moves = edge_moves(production, candidate.table, settings)
-        compared_with = production_version
-        by_index = {i: m for i, m in enumerate(moves)}
+    def rates(self, rows: list[dict[str, Any]]) -> tuple[list[str], int]:
+        """Rows ``{"position", "rate"}``: no nulls, in [0, 1], non-increasing."""
+        E = self._expect
         found, n = _validate(
-            context, "edges", [m.to_row() for m in moves],
+            self._context, "rates", rows,
+            [
+                E.ExpectColumnValuesToNotBeNull(column="rate"),
+                E.ExpectColumnValuesToBeBetween(column="rate", min_value=0.0, max_value=1.0),
+                E.ExpectColumnValuesToBeDecreasing(column="rate", strictly=False),
+            ],
+            lambda row: f"acceptance.rates[{int(row['position']) - 1}]: {float(row['rate'])!r}",
+        )
+        return found, n * len(rows)
+
+    def step_times(self, rows: list[dict[str, Any]]) -> tuple[list[str], int]:
+        """Rows ``{"batch_size", "k", "step_ms"}``: no nulls, finite and positive."""
+        E = self._expect
+        found, n = _validate(
+            self._context, "step_times", rows,
+            [
+                E.ExpectColumnValuesToNotBeNull(column="step_ms"),
+                E.ExpectColumnValuesToBeBetween(column="step_ms", min_value=0.0,
+                                                max_value=MAX_STEP_MS, strict_min=True),
+            ],
+            lambda row: f"profile step_ms(B={int(row['batch_size'])}, k={int(row['k'])}): "
+                        f"{float(row['step_ms'])!r}",
+        )
+        return found, n * len(rows)
+
+    def edges(self, rows: list[Mapping[str, Any]],
+              describe: Callable[[int], str]) -> tuple[list[str], int]:
+        """Rows ``{"tolerance", "relative_shift", ...}``: shift <= tolerance; ``describe(i)``
+        names row i in a failure."""
+        E = self._expect
+        found, _ = _validate(
+            self._context, "edges", [dict(r) for r in rows],
             [E.ExpectColumnPairValuesAToBeGreaterThanB(
                 column_A="tolerance", column_B="relative_shift", or_equal=True)],
-            lambda row: "edge " + by_index[int(row.name)].describe(),
+            lambda row: "edge " + describe(int(row.name)),
         )
-        failures += found
-        checks["edges"] = len(moves)
-
-    report = GateReport(
-        passed=not failures,
-        failures=tuple(failures),
-        edges=tuple(moves),
-        compared_with=compared_with,
-        checks=checks,
-    )
-    log.info("gate %s: %s", "passed" if report.passed else "FAILED", report.reason)
-    return report
+        return found, len(rows)

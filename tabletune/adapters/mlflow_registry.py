@@ -1,69 +1,44 @@
-"""MLflow as TableTune's lineage store and table registry.
+"""MLflow as TableTune's lineage store and table registry (the pipeline side; uses ``mlflow``).
 
-Two readers of different weight live here:
-
-* :class:`MlflowRegistry` (the pipeline side, uses the ``mlflow`` client): one run per DAG run,
-  params/metrics/artifacts, a registered model per deployment key whose versions carry the table,
-  and promotion/rollback of the ``candidate``/``production``/``previous`` aliases under a lock.
-* :func:`load_production_prior` (the controller side): reads the ``production`` version over the
-  tracking server's REST API with the standard library only — no ``mlflow`` import inside the
-  vLLM process, explicit timeouts and one retry, JSON documents only (nothing is ever
-  unpickled) — and keeps a local cache, checksummed per file, that it falls back to when the
-  registry is down or answers with anything but MLflow's JSON.
+:class:`MlflowRegistry`: one run per DAG run, params/metrics/artifacts, a registered model per
+deployment key whose versions carry the table, and promotion/rollback of the
+``candidate``/``production``/``previous`` aliases (the plans of ``tabletune.core.promotion``) under
+the promotion lock (``tabletune.adapters.mlflow_lock``). The vLLM process reads the production
+version with ``tabletune.adapters.mlflow_prior`` instead, which imports no ``mlflow``.
 
 Credentials reach the MLflow client only for the duration of each call (``MlflowRegistry``'s
 ``username``/``password``/``token``), never through a lasting ``os.environ`` entry that a child
-process (a vLLM engine) would inherit. Timeouts: the controller's REST reads pass theirs
-explicitly; the MLflow client's come from MLflow's own environment variables, which TableTune's
-entry points (the registry CLI, the Airflow hook) default with :func:`apply_mlflow_http_defaults`.
+process (a vLLM engine) would inherit. Timeouts: the MLflow client's come from MLflow's own
+environment variables, which TableTune's entry points (the registry CLI, the Airflow hook) default
+with :func:`apply_mlflow_http_defaults`.
 
 A version's payload is the run's ``table/`` artifact directory: ``table.json``, ``profile.json``
-and ``acceptance.json`` (core contract documents).
+and ``acceptance.json`` (``tabletune.core.prior.DOCUMENT_FILES``).
 """
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import dataclasses
-import hashlib
-import http.client
 import json
 import logging
 import math
 import os
 import re
-import shutil
 import socket
 import tempfile
 import threading
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
-import uuid
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from tabletune.core.atomic import atomic_replace
-from tabletune.core.contracts import (
-    MAX_JSON_BYTES,
-    Acceptance,
-    Profile,
-    TableDocument,
-    read_regular_file,
-    save_json,
-)
-from tabletune.core.errors import ContractError
-from tabletune.pipeline.errors import (
-    PriorUnavailable,
-    PromotionConflict,
-    RegistryStateError,
-    RegistryUnavailable,
-)
-from tabletune.pipeline.promotion import (
+from tabletune.adapters.mlflow_lock import PromotionLease, promotion_lock
+from tabletune.adapters.mlflow_prior import parse_prior
+from tabletune.core.contracts import save_json
+from tabletune.core.pipeline_errors import RegistryStateError, RegistryUnavailable
+from tabletune.core.prior import DOCUMENT_FILES, Prior
+from tabletune.core.promotion import (
     CANDIDATE,
     PREVIOUS,
     PRODUCTION,
@@ -76,17 +51,12 @@ from tabletune.pipeline.promotion import (
     plan_rollback,
     rollback_target,
 )
-from tabletune.pipeline.redaction import redact_params
+from tabletune.core.redaction import redact_params
 
 __all__ = [
     "MlflowRegistry",
-    "PromotionLease",
-    "VersionDocuments",
     "apply_mlflow_http_defaults",
     "MLFLOW_HTTP_DEFAULTS",
-    "Prior",
-    "load_production_prior",
-    "load_production_prior_with_source",
     "TABLE_ARTIFACT_DIR",
 ]
 
@@ -94,14 +64,11 @@ log = logging.getLogger("tabletune.mlflow")
 T = TypeVar("T")
 
 TABLE_ARTIFACT_DIR = "table"
-DOCUMENT_FILES = {"table": "table.json", "profile": "profile.json", "acceptance": "acceptance.json"}
 RUN_NAME_TAG = "tabletune.run_name"
 STATUS_TAG = "tabletune.status"
 GATE_TAG = "tabletune.gate"
 GATE_REASON_TAG = "tabletune.gate_reason"
 PROMOTED_OVER_TAG = "tabletune.promoted_over"
-LOCK_OWNER_TAG = "tabletune.lock_owner"
-LOCK_EXPIRES_TAG = "tabletune.lock_expires_at"
 OUTCOME_TAG = "tabletune.outcome"
 # One registered-model tag per promotion-history entry, never rewritten: ``<prefix>000042``.
 HISTORY_TAG_PREFIX = "tabletune.history."
@@ -110,22 +77,9 @@ HISTORY_TAG_PREFIX = "tabletune.history."
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 EXPERIMENT_KIND = "custom_model_development"
 UI_WORKFLOW_TYPE = "machine_learning"
-# A claim to end one lock instance (see MlflowRegistry._end_lock) lives for seconds; one older
-# than this was left by a process that died mid-way.
-_CLAIM_LEASE_S = 120.0
 # MLflow rejects tag values above 5000 characters (version tags) and params above 6000.
 _TAG_LIMIT = 4900
 _PARAM_LIMIT = 6000
-
-
-@dataclass(frozen=True)
-class VersionDocuments:
-    """A registered version and the three documents it carries."""
-
-    version: str
-    table: TableDocument
-    profile: Profile
-    acceptance: Acceptance
 
 
 _TRANSIENT_MARKERS = (
@@ -545,7 +499,7 @@ class MlflowRegistry:
                 ),
             )
 
-    def read_version(self, name: str, version: str) -> VersionDocuments:
+    def read_version(self, name: str, version: str) -> Prior:
         """Download and validate the documents a version carries."""
         mv = self._call(f"reading version {version} of {name!r}",
                         lambda: self._client.get_model_version(name, version))
@@ -567,146 +521,21 @@ class MlflowRegistry:
                     raise RegistryStateError(
                         f"{name} version {version}: {filename} unreadable in {mv.source}: {exc}"
                     ) from exc
-        return _parse_documents(raw, f"{name} version {version}", version)
+        return parse_prior(raw, f"{name} version {version}", source=f"models:/{name}/{version}",
+                           version=version)
 
-    def read_production(self, name: str) -> VersionDocuments | None:
+    def read_production(self, name: str) -> Prior | None:
         state = self.alias_state(name)
         return None if state.production is None else self.read_version(name, state.production)
 
     # ---------------------------------------------------------------------------------------
     # promotion
 
-    @contextlib.contextmanager
     def promotion_lock(
         self, name: str, *, owner: str, timeout_s: float = 30.0, lease_s: float = 600.0
-    ) -> Iterator[PromotionLease]:
-        """Exclusive lock on ``name``'s aliases, held as a registered model ``<name>.lock``.
-
-        Creating a registered model is the one compare-and-set MLflow offers (names are unique
-        in its database), so this works across hosts with nothing but the tracking server. Each
-        holder tags the lock with a unique token and a lease; a holder that died leaves a lock
-        that others break once its lease has expired. Releasing and breaking delete the lock only
-        while it still carries the token they expect (``_end_lock``), so a breaker never deletes
-        a lock someone else has taken since. The holder calls ``verify()`` on the yielded lease
-        before moving aliases: it renews the lease, or raises PromotionConflict if it ran out and
-        the lock was lost during a slow call.
-        """
-        lock_name = f"{name}.lock"
-        token = f"{owner}/{uuid.uuid4().hex}"
-        deadline = time.monotonic() + timeout_s
-
-        while True:
-            tags = {LOCK_OWNER_TAG: token, LOCK_EXPIRES_TAG: f"{time.time() + lease_s:.3f}"}
-            if self._call(f"acquiring the promotion lock of {name!r}",
-                          lambda tags=tags: self._create_lock_model(
-                              lock_name, tags, f"Promotion lock of {name}; deleted when the "
-                                               f"promotion ends.")):
-                break
-            held = self._call(f"reading the promotion lock of {name!r}",
-                              lambda: self._lock_holder(lock_name))
-            if held is not None and held[1] < time.time():
-                if self._end_lock(lock_name, held[0], only_if_expired=True):
-                    log.warning("broke the expired promotion lock of %s held by %s", name,
-                                held[0])
-                    continue
-                # Someone else ended that instance first (or is ending it, or it was renewed).
-                held = self._call(f"reading the promotion lock of {name!r}",
-                                  lambda: self._lock_holder(lock_name))
-            if time.monotonic() >= deadline:
-                who = held[0] if held else "a promotion that just finished"
-                raise PromotionConflict(
-                    f"another promotion of {name} is in progress (lock held by {who}); "
-                    f"gave up after {timeout_s:.0f} s, nothing was changed"
-                )
-            time.sleep(0.5)
-        try:
-            yield PromotionLease(self, name, lock_name, token, lease_s)
-        finally:
-            if not self._end_lock(lock_name, token, only_if_expired=False):
-                log.warning("the promotion lock of %s was no longer held by %s at release (its "
-                            "lease ran out and another promotion took it)", name, token)
-
-    def _create_lock_model(self, name: str, tags: Mapping[str, str], description: str) -> bool:
-        """Create registered model ``name``; False if it exists (MLflow's compare-and-set)."""
-        from mlflow.exceptions import MlflowException
-
-        try:
-            self._client.create_registered_model(name, tags=dict(tags), description=description)
-            return True
-        except MlflowException as exc:
-            if _error_code(exc) != "RESOURCE_ALREADY_EXISTS":
-                raise
-            return False
-
-    def _lock_holder(self, lock_name: str) -> tuple[str | None, float] | None:
-        """(owner token, lease expiry as a Unix time) of a lock or claim; None if there is none."""
-        from mlflow.exceptions import MlflowException
-
-        try:
-            tags = self._client.get_registered_model(lock_name).tags or {}
-        except MlflowException as exc:
-            if _error_code(exc) == "RESOURCE_DOES_NOT_EXIST":
-                return None
-            raise
-        try:
-            expires = float(tags.get(LOCK_EXPIRES_TAG, "0"))
-        except ValueError:
-            expires = 0.0
-        return tags.get(LOCK_OWNER_TAG), expires
-
-    def _end_lock(self, lock_name: str, token: str | None, *, only_if_expired: bool) -> bool:
-        """Delete ``lock_name`` only if it is still the instance holding ``token`` (and, when
-        breaking, still expired). True if this call deleted it.
-
-        MLflow has no conditional delete, so ending one lock instance is made a compare-and-set
-        of its own: whoever creates the claim ``<lock>.end-<token hash>-<n>`` first is the only
-        one allowed to check and delete that instance. Without it, two breakers that both saw
-        the same expired holder could each delete the lock — the second deleting the lock the
-        first had just taken — and both go on to promote. A claim older than its lease was left
-        by a process that died mid-way; the next one takes claim number n + 1.
-        """
-        digest = hashlib.sha256((token or "").encode()).hexdigest()[:16]
-        base = f"{lock_name}.end-{digest}"
-        generation = 1
-        for _ in range(20):
-            claim = f"{base}-{generation}"
-            tags = {LOCK_OWNER_TAG: str(token),
-                    LOCK_EXPIRES_TAG: f"{time.time() + _CLAIM_LEASE_S:.3f}"}
-            if self._call(f"claiming {lock_name!r}",
-                          lambda claim=claim, tags=tags: self._create_lock_model(
-                              claim, tags, f"Claim to end one instance of {lock_name}; "
-                                           f"deleted within seconds.")):
-                break
-            held = self._call(f"reading claim {claim!r}",
-                              lambda claim=claim: self._lock_holder(claim))
-            if held is None:
-                continue  # that claim just ended: try the same one again
-            if held[1] >= time.time():
-                return False  # someone else is ending this instance right now
-            generation += 1  # its claimant died: the next claim
-        else:
-            return False
-        try:
-            current = self._call(f"reading {lock_name!r}", lambda: self._lock_holder(lock_name))
-            if current is None or current[0] != token:
-                return False
-            if only_if_expired and current[1] >= time.time():
-                return False  # renewed since it was seen expired
-            self._call(f"deleting {lock_name!r}", lambda: self._delete_model_if_exists(lock_name))
-            return True
-        finally:
-            for g in range(generation, 0, -1):  # ours, and any left by a dead claimant
-                self._call(f"deleting claim of {lock_name!r}",
-                           lambda g=g: self._delete_model_if_exists(f"{base}-{g}"))
-
-    def _delete_model_if_exists(self, name: str) -> None:
-        from mlflow.exceptions import MlflowException
-
-        try:
-            self._client.delete_registered_model(name)
-        except MlflowException as exc:
-            if _error_code(exc) != "RESOURCE_DOES_NOT_EXIST":
-                raise
+    ) -> contextlib.AbstractContextManager[PromotionLease]:
+        """Exclusive lock on ``name``'s aliases (``tabletune.adapters.mlflow_lock``)."""
+        return promotion_lock(self, name, owner=owner, timeout_s=timeout_s, lease_s=lease_s)
 
     def _apply(self, name: str, writes) -> None:
         for write in writes:
@@ -869,56 +698,6 @@ class MlflowRegistry:
             return self.alias_state(name)
 
 
-class PromotionLease:
-    """A holder's handle on its promotion lock (yielded by ``MlflowRegistry.promotion_lock``)."""
-
-    def __init__(self, registry: MlflowRegistry, name: str, lock_name: str, token: str,
-                 lease_s: float) -> None:
-        self._registry = registry
-        self.name = name
-        self.lock_name = lock_name
-        self.token = token
-        self.lease_s = lease_s
-
-    def verify(self) -> None:
-        """Renew the lease if the lock is still ours; PromotionConflict if it is not.
-
-        Call it right before moving aliases. A lease that has run out (or has less than a quarter
-        of it, at most 60 s, left) counts as lost even if nobody has broken it yet: a breaker
-        may already be on its way, and a renewal racing it is not safe.
-        """
-        registry, lock_name = self._registry, self.lock_name
-
-        def read() -> tuple[str | None, float] | None:
-            return registry._call(f"reading the promotion lock of {self.name!r}",
-                                  lambda: registry._lock_holder(lock_name))
-
-        held = read()
-        margin = min(60.0, self.lease_s / 4)
-        if held is None or held[0] != self.token or held[1] - time.time() < margin:
-            raise self._lost(held)
-        registry._call(
-            f"renewing the promotion lock of {self.name!r}",
-            lambda: registry._client.set_registered_model_tag(
-                lock_name, LOCK_EXPIRES_TAG, f"{time.time() + self.lease_s:.3f}"),
-        )
-        held = read()
-        if held is None or held[0] != self.token:
-            raise self._lost(held)
-
-    def _lost(self, held: tuple[str | None, float] | None) -> PromotionConflict:
-        if held is None:
-            state = "the lock is gone"
-        elif held[0] != self.token:
-            state = f"the lock is now held by {held[0]}"
-        else:
-            state = "its lease ran out"
-        return PromotionConflict(
-            f"lost the promotion lock of {self.name} ({state}; lease {self.lease_s:.0f} s, a "
-            f"call took too long?); stopped before moving any alias"
-        )
-
-
 def _version_or_none(value: Any) -> str | None:
     return None if value in (None, "") else str(value)
 
@@ -933,257 +712,4 @@ def _short(exc: BaseException | None, limit: int = 300) -> str:
 def _param_text(value: Any) -> str:
     text = value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
     return text[:_PARAM_LIMIT]
-
-
-def _parse_documents(raw: Mapping[str, Any], where: str, version: str) -> VersionDocuments:
-    try:
-        return VersionDocuments(
-            version=version,
-            table=TableDocument.from_dict(raw["table"]),
-            profile=Profile.from_dict(raw["profile"]),
-            acceptance=Acceptance.from_dict(raw["acceptance"]),
-        )
-    except ContractError as exc:
-        raise RegistryStateError(f"{where}: {exc}") from exc
-
-
-# -------------------------------------------------------------------------------------------
-# The controller's prior: REST + local cache
-
-
-@dataclass(frozen=True)
-class Prior:
-    """The production prior and where it came from."""
-
-    version: str
-    table: TableDocument
-    profile: Profile
-    acceptance: Acceptance
-    from_cache: bool
-
-
-class _RegistryDown(Exception):
-    """The registry could not be reached, or answered with an error or something that is not
-    MLflow's JSON (an HTML login page, a proxy's error page): use the cache."""
-
-
-class _CacheRefused(Exception):
-    """The local cache has an entry, but it cannot be trusted (checksum mismatch, unreadable)."""
-
-
-def _auth_headers() -> dict[str, str]:
-    token = os.environ.get("MLFLOW_TRACKING_TOKEN")
-    if token:
-        return {"Authorization": f"Bearer {token}"}
-    user, password = os.environ.get("MLFLOW_TRACKING_USERNAME"), os.environ.get(
-        "MLFLOW_TRACKING_PASSWORD"
-    )
-    if user and password:
-        basic = base64.b64encode(f"{user}:{password}".encode()).decode()
-        return {"Authorization": f"Basic {basic}"}
-    return {}
-
-
-def _rest_get(url: str, timeout_s: float, *, attempts: int = 2, backoff_s: float = 0.5) -> bytes:
-    """GET ``url`` with an explicit timeout, retrying a failure to reach it once.
-
-    Connection failures, timeouts, 5xx and 429 are retried and then raise _RegistryDown; other
-    HTTP errors raise HTTPError for the caller to judge. A body above MAX_JSON_BYTES is refused.
-    """
-    shown = url.split("?")[0]
-    request = urllib.request.Request(url, headers=_auth_headers())
-    for attempt in range(1, attempts + 1):
-        try:
-            with urllib.request.urlopen(request, timeout=timeout_s) as response:  # noqa: S310
-                body = response.read(MAX_JSON_BYTES + 1)
-            if len(body) > MAX_JSON_BYTES:
-                raise _RegistryDown(f"{shown}: answer larger than "
-                                    f"{MAX_JSON_BYTES // (1024 * 1024)} MiB")
-            return body
-        except urllib.error.HTTPError as exc:
-            if not (exc.code >= 500 or exc.code == 429):
-                raise
-            failure: _RegistryDown = _RegistryDown(f"HTTP {exc.code} from {shown}")
-        except (urllib.error.URLError, OSError, TimeoutError, http.client.HTTPException) as exc:
-            failure = _RegistryDown(f"{shown}: {exc}")
-        if attempt < attempts:
-            log.warning("registry read %s failed (attempt %d/%d): %s", shown, attempt, attempts,
-                        failure)
-            time.sleep(backoff_s * 2 ** (attempt - 1))
-    raise failure
-
-
-def _json_answer(body: bytes, what: str) -> Any:
-    """A registry answer as JSON; anything else means the registry is not answering properly."""
-    try:
-        return json.loads(body)
-    except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError
-        start = body[:60].decode("utf-8", "replace").strip()
-        raise _RegistryDown(f"{what} is not JSON (starts {start!r}): "
-                            f"{type(exc).__name__}") from None
-
-
-def _fetch_production(model_name: str, tracking_uri: str, timeout_s: float) -> tuple[str, dict]:
-    base = tracking_uri.rstrip("/")
-    query = urllib.parse.urlencode({"name": model_name, "alias": PRODUCTION})
-    try:
-        body = _rest_get(f"{base}/api/2.0/mlflow/registered-models/alias?{query}", timeout_s)
-    except urllib.error.HTTPError as exc:
-        if exc.code == 404:
-            raise PriorUnavailable(
-                f"registry {base} has no version of {model_name!r} with the alias 'production'"
-            ) from exc
-        # 401/403 from an expired token or a proxy, 400s from something that is not MLflow.
-        raise _RegistryDown(f"registry {base} refused {model_name!r}: HTTP {exc.code}") from exc
-    answer = _json_answer(body, f"registry {base}'s answer for {model_name!r}@production")
-    try:
-        version = str(answer["model_version"]["version"])
-    except (KeyError, TypeError, IndexError):
-        raise _RegistryDown(f"registry {base}'s answer for {model_name!r}@production has no "
-                            f"model_version.version") from None
-    if not re.fullmatch(r"[0-9]{1,18}", version):
-        raise _RegistryDown(f"registry {base}: {version[:40]!r} is not a model version number")
-    raw: dict[str, Any] = {}
-    for kind, filename in DOCUMENT_FILES.items():
-        query = urllib.parse.urlencode({"name": model_name, "version": version, "path": filename})
-        try:
-            data = _rest_get(f"{base}/model-versions/get-artifact?{query}", timeout_s)
-        except urllib.error.HTTPError as exc:
-            raise _RegistryDown(
-                f"{model_name} version {version}: {filename} not downloadable (HTTP {exc.code})"
-            ) from exc
-        raw[kind] = _json_answer(data, f"{model_name} version {version}: {filename}")
-    return version, raw
-
-
-def _cache_root(cache_dir: Path, model_name: str) -> Path:
-    safe = re.sub(r"[^A-Za-z0-9._-]", "_", model_name)
-    return Path(cache_dir) / safe
-
-
-def _encode_document(doc: Any) -> bytes:
-    return (json.dumps(doc, indent=2, allow_nan=False) + "\n").encode("utf-8")
-
-
-def _write_cache(cache_dir: Path, model_name: str, version: str, raw: Mapping[str, Any]) -> None:
-    """Store the version's documents, then switch ``current.json`` to it atomically.
-
-    ``current.json`` records the registry version and the SHA-256 of each file written, so a
-    cached file that changed afterwards (disk corruption, a hand edit, another writer) is
-    refused when it is read back instead of being served as the production prior.
-    """
-    root = _cache_root(cache_dir, model_name)
-    target = root / f"v{version}"
-    root.mkdir(parents=True, exist_ok=True)
-    files = {filename: _encode_document(raw[kind]) for kind, filename in DOCUMENT_FILES.items()}
-    staging = Path(tempfile.mkdtemp(prefix=f".v{version}.", dir=root))
-    try:
-        for filename, data in files.items():
-            with open(staging / filename, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.chmod(staging / filename, 0o644)
-        if target.exists():
-            shutil.rmtree(target)
-        atomic_replace(staging, target)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    save_json(root / "current.json", {
-        "model": model_name, "version": version, "fetched_at": time.time(),
-        "sha256": {filename: hashlib.sha256(data).hexdigest() for filename, data in files.items()},
-    })
-
-
-def _read_cache(cache_dir: Path, model_name: str) -> tuple[str, dict[str, Any]] | None:
-    """The cached version's documents, each checked against the SHA-256 recorded with it.
-
-    None when nothing is cached; _CacheRefused when an entry exists but cannot be trusted.
-    """
-    root = _cache_root(cache_dir, model_name)
-    pointer_path = root / "current.json"
-    if not pointer_path.exists() and not pointer_path.is_symlink():
-        return None
-    try:
-        pointer = json.loads(read_regular_file(pointer_path, "prior cache pointer"))
-        version = str(pointer["version"])
-        digests = pointer["sha256"]
-    except (ContractError, ValueError, KeyError, TypeError) as exc:
-        raise _CacheRefused(f"{pointer_path}: unreadable or without checksums ({exc})") from None
-    if not re.fullmatch(r"[0-9]{1,18}", version) or not isinstance(digests, dict):
-        raise _CacheRefused(f"{pointer_path}: not a cache pointer TableTune wrote")
-    raw = {}
-    for kind, filename in DOCUMENT_FILES.items():
-        path = root / f"v{version}" / filename
-        try:
-            data = read_regular_file(path, f"cached {kind}")
-        except ContractError as exc:
-            raise _CacheRefused(str(exc)) from None
-        actual, expected = hashlib.sha256(data).hexdigest(), digests.get(filename)
-        if actual != expected:
-            raise _CacheRefused(
-                f"{path}: SHA-256 {actual[:16]}... does not match {str(expected)[:16]}... recorded "
-                f"for registry version {version} (the cached file changed after it was written)"
-            )
-        try:
-            raw[kind] = json.loads(data)
-        except (ValueError, RecursionError) as exc:
-            raise _CacheRefused(f"{path}: not JSON ({exc})") from None
-    return version, raw
-
-
-def load_production_prior_with_source(
-    model_name: str, *, tracking_uri: str, cache_dir: Path, timeout_s: float = 10.0
-) -> Prior:
-    """The production version's documents, from the registry or, if it is down or answers with
-    anything but valid documents, from the checksummed cache."""
-    cache_dir = Path(cache_dir)
-    try:
-        version, raw = _fetch_production(model_name, tracking_uri, timeout_s)
-        docs = _parse_documents(raw, f"{model_name} version {version}", version)
-    except (_RegistryDown, RegistryStateError) as exc:
-        where = _cache_root(cache_dir, model_name)
-        try:
-            cached = _read_cache(cache_dir, model_name)
-        except _CacheRefused as cache_exc:
-            log.error("registry %s unavailable for %s (%s); the cached prior is refused: %s",
-                      tracking_uri, model_name, exc, cache_exc)
-            raise PriorUnavailable(
-                f"registry {tracking_uri} unavailable for {model_name!r} ({exc}) and the cached "
-                f"prior in {where} is refused: {cache_exc}"
-            ) from cache_exc
-        if cached is None:
-            raise PriorUnavailable(
-                f"registry {tracking_uri} unavailable for {model_name!r} ({exc}) and no cached "
-                f"prior in {where}"
-            ) from exc
-        version, raw = cached
-        log.warning("registry %s unavailable for %s (%s); using cached version %s",
-                    tracking_uri, model_name, exc, version)
-        try:
-            docs = _parse_documents(raw, f"cached {model_name} version {version}", version)
-        except RegistryStateError as cache_exc:
-            raise PriorUnavailable(str(cache_exc)) from cache_exc
-        return Prior(version, docs.table, docs.profile, docs.acceptance, from_cache=True)
-    try:
-        _write_cache(cache_dir, model_name, version, raw)
-    except (OSError, ValueError) as exc:
-        # The prior is valid; a read-only cache only costs the fallback next time.
-        log.warning("could not cache %s version %s in %s: %s", model_name, version, cache_dir, exc)
-    return Prior(version, docs.table, docs.profile, docs.acceptance, from_cache=False)
-
-
-def load_production_prior(
-    model_name: str, *, tracking_uri: str, cache_dir: Path
-) -> tuple[TableDocument, Profile, Acceptance]:
-    """(table, profile, acceptance) of the ``production`` version; falls back to the cache.
-
-    Raises PriorUnavailable when the registry is down and nothing is cached, or when the registry
-    is up but has no production version of ``model_name``.
-    """
-    prior = load_production_prior_with_source(
-        model_name, tracking_uri=tracking_uri, cache_dir=cache_dir
-    )
-    return prior.table, prior.profile, prior.acceptance
 

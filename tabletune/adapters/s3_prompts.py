@@ -17,12 +17,12 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tabletune.pipeline.errors import (
+from tabletune.core.pipeline_errors import (
     PromptObjectUnreadable,
     PromptSourceError,
     PromptSourceUnavailable,
 )
-from tabletune.pipeline.sampling import (
+from tabletune.core.sampling import (
     DECODE_ERRORS,
     PromptSample,
     decode_error_reason,

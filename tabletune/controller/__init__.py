@@ -10,13 +10,13 @@ from tabletune.controller.estimator import (
     STATE_SCHEMA,
     ControllerSettings,
     Estimator,
-    Rebuild,
+    RebuildRecord,
 )
 
 __all__ = [
     "ControllerSettings",
     "Estimator",
-    "Rebuild",
+    "RebuildRecord",
     "STATE_SCHEMA",
     "DEFAULT_PRIOR_WEIGHT",
     "DEFAULT_EXPLORATION_EVERY",

@@ -72,7 +72,7 @@ from tabletune.core.tables import DraftTable
 
 __all__ = [
     "ControllerSettings",
-    "Rebuild",
+    "RebuildRecord",
     "Estimator",
     "STATE_SCHEMA",
     "DEFAULT_PRIOR_WEIGHT",
@@ -230,7 +230,7 @@ class ControllerSettings:
 
 
 @dataclass(frozen=True)
-class Rebuild:
+class RebuildRecord:
     """One rebuild: the estimate it used and the table before and after (JSON via to_dict)."""
 
     index: int  # 1 for the first rebuild
@@ -262,43 +262,14 @@ class Rebuild:
             "step_time_ratio": self.step_time_ratio,
         }
 
-    @classmethod
-    def from_dict(cls, d: Any, field: str = "rebuild") -> Rebuild:
-        d = check_dict(d, field)
-        for key in ("index", "step", "old_ranges", "new_ranges", "changed", "rates", "drafted",
-                    "accepted", "prior_weight"):
-            if key not in d:
-                fail(f"{field}.{key}", None, "is missing")
-
-        def floats(name: str) -> tuple[float, ...]:
-            seq = check_sequence(d[name], f"{field}.{name}")
-            return tuple(check_number(v, f"{field}.{name}[{i}]") for i, v in enumerate(seq))
-
-        return cls(
-            index=check_int(d["index"], f"{field}.index", minimum=1),
-            step=check_int(d["step"], f"{field}.step", minimum=0),
-            old_ranges=DraftTable.from_ranges(d["old_ranges"], f"{field}.old_ranges").ranges,
-            new_ranges=DraftTable.from_ranges(d["new_ranges"], f"{field}.new_ranges").ranges,
-            changed=check_bool(d["changed"], f"{field}.changed"),
-            rates=floats("rates"),
-            drafted=floats("drafted"),
-            accepted=floats("accepted"),
-            prior_weight=check_nonnegative(d["prior_weight"], f"{field}.prior_weight"),
-            # Absent in records written before noise-aware rebuilds and step-time tracking.
-            held=check_int(d.get("held", 0), f"{field}.held", minimum=0),
-            step_time_ratio=(None if d.get("step_time_ratio") is None else
-                             check_positive(d["step_time_ratio"], f"{field}.step_time_ratio")),
-        )
-
 
 class Estimator:
     """Per-step draft-length choice from live acceptance counts and offline step times.
 
     Per engine step the scheduler calls ``on_step(B)`` for the k of this step, and after the
-    step reports what was drafted and kept: ``observe`` per request, ``observe_many`` for a
-    batch, or ``observe_positions`` with per-position totals (what vLLM's SpecDecodingStats
-    already holds; O(K) per step instead of O(B)). Every ``rebuild_every_steps`` calls to
-    ``on_step`` the table is rebuilt inside that call and a ``Rebuild`` record is kept
+    step reports what was drafted and kept: ``observe`` per request or ``observe_many`` for a
+    batch. Every ``rebuild_every_steps`` calls to
+    ``on_step`` the table is rebuilt inside that call and a ``RebuildRecord`` is kept
     (``last_rebuild``, ``history``, ``drain_rebuilds()``).
 
     Not thread-safe: one scheduler thread drives it.
@@ -367,7 +338,7 @@ class Estimator:
         self._explorations = 0
         self._switches = 0
         self._last_b = 0
-        self._history: deque[Rebuild] = deque(maxlen=history)
+        self._history: deque[RebuildRecord] = deque(maxlen=history)
         self._drained = 0
 
         # Step times: the profile (fixed), live samples since the last rebuild per (B, k), and
@@ -489,32 +460,6 @@ class Estimator:
                 fail(f"observe_many.accepted[{j}]", a, f"is above drafted[{j}] = {d}")
         raise AssertionError("unreachable: _reject_many found nothing wrong")  # pragma: no cover
 
-    def observe_positions(
-        self, drafted_per_position: Sequence[int], accepted_per_position: Sequence[int]
-    ) -> None:
-        """Per-position totals of one or more steps: index i is position i + 1.
-
-        vLLM's SpecDecodingStats has ``num_accepted_tokens_per_pos``; with one k per step the
-        drafted count is ``num_drafts`` for positions 1..k. Positions beyond K (the number of
-        prior rates) are ignored: no allowed length reaches them.
-        """
-        if len(drafted_per_position) != len(accepted_per_position):
-            fail("observe_positions.accepted_per_position", list(accepted_per_position),
-                 f"has {len(accepted_per_position)} entries but drafted_per_position has "
-                 f"{len(drafted_per_position)}")
-        n = min(len(drafted_per_position), self._K)
-        for i in range(n):
-            d, a = drafted_per_position[i], accepted_per_position[i]
-            if not (isinstance(d, Integral) and isinstance(a, Integral)
-                    and 0 <= a <= d <= MAX_COUNT):
-                fail(f"observe_positions[{i}]", (d, a),
-                     "is not (drafted, accepted) integers with 0 <= accepted <= drafted "
-                     "<= 2**53")
-        pend_d, pend_a = self._pend_d, self._pend_a
-        for i in range(n):
-            pend_d[i] += int(drafted_per_position[i])
-            pend_a[i] += int(accepted_per_position[i])
-
     def observe_step_time(self, batch_size: int, k: int, step_ms: float) -> None:
         """Wall time of one steady decode step: ``batch_size`` requests verifying, drafting ``k``.
 
@@ -612,12 +557,7 @@ class Estimator:
 
     # ----------------------------------------------------------------------------------- rebuild
 
-    @property
-    def rebuild_due(self) -> bool:
-        """True when the next ``on_step`` will rebuild (lets an adapter rebuild off-path)."""
-        return self._steps + 1 >= self._next_rebuild
-
-    def rebuild(self) -> Rebuild:
+    def rebuild(self) -> RebuildRecord:
         """Rebuild now (also resets the countdown to the next automatic rebuild)."""
         return self._rebuild()
 
@@ -628,9 +568,7 @@ class Estimator:
         # Position i was drafted by every request that drafted >= i tokens: reversed cumsum.
         new_d = np.cumsum(hist_d[::-1])[::-1][1:]
         new_a = np.cumsum(hist_a[::-1])[::-1][1:]
-        drafted = self._live_d + new_d + np.asarray(self._pend_d, dtype=float)
-        accepted = self._live_a + new_a + np.asarray(self._pend_a, dtype=float)
-        return drafted, accepted
+        return self._live_d + new_d, self._live_a + new_a
 
     def _estimate(self, drafted: np.ndarray, accepted: np.ndarray, w: float) -> tuple[float, ...]:
         num = w * self._prior_arr + accepted
@@ -643,7 +581,7 @@ class Estimator:
         # an earlier one; a_i = P(first i accepted) cannot, and build_table refuses it.
         return monotone_rates(est)
 
-    def _rebuild(self) -> Rebuild:
+    def _rebuild(self) -> RebuildRecord:
         drafted, accepted = self._live_counts()
         w = self._w
         rates = self._estimate(drafted, accepted, w)
@@ -662,7 +600,7 @@ class Estimator:
         table = result.table if not held else DraftTable.from_lookup(new_lookup)
         changed = new_lookup != self._lookup
         self._num_rebuilds += 1
-        record = Rebuild(
+        record = RebuildRecord(
             index=self._num_rebuilds,
             step=self._steps,
             old_ranges=self._table.ranges,
@@ -773,12 +711,10 @@ class Estimator:
         return bool((disagrees & pulls).any())
 
     def _new_counts(self) -> None:
-        # Histograms by number drafted / accepted (0..K) and per-position totals; plain lists of
-        # ints because the hot path increments them one at a time.
+        # Histograms by number drafted / accepted (0..K); plain lists of ints because the hot
+        # path increments them one at a time.
         self._hist_d = [0] * (self._K + 1)
         self._hist_a = [0] * (self._K + 1)
-        self._pend_d = [0] * self._K
-        self._pend_a = [0] * self._K
 
     def _install(self, table: DraftTable, lookup: list[int] | None = None) -> None:
         """Make ``table`` current: dense lookups for the hot path, hysteresis re-anchored."""
@@ -901,15 +837,15 @@ class Estimator:
         return self._stalls
 
     @property
-    def last_rebuild(self) -> Rebuild | None:
+    def last_rebuild(self) -> RebuildRecord | None:
         return self._history[-1] if self._history else None
 
     @property
-    def history(self) -> tuple[Rebuild, ...]:
+    def history(self) -> tuple[RebuildRecord, ...]:
         """The most recent rebuilds, oldest first (bounded by ``history``)."""
         return tuple(self._history)
 
-    def drain_rebuilds(self) -> list[Rebuild]:
+    def drain_rebuilds(self) -> list[RebuildRecord]:
         """Rebuilds not returned by an earlier call (for logging outside the hot path)."""
         out = [r for r in self._history if r.index > self._drained]
         self._drained = self._num_rebuilds
@@ -918,7 +854,7 @@ class Estimator:
     # ---------------------------------------------------------------------------- serialisation
 
     def state(self) -> dict[str, Any]:
-        """Everything needed to inspect or restore this estimator, JSON-ready."""
+        """Everything needed to inspect this estimator (or, in the tests, restore it), JSON-ready."""
         drafted, accepted = self.live_counts
         held = (self._lo[self._held], self._hi[self._held], self._rk[self._held])
         return {
@@ -955,101 +891,6 @@ class Estimator:
             "drift_streak": self._drift_streak,
             "profile_stale": self._stale,
         }
-
-    @classmethod
-    def from_state(cls, state: Any) -> Estimator:
-        """Rebuild an estimator from ``state()``; errors name ``state.<field>``."""
-        s = check_dict(state, "state")
-        if s.get("schema") != STATE_SCHEMA:
-            fail("state.schema", s.get("schema"), f"is not {STATE_SCHEMA!r}")
-        required = ("settings", "start_table", "table", "prior_rates", "rates", "prior_weight",
-                    "drafted", "accepted", "steps", "last_rebuild_step", "num_rebuilds",
-                    "explorations", "switches", "last_batch_size", "held_range", "step_times",
-                    "history", "history_limit")
-        for key in required:
-            if key not in s:
-                fail(f"state.{key}", None, "is missing")
-        cells: dict[tuple[int, int], float] = {}
-        for i, cell in enumerate(check_sequence(s["step_times"], "state.step_times")):
-            cell = check_sequence(cell, f"state.step_times[{i}]")
-            if len(cell) != 3:
-                fail(f"state.step_times[{i}]", cell, "is not a [batch_size, k, step_ms] triple")
-            cells[(cell[0], cell[1])] = cell[2]
-        est = cls(
-            DraftTable.from_ranges(s["start_table"], "state.start_table"),
-            StepTimes(cells, field="state.step_times"),
-            s["prior_rates"],
-            ControllerSettings.from_dict(s["settings"], "state.settings"),
-            history=check_int(s["history_limit"], "state.history_limit", minimum=1,
-                              maximum=MAX_HISTORY),
-        )
-        K = est._K
-        counts = []
-        for name in ("drafted", "accepted"):
-            seq = check_sequence(s[name], f"state.{name}")
-            if len(seq) != K:
-                fail(f"state.{name}", list(seq), f"has {len(seq)} entries, expected K = {K}")
-            counts.append(np.array(
-                [check_nonnegative(v, f"state.{name}[{i}]") for i, v in enumerate(seq)]
-            ))
-        est._live_d, est._live_a = counts
-        est._rates = validate_rates(s["rates"], "state.rates")
-        # w may have decayed to exactly 0.0 after many halvings; that is a valid state.
-        est._w = check_nonnegative(s["prior_weight"], "state.prior_weight")
-        est._steps = check_int(s["steps"], "state.steps", minimum=0)
-        est._last_rebuild_step = check_int(s["last_rebuild_step"], "state.last_rebuild_step",
-                                           minimum=0)
-        est._next_rebuild = est._last_rebuild_step + est._every
-        est._num_rebuilds = check_int(s["num_rebuilds"], "state.num_rebuilds", minimum=0)
-        est._drained = est._num_rebuilds
-        est._explorations = check_int(s["explorations"], "state.explorations", minimum=0)
-        est._switches = check_int(s["switches"], "state.switches", minimum=0)
-        for i, r in enumerate(check_sequence(s["history"], "state.history")):
-            est._history.append(Rebuild.from_dict(r, f"state.history[{i}]"))
-        est._last_b = check_int(s["last_batch_size"], "state.last_batch_size", minimum=0)
-        # Step-time tracking; absent in states written before it existed.
-        for n, row in enumerate(check_sequence(s.get("step_time_carried", []),
-                                               "state.step_time_carried")):
-            where = f"state.step_time_carried[{n}]"
-            row = check_sequence(row, where)
-            if len(row) != 4 or row[0] not in est._tb or row[1] not in est._tk:
-                fail(where, row, "is not [profiled batch_size, profiled k, steps, ratio_sum]")
-            i, j = est._tb.index(row[0]), est._tk[row[1]]
-            est._t_n[i, j] = check_nonnegative(row[2], f"{where}[2]")
-            est._t_r[i, j] = check_nonnegative(row[3], f"{where}[3]")
-        for n, row in enumerate(check_sequence(s.get("step_samples", []), "state.step_samples")):
-            where = f"state.step_samples[{n}]"
-            row = check_sequence(row, where)
-            if len(row) != 4:
-                fail(where, row, "is not [batch_size, k, steps, total_ms]")
-            b = check_int(row[0], f"{where}[0]", minimum=1, maximum=MAX_BATCH_SIZE)
-            k = check_int(row[1], f"{where}[1]", minimum=0)
-            est._step_obs[(b, k)] = [check_int(row[2], f"{where}[2]", minimum=1),
-                                     check_positive(row[3], f"{where}[3]")]
-        est._stalls = check_int(s.get("step_stalls", 0), "state.step_stalls", minimum=0)
-        est._drift_streak = check_int(s.get("drift_streak", 0), "state.drift_streak", minimum=0)
-        stale = s.get("profile_stale")
-        est._stale = None if stale is None else dict(check_dict(stale, "state.profile_stale"))
-        in_use = s.get("step_times_in_use")
-        if in_use is None:
-            est._timing = est._blend_step_times()
-        else:
-            cells = {}
-            for n, row in enumerate(check_sequence(in_use, "state.step_times_in_use")):
-                row = check_sequence(row, f"state.step_times_in_use[{n}]")
-                if len(row) != 3:
-                    fail(f"state.step_times_in_use[{n}]", row, "is not [batch_size, k, step_ms]")
-                cells[(row[0], row[1])] = row[2]
-            est._timing = StepTimes(cells, field="state.step_times_in_use")
-        est._install(DraftTable.from_ranges(s["table"], "state.table"))
-        held = tuple(check_sequence(s["held_range"], "state.held_range"))
-        for i, r in enumerate(zip(est._lo, est._hi, est._rk)):
-            if r == held:
-                est._held = i
-                break
-        else:
-            fail("state.held_range", list(held), "is not a range of state.table")
-        return est
 
     def __repr__(self) -> str:
         return (f"Estimator(steps={self._steps}, rebuilds={self._num_rebuilds}, "

@@ -1,34 +1,8 @@
-"""The controller inside a vLLM engine: prior loading, the per-step driver, and reporting.
+"""The controller's runtime: the per-step driver around the estimator, its checks of the prior
+against the engine, and its reporting (``rebuilds.jsonl``, ``state.json``, ``metrics.prom``).
 
-Configured through the engine's environment, so an unchanged ``vllm serve`` command line only
-gains ``--scheduler-cls tabletune.vllm_scheduler.TableTuneScheduler``:
-
-``TABLETUNE_CONTROLLER``           the prior: a folder with ``table.json``, ``profile.json`` and
-                                   ``acceptance.json`` (what ``tabletune tune`` writes), or
-                                   ``models:/<registered model>@production`` (MLflow registry,
-                                   ``MLFLOW_TRACKING_URI``; cached locally, the cache used when the
-                                   registry is down)
-``TABLETUNE_CONTROLLER_SETTINGS``  JSON object of ControllerSettings fields, e.g.
-                                   ``{"rebuild_every_steps": 200, "exploration_every": 50,
-                                   "prior_decay": true, "hysteresis": 2}``
-``TABLETUNE_CONTROLLER_OUT``       folder for ``rebuilds.jsonl`` (one record per rebuild),
-                                   ``state.json`` and ``metrics.prom`` (Prometheus text format,
-                                   for a node-exporter textfile collector; both rewritten every
-                                   ``METRICS_EVERY_S`` while the engine steps, and at rebuilds),
-                                   and ``profile_stale.json`` once live step times say the
-                                   profile is stale; optional. A refused prior still writes
-                                   ``metrics.prom`` (``tabletune_controller_on 0``) and
-                                   ``state.json`` with the reason
-``TABLETUNE_CONTROLLER_START_TABLE``  JSON ranges ``[[start, end, k], ...]`` the controller starts
-                                   from instead of the engine's own table. The engine's table
-                                   still decides which lengths vLLM's V2 runner captures full
-                                   CUDA graphs for: start the engine with a table holding every
-                                   length the controller may choose (``allowed_lengths``)
-``TABLETUNE_CONTROLLER_ALLOW_FOREIGN_PRIOR``  ``1`` serves a prior whose fingerprint (vLLM
-                                   version, model, drafter, method, device, GPU) differs from
-                                   this engine's, with a warning; by default it is refused
-
-This module imports no vLLM; the scheduler hands it plain numbers.
+It runs inside a vLLM engine, wired up by ``tabletune.vllm.controller`` (which reads the
+environment and loads the prior), but imports no vLLM: the scheduler hands it plain numbers.
 """
 
 from __future__ import annotations
@@ -39,76 +13,24 @@ import math
 import os
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 
-from tabletune.controller.estimator import ControllerSettings, Estimator, Rebuild
+from tabletune.controller.estimator import ControllerSettings, Estimator, RebuildRecord
 from tabletune.controller.stale import profile_digest, write_stale_mark
 from tabletune.core.atomic import atomic_write_text
 from tabletune.core.builder import StepTimes, recorded_build_settings
-from tabletune.core.contracts import Acceptance, Profile, TableDocument, check_compatible, load_json
 from tabletune.core.errors import ContractError
+from tabletune.core.prior import Prior
 from tabletune.core.tables import DraftTable
+from tabletune.core.vllm_contract import ALLOW_FOREIGN_ENV, FAULT_ENV, START_TABLE_ENV
 
 # Under "vllm." so records go through vLLM's own log handlers in the engine process.
 logger = logging.getLogger("vllm.tabletune.controller")
 
-PRIOR_ENV = "TABLETUNE_CONTROLLER"
-SETTINGS_ENV = "TABLETUNE_CONTROLLER_SETTINGS"
-OUT_ENV = "TABLETUNE_CONTROLLER_OUT"
-ALLOW_FOREIGN_ENV = "TABLETUNE_CONTROLLER_ALLOW_FOREIGN_PRIOR"
-START_TABLE_ENV = "TABLETUNE_CONTROLLER_START_TABLE"
-# Fault injection for tests of the fallback path: raise inside k_for_step after N steps.
-FAULT_ENV = "TABLETUNE_CONTROLLER_FAULT_AFTER_STEPS"
-# Fault injection for tests of step-time drift: the scheduler sleeps this many ms per drafted
-# position (k) in every step, like a drafter whose work grows with the draft.
-SLOW_FAULT_ENV = "TABLETUNE_CONTROLLER_FAULT_SLOW_MS_PER_DRAFT"
-# state.json and metrics.prom are rewritten this often while the engine steps (a node-exporter
-# scrapes every 15-60 s); one clock read per step decides.
 METRICS_EVERY_S = 5.0
 
 
-@dataclass(frozen=True)
-class PriorBundle:
-    table: TableDocument
-    profile: Profile
-    acceptance: Acceptance
-    source: str
-
-
-def load_prior(uri: str, *, cache_dir: Path | None = None) -> PriorBundle:
-    """Load and validate a prior from a folder or a registry URI."""
-    if uri.startswith("models:/"):
-        name, _, alias = uri[len("models:/"):].partition("@")
-        if alias not in ("", "production"):
-            raise ContractError(f"{PRIOR_ENV}: {uri!r}: only the @production alias is served")
-        from tabletune.adapters.mlflow_registry import load_production_prior
-
-        tracking = os.environ.get("MLFLOW_TRACKING_URI")
-        if not tracking:
-            raise ContractError(f"{PRIOR_ENV}: {uri!r} needs MLFLOW_TRACKING_URI")
-        cache = cache_dir or Path(os.environ.get(
-            "TABLETUNE_PRIOR_CACHE", Path.home() / ".cache" / "tabletune" / "priors"))
-        from tabletune.pipeline.errors import PriorUnavailable
-
-        try:
-            table, profile, acceptance = load_production_prior(name, tracking_uri=tracking,
-                                                               cache_dir=cache)
-        except PriorUnavailable as exc:  # registry down and no usable cache: refuse, say why
-            raise ContractError(f"{PRIOR_ENV}: {uri!r}: {exc}") from exc
-        bundle = PriorBundle(table, profile, acceptance, uri)
-    else:
-        folder = Path(uri)
-        if not folder.is_dir():
-            raise ContractError(f"{PRIOR_ENV}: {uri!r} is not a folder or models:/ URI")
-        bundle = PriorBundle(load_json(folder / "table.json", "table"),
-                             load_json(folder / "profile.json", "profile"),
-                             load_json(folder / "acceptance.json", "acceptance"), uri)
-    check_compatible(bundle.profile, bundle.acceptance)
-    return bundle
-
-
-def check_prior_fits_engine(prior: PriorBundle, *, num_spec_tokens: int) -> None:
+def check_prior_fits_engine(prior: Prior, *, num_spec_tokens: int) -> None:
     """The prior must describe an engine drafting up to the same K as this one."""
     if prior.profile.max_k != num_spec_tokens:
         raise ContractError(
@@ -124,37 +46,8 @@ def check_prior_fits_engine(prior: PriorBundle, *, num_spec_tokens: int) -> None
 # prior measured on another vLLM, model pair, method or device has other step times.
 FINGERPRINT_FIELDS = ("engine", "engine_version", "model", "drafter", "method", "device", "gpu",
                       "tensor_parallel_size")
-_UNKNOWN = (None, "", "unknown", "not-installed")
-
-
-def engine_fingerprint(scheduler, *, want_gpu: bool = True) -> dict:
-    """The running engine's side of ``deployment_fingerprint``, from the scheduler's vllm_config.
-
-    Model and drafter identities are computed as the profiler computed them (path plus a hash of
-    ``config.json``, ``tabletune.engine.spec._model_identity``), the vLLM version by the same
-    function. Whatever cannot be read is left out (and so never counts as a mismatch).
-    """
-    from tabletune.engine import spec as engine_spec
-
-    config = getattr(scheduler, "vllm_config", None)
-    model_config = getattr(config, "model_config", None)
-    spec_config = getattr(config, "speculative_config", None)
-    device_config = getattr(config, "device_config", None)
-    parallel = getattr(config, "parallel_config", None)
-    dist, version = engine_spec.engine_version()
-    device = getattr(device_config, "device_type", None) or getattr(device_config, "device", None)
-    fp = {
-        "engine": dist,
-        "engine_version": version,
-        "model": engine_spec._model_identity(getattr(model_config, "model", None)),
-        "drafter": engine_spec._model_identity(getattr(spec_config, "model", None)),
-        "method": getattr(spec_config, "method", None),
-        "device": None if device is None else str(device),
-        "tensor_parallel_size": getattr(parallel, "tensor_parallel_size", None),
-    }
-    if want_gpu and fp["device"] == "cuda":
-        fp["gpu"] = engine_spec._gpu_inventory().get("gpu")  # nvidia-smi, as the profiler did
-    return {k: v for k, v in fp.items() if v not in _UNKNOWN}
+# Fingerprint values that mean "not known" (never a mismatch).
+UNKNOWN_VALUES = (None, "", "unknown", "not-installed")
 
 
 def _same_model(a: str, b: str) -> bool:
@@ -166,13 +59,13 @@ def _same_model(a: str, b: str) -> bool:
     return not (hash_a and hash_b) or hash_a == hash_b
 
 
-def fingerprint_mismatches(prior: PriorBundle, engine: Mapping) -> list[str]:
+def fingerprint_mismatches(prior: Prior, engine: Mapping) -> list[str]:
     """``field: prior value vs engine value`` for each field both sides know and disagree on."""
     recorded = prior.profile.fingerprint
     out = []
     for key in FINGERPRINT_FIELDS:
         theirs, ours = recorded.get(key), engine.get(key)
-        if theirs in _UNKNOWN or ours in _UNKNOWN:
+        if theirs in UNKNOWN_VALUES or ours in UNKNOWN_VALUES:
             continue  # a key missing on either side is not a mismatch
         same = (_same_model(theirs, ours) if key in ("model", "drafter")
                 else str(theirs) == str(ours))
@@ -181,7 +74,7 @@ def fingerprint_mismatches(prior: PriorBundle, engine: Mapping) -> list[str]:
     return out
 
 
-def check_prior_matches_engine(prior: PriorBundle, engine: Mapping, *,
+def check_prior_matches_engine(prior: Prior, engine: Mapping, *,
                                allow_foreign: bool = False) -> None:
     """Refuse a prior measured on another deployment (unless ``allow_foreign``: then warn)."""
     mismatches = fingerprint_mismatches(prior, engine)
@@ -193,10 +86,6 @@ def check_prior_matches_engine(prior: PriorBundle, engine: Mapping, *,
         return
     raise ContractError("; ".join(mismatches) + f"; re-profile this deployment, or set "
                         f"{ALLOW_FOREIGN_ENV}=1 to serve this prior anyway")
-
-
-def _env_flag(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
 
 
 class ControllerRuntime:
@@ -270,7 +159,7 @@ class ControllerRuntime:
         self.stale_mark = mark
 
     @staticmethod
-    def _log(r: Rebuild) -> None:
+    def _log(r: RebuildRecord) -> None:
         rates = ", ".join(f"{a:.3f}" for a in r.rates)
         held = f"; {r.held} batch sizes kept their k (gain within noise)" if r.held else ""
         if r.changed:
@@ -407,7 +296,7 @@ def write_controller_off(out_dir: str | Path | None, *, source: str, reason: str
         logger.exception("TableTune controller: could not write %s", out_dir)
 
 
-def build_runtime(prior: PriorBundle, *, static_lookup: list[int], num_spec_tokens: int,
+def build_runtime(prior: Prior, *, static_lookup: list[int], num_spec_tokens: int,
                   max_num_seqs: int, settings: ControllerSettings | None = None,
                   out_dir: Path | None = None, engine: Mapping | None = None,
                   allow_foreign_prior: bool = False,
@@ -435,42 +324,3 @@ def build_runtime(prior: PriorBundle, *, static_lookup: list[int], num_spec_toke
     return ControllerRuntime(estimator, out_dir=out_dir, source=prior.source,
                              profile_digest=profile_digest(prior.profile),
                              metrics_every_s=metrics_every_s)
-
-
-def controller_from_env(scheduler) -> ControllerRuntime | None:
-    """Called by the TableTune scheduler at start-up; raises with the reason on a bad prior."""
-    uri = os.environ.get(PRIOR_ENV)
-    if not uri:
-        return None
-    settings = None
-    raw = os.environ.get(SETTINGS_ENV)
-    if raw:
-        try:
-            overrides = json.loads(raw)
-        except json.JSONDecodeError as e:
-            raise ContractError(f"{SETTINGS_ENV}: not JSON ({e})") from None
-        ControllerSettings.from_dict(overrides)  # a bad setting is named before any prior loads
-    start_table = None
-    raw_start = os.environ.get(START_TABLE_ENV)
-    if raw_start:
-        try:
-            start_table = DraftTable.from_ranges(json.loads(raw_start), START_TABLE_ENV)
-        except json.JSONDecodeError as e:
-            raise ContractError(f"{START_TABLE_ENV}: not JSON ({e})") from None
-    prior = load_prior(uri)
-    if raw:
-        # The table document's build settings are the defaults; the env's fields override them.
-        settings = ControllerSettings.from_dict({**recorded_build_settings(prior.table),
-                                                 **overrides})
-    engine = engine_fingerprint(scheduler, want_gpu="gpu" in prior.profile.fingerprint)
-    runtime = build_runtime(prior, static_lookup=list(scheduler.dynamic_sd_lookup),
-                            num_spec_tokens=scheduler.num_spec_tokens,
-                            max_num_seqs=scheduler.scheduler_config.max_num_seqs,
-                            settings=settings, out_dir=os.environ.get(OUT_ENV) or None,
-                            engine=engine, allow_foreign_prior=_env_flag(ALLOW_FOREIGN_ENV),
-                            start_table=start_table)
-    if os.environ.get(FAULT_ENV):
-        runtime.fault_after_steps = int(os.environ[FAULT_ENV])
-    logger.info("TableTune controller on: prior %s, start table %s, settings %s", uri,
-                runtime.estimator.table.ranges, runtime.estimator.settings.to_dict())
-    return runtime

@@ -12,6 +12,7 @@ from tabletune.core.builder import (
     StepTimes,
     build_table,
     fixed_length_goodput,
+    goodput_loss,
     held_out_loss,
     recorded_build_settings,
     table_loss,
@@ -28,6 +29,7 @@ from tabletune.core.contracts import (
     load_json,
     save_json,
 )
+from tabletune.core.document import DocumentBuild, build_document
 from tabletune.core.errors import ContractError
 from tabletune.core.goodput import goodput, monotone_rates, tau, validate_rates
 from tabletune.core.tables import DOCS_TABLE, DraftTable, LengthShift, TableDiff
@@ -41,6 +43,7 @@ __all__ = [
     "Acceptance",
     "BuildResult",
     "ContractError",
+    "DocumentBuild",
     "DraftTable",
     "LengthShift",
     "LossReport",
@@ -50,10 +53,12 @@ __all__ = [
     "StepTimes",
     "TableDiff",
     "TableDocument",
+    "build_document",
     "build_table",
     "check_compatible",
     "fixed_length_goodput",
     "goodput",
+    "goodput_loss",
     "held_out_loss",
     "load_json",
     "monotone_rates",

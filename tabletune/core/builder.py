@@ -31,6 +31,7 @@ __all__ = [
     "LossRow",
     "LossReport",
     "table_loss",
+    "goodput_loss",
     "DEFAULT_TIE_MARGIN",
     "recorded_build_settings",
     "held_out_loss",
@@ -464,13 +465,36 @@ def table_loss(
                  f"is above the number of acceptance rates ({len(rates)})")
     all_lengths = tuple(sorted(set(lengths) | set(table_ks)))
     g = fixed_length_goodput(step_times, rates, batch_sizes, all_lengths)
-    allowed = [all_lengths.index(k) for k in lengths]
-    rows = []
-    for i, (b, k) in enumerate(zip(batch_sizes, table_ks)):
-        best_col = allowed[int(np.argmax(g[i, allowed]))]
-        mine, best = float(g[i, all_lengths.index(k)]), float(g[i, best_col])
-        rows.append(LossRow(b, k, mine, all_lengths[best_col], best, 1.0 - mine / best))
-    return LossReport(tuple(rows))
+    return goodput_loss(g, all_lengths, batch_sizes, table_ks, allowed=lengths)
+
+
+def goodput_loss(
+    goodput: np.ndarray,
+    lengths: Sequence[int],
+    batch_sizes: Sequence[int],
+    table_ks: Sequence[int],
+    *,
+    allowed: Sequence[int] | None = None,
+) -> LossReport:
+    """Loss of the lengths ``table_ks`` (one per batch size) against the best of ``allowed``.
+
+    ``goodput`` has a row per batch size and a column per length in ``lengths`` (a build's
+    matrix, or a document's goodput block); ``allowed`` defaults to every length. A batch size
+    where no length has any goodput has nothing to lose (loss 0, not 0/0).
+    """
+    lengths = tuple(lengths)
+    allowed_cols = np.array([lengths.index(k) for k in (lengths if allowed is None else allowed)])
+    g = np.asarray(goodput, dtype=float)
+    index = np.arange(len(table_ks))
+    best_cols = allowed_cols[np.argmax(g[:, allowed_cols], axis=1)]  # first max: shorter k
+    mine = g[index, [lengths.index(k) for k in table_ks]]
+    best = g[index, best_cols]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        loss = np.where(best > 0, 1.0 - mine / np.where(best > 0, best, 1.0), 0.0)
+    best_ks = [lengths[c] for c in best_cols.tolist()]
+    return LossReport(tuple(
+        LossRow(b, k, m, bk, bg, ls) for b, k, m, bk, bg, ls in
+        zip(batch_sizes, table_ks, mine.tolist(), best_ks, best.tolist(), loss.tolist())))
 
 
 

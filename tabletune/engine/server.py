@@ -21,9 +21,8 @@ import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
+from tabletune.core.vllm_contract import REJECT_ALL_ENV
 from tabletune.engine.spec import EngineSpec
-
-REJECT_ALL_ENV = "TABLETUNE_REJECT_ALL"
 
 
 class EngineError(RuntimeError):

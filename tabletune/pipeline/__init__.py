@@ -1,6 +1,7 @@
-"""TableTune's production pipeline: prompt sampling, the validation gate's rules, the promotion
-state machine, and the steps the Airflow DAGs call (``flows``).
+"""TableTune's production pipeline: the validation gate's rules, the deployment key, the
+controller-evidence rebuild, and the steps the Airflow DAGs call (``flows``).
 
-Pure modules (``sampling``, ``gate``, ``promotion``, ``deployment``, ``rebuild``) import only the
-core and the standard library; services are reached through ``tabletune.adapters``.
+Services are reached through ``tabletune.adapters``. The pure rules the adapters also run live in
+the core (``tabletune.core.sampling``, ``tabletune.core.promotion``, ``tabletune.core.redaction``,
+``tabletune.core.pipeline_errors``), so no adapter imports this package.
 """

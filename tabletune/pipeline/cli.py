@@ -110,7 +110,7 @@ def registry_main(argv: Sequence[str] | None = None) -> int:
     from tabletune.core.contracts import load_json
     from tabletune.core.errors import ContractError
     from tabletune.pipeline import flows
-    from tabletune.pipeline.errors import PipelineError
+    from tabletune.core.pipeline_errors import PipelineError
 
     # A process entry point: bound MLflow's HTTP calls unless the user set MLflow's variables.
     apply_mlflow_http_defaults()

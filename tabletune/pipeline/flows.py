@@ -30,9 +30,9 @@ from typing import Any, Literal
 
 from tabletune.core.builder import DEFAULT_TIE_MARGIN
 from tabletune.core.contracts import Acceptance, Profile, TableDocument
+from tabletune.core.pipeline_errors import GateFailed, PromotionConflict, RegistryStateError, Superseded
 from tabletune.pipeline.deployment import fingerprint_changes, flatten_params
-from tabletune.pipeline.errors import GateFailed, PromotionConflict, RegistryStateError, Superseded
-from tabletune.pipeline.gate import GateReport, GateSettings
+from tabletune.pipeline.gate import GateReport, GateSettings, run_gate
 from tabletune.pipeline.rebuild import goodput_rows, rebuild_table
 
 __all__ = [
@@ -367,7 +367,7 @@ def rebuild(
 def _log_goodput_and_plots(registry: Any, run_id: str, result: Any, production: Any) -> None:
     import pandas as pd
 
-    from tabletune.plots import plot_goodput, plot_goodput_heatmap, plot_tables
+    from tabletune.pipeline.plots import plot_goodput, plot_goodput_heatmap, plot_tables
 
     with tempfile.TemporaryDirectory(prefix="tabletune-run-") as tmp:
         tmp_path = Path(tmp)
@@ -402,8 +402,6 @@ def validate(
     deployment.
     """
     from dataclasses import replace
-
-    from tabletune.adapters.gx_gate import run_gate
 
     document = TableDocument.from_dict(dict(candidate))
     profile = Profile.from_dict(registry.download_json(mlflow_run_id, "table/profile.json"))

@@ -11,26 +11,32 @@ The gate decides whether a candidate table may replace production. Its rules:
   the run re-profiles after a fingerprint change, because then the old edges describe another
   deployment.
 
-This module turns documents into rows (one per rate, step time and edge) and evaluates the vLLM
-validity rules, which are structural. ``tabletune.adapters.gx_gate`` runs the row rules as
-great-expectations expectations and assembles the :class:`GateReport`.
+This module turns documents into rows (one per rate, step time and edge), evaluates the vLLM
+validity rules, which are structural, and assembles the :class:`GateReport` (``run_gate``). The
+row rules run as great-expectations suites (``tabletune.adapters.gx_gate``) unless the caller
+hands ``run_gate`` other checks.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from tabletune.core.contracts import Acceptance, Profile, TableDocument
 from tabletune.core.errors import ContractError
 from tabletune.core.tables import DraftTable
 
+log = logging.getLogger("tabletune.gate")
+
 __all__ = [
     "GateSettings",
     "EdgeMove",
     "GateReport",
+    "RowChecks",
+    "run_gate",
     "edge_moves",
     "rate_rows",
     "step_time_rows",
@@ -244,3 +250,61 @@ class GateReport:
 def _json_float(value: float) -> float | None:
     # JSON has no infinity; None reads back as "no tolerance covers this".
     return value if math.isfinite(value) else None
+
+
+class RowChecks(Protocol):
+    """What runs the row rules (``tabletune.adapters.gx_gate.GxRowChecks``): each method returns
+    (failure messages, number of checks run)."""
+
+    def rates(self, rows: list[dict[str, Any]]) -> tuple[list[str], int]: ...
+
+    def step_times(self, rows: list[dict[str, Any]]) -> tuple[list[str], int]: ...
+
+    def edges(self, rows: list[dict[str, Any]], describe) -> tuple[list[str], int]: ...
+
+
+def run_gate(
+    candidate: TableDocument,
+    *,
+    profile: Profile,
+    acceptance: Acceptance,
+    production: DraftTable | None,
+    production_version: str | None,
+    settings: GateSettings,
+    drafter_max_k: int | None = None,
+    checks: RowChecks | None = None,
+) -> GateReport:
+    """Check the candidate; the edge rule applies only if ``settings.compare_edges`` and there
+    is a production table. ``checks`` runs the row rules (default: great-expectations)."""
+    if checks is None:
+        from tabletune.adapters.gx_gate import GxRowChecks
+
+        checks = GxRowChecks()
+    failures: list[str] = []
+    counts: dict[str, int] = {}
+
+    found, counts["rates"] = checks.rates(rate_rows(acceptance))
+    failures += found
+    found, counts["step_times"] = checks.step_times(step_time_rows(profile))
+    failures += found
+    failures += vllm_table_problems(candidate, profile=profile, drafter_max_k=drafter_max_k)
+    counts["vllm_table"] = 1
+
+    moves: tuple[EdgeMove, ...] = ()
+    compared_with = None
+    if settings.compare_edges and production is not None:
+        moves = tuple(edge_moves(production, candidate.table, settings))
+        compared_with = production_version
+        found, counts["edges"] = checks.edges([m.to_row() for m in moves],
+                                              lambda i: moves[i].describe())
+        failures += found
+
+    report = GateReport(
+        passed=not failures,
+        failures=tuple(failures),
+        edges=moves,
+        compared_with=compared_with,
+        checks=counts,
+    )
+    log.info("gate %s: %s", "passed" if report.passed else "FAILED", report.reason)
+    return report

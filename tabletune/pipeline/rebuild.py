@@ -1,8 +1,9 @@
 """Rebuild a table from a profile and an acceptance, with the numbers a run logs about it.
 
-Pure apart from numpy: it calls the core's one table builder and computes the worst-load loss of
-the new table, of the production table and of every fixed length, all under the new acceptance,
-so a reviewer sees in one run what the rebuild gains and what keeping the old table would cost.
+Pure apart from numpy: it calls the core's one document builder and computes the worst-load
+loss of the new table, of the production table and of every fixed length, all under the new
+acceptance, so a reviewer sees in one run what the rebuild gains and what keeping the old table
+would cost.
 """
 
 from __future__ import annotations
@@ -15,21 +16,20 @@ from typing import Any
 from tabletune.core.builder import (
     DEFAULT_TIE_MARGIN,
     BuildResult,
-    StepTimes,
-    build_table,
     recorded_build_settings,
     table_loss,
 )
-from tabletune.core.contracts import Acceptance, Profile, TableDocument, check_compatible
+from tabletune.core.contracts import Acceptance, Profile, TableDocument
+from tabletune.core.document import build_document
 from tabletune.core.goodput import tau
 from tabletune.core.tables import DraftTable
 
-__all__ = ["Rebuild", "rebuild_table", "goodput_rows"]
+__all__ = ["CandidateBuild", "rebuild_table", "goodput_rows"]
 
 
 @dataclass(frozen=True, eq=False)
-class Rebuild:
-    """A rebuilt table document, the build it came from, and its metrics."""
+class CandidateBuild:
+    """A pipeline run's candidate: its table document, the build it came from, its metrics."""
 
     document: TableDocument
     build: BuildResult
@@ -46,15 +46,16 @@ def rebuild_table(
     tie_margin: float | None = None,
     lengths: Sequence[int] | None = None,
     production_document: TableDocument | None = None,
-) -> Rebuild:
+) -> CandidateBuild:
     """Build the table for ``profile`` x ``acceptance`` and measure it against the alternatives.
 
-    ``max_batch_size`` defaults to the production table's last end when there is one (so the
-    candidate covers the same loads and edges compare like with like), else the profile's.
-    ``tie_margin`` and ``lengths`` default to what ``production_document`` records it was built
-    with (``recorded_build_settings``), else the builder's defaults.
+    The document comes from the core's one document builder (``core.document.build_document``),
+    the same as ``tabletune build``'s. ``max_batch_size`` defaults to the production table's last
+    end when there is one (so the candidate covers the same loads and edges compare like with
+    like), else the profile's. ``tie_margin`` and ``lengths`` default to what
+    ``production_document`` records it was built with (``recorded_build_settings``), else the
+    builder's defaults.
     """
-    check_compatible(profile, acceptance)
     recorded = (recorded_build_settings(production_document) if production_document is not None
                 else {"tie_margin": DEFAULT_TIE_MARGIN, "allowed_lengths": None})
     if tie_margin is None:
@@ -64,25 +65,23 @@ def rebuild_table(
         lengths = [k for k in recorded["allowed_lengths"] if k <= profile.max_k] or None
     if production is None and production_document is not None:
         production = production_document.table
+    if max_batch_size is None and production is not None:
+        max_batch_size = production.max_batch_size
     started = time.perf_counter()
-    step_times = StepTimes.from_profile(profile)
-    if max_batch_size is None:
-        max_batch_size = production.max_batch_size if production else step_times.max_batch_size
-    build = build_table(
-        step_times, acceptance.rates, max_batch_size=max_batch_size, tie_margin=tie_margin,
-        lengths=lengths,
-    )
+    built = build_document(profile, acceptance, lengths=lengths, tie_margin=tie_margin,
+                           max_batch_size=max_batch_size, provenance=provenance)
     build_s = time.perf_counter() - started
+    build, step_times, loss = built.build, built.step_times, built.loss
+    max_batch_size = build.batch_sizes[-1]
     batch_sizes = build.batch_sizes
     metrics: dict[str, float] = {}
-    loss = table_loss(build.table, step_times, acceptance.rates, batch_sizes, build.lengths)
     metrics["table_worst_loss"] = loss.worst_loss
     metrics["table_worst_loss_batch_size"] = float(loss.worst_batch_size)
     metrics["table_mean_loss"] = loss.mean_loss
     fixed: dict[int, float] = {}
     for k in build.lengths:
         fixed_table = DraftTable.from_ranges([[1, max_batch_size, k]])
-        fixed[k] = table_loss(fixed_table, step_times, acceptance.rates, batch_sizes,
+        fixed[k] = table_loss(fixed_table, step_times, build.rates, batch_sizes,
                               build.lengths).worst_loss
         metrics[f"fixed_k{k}_worst_loss"] = fixed[k]
     best_k = min(fixed, key=lambda k: (fixed[k], k))
@@ -91,8 +90,7 @@ def rebuild_table(
     if production is not None:
         usable = production.lengths <= set(build.lengths)
         if usable:
-            old = table_loss(production, step_times, acceptance.rates, batch_sizes,
-                             build.lengths)
+            old = table_loss(production, step_times, build.rates, batch_sizes, build.lengths)
             metrics["production_table_worst_loss"] = old.worst_loss
         diff = production.diff(build.table, max_batch_size)
         metrics["rebuild_changed_batch_sizes"] = float(len(diff.changed))
@@ -106,11 +104,7 @@ def rebuild_table(
         metrics[f"acceptance_a{i}"] = float(rate)
     metrics["acceptance_tau_max"] = tau(acceptance.rates, acceptance.max_k)
     metrics["acceptance_num_drafts"] = float(acceptance.num_drafts)
-    document = build.to_document(
-        provenance=dict(provenance),
-        meta={"worst_loss": loss.worst_loss, "best_fixed_k": best_k},
-    )
-    return Rebuild(document=document, build=build, metrics=metrics)
+    return CandidateBuild(document=built.document, build=build, metrics=metrics)
 
 
 def goodput_rows(build: BuildResult) -> dict[str, list[Any]]:

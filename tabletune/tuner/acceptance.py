@@ -15,12 +15,19 @@ from typing import Sequence
 
 from tabletune.core.contracts import Acceptance
 from tabletune.core.errors import ContractError
+from tabletune.core.goodput import monotone_rates
 from tabletune.engine.client import run_batch
 from tabletune.engine.server import EngineError, VllmServer, speculative_config
 from tabletune.engine.spec import EngineSpec, deployment_fingerprint
 
 # An Airflow task's log shows these: a measurement takes minutes and should not look hung.
 log = logging.getLogger("tabletune.acceptance")
+
+# What an acceptance measurement uses unless told otherwise (the CLI's and the weekly DAG's
+# defaults come from here): prompts measured on, serving temperature, tokens per prompt.
+DEFAULT_NUM_PROMPTS = 160
+DEFAULT_TEMPERATURE = 0.0
+DEFAULT_MAX_TOKENS = 64
 
 
 def load_prompts(path: Path, *, field: str = "prompt") -> list[str]:
@@ -49,15 +56,13 @@ def rates_from_counters(num_drafts: float, accepted_per_position: Sequence[float
     if num_drafts <= 0:
         raise EngineError("the engine made no drafts during the acceptance run "
                           "(is speculative decoding on?)")
-    rates = [min(1.0, max(0.0, a / num_drafts)) for a in accepted_per_position]
     # Counters are sampled independently per position; keep the contract's non-increase exact.
-    for i in range(1, len(rates)):
-        rates[i] = min(rates[i], rates[i - 1])
-    return tuple(rates)
+    return monotone_rates([a / num_drafts for a in accepted_per_position])
 
 
 def measure_acceptance_on(server: VllmServer, prompts: Sequence[str], *, max_k: int,
-                          temperature: float = 0.0, max_tokens: int = 64) -> Acceptance:
+                          temperature: float = DEFAULT_TEMPERATURE,
+                          max_tokens: int = DEFAULT_MAX_TOKENS) -> Acceptance:
     """Acceptance on an already running server at draft length ``max_k``."""
     before = server.spec_decode_counters()
     log.info("acceptance: sending %d prompts at k=%d (%d tokens each, temperature %g)",
@@ -94,8 +99,9 @@ def launch_acceptance_server(spec: EngineSpec, *, log_dir: Path | None = None,
     return server.launch()
 
 
-def acceptance_from(server: VllmServer, prompts: Sequence[str], *, temperature: float = 0.0,
-                    max_tokens: int = 64) -> Acceptance:
+def acceptance_from(server: VllmServer, prompts: Sequence[str], *,
+                    temperature: float = DEFAULT_TEMPERATURE,
+                    max_tokens: int = DEFAULT_MAX_TOKENS) -> Acceptance:
     """Wait for a launched acceptance server, measure, stop it (also on failure)."""
     spec = server.spec
     try:
@@ -125,8 +131,9 @@ def check_acceptance_inputs(prompts: Sequence[str], temperature: float) -> None:
         raise ContractError(f"temperature: {temperature!r} must be >= 0")
 
 
-def measure_acceptance(spec: EngineSpec, prompts: Sequence[str], *, temperature: float = 0.0,
-                       max_tokens: int = 64, log_dir: Path | None = None,
+def measure_acceptance(spec: EngineSpec, prompts: Sequence[str], *,
+                       temperature: float = DEFAULT_TEMPERATURE,
+                       max_tokens: int = DEFAULT_MAX_TOKENS, log_dir: Path | None = None,
                        startup_timeout_s: float = 600.0) -> Acceptance:
     """Start a server at the longest length K (no table), measure, stop it."""
     check_acceptance_inputs(prompts, temperature)

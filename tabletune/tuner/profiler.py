@@ -36,6 +36,7 @@ from tabletune.core.consistency import consistency_violations
 from tabletune.core.contracts import Profile, ProfileCell
 from tabletune.core.errors import (ContractError, check_dict, check_int, check_number,
                                    check_sequence, fail)
+from tabletune.core.vllm_contract import CONTROL_FILE_ENV, SCHEDULER_CLS, write_control
 from tabletune.engine.client import run_batch
 from tabletune.engine.model_pair import synthetic_prompts
 from tabletune.engine.server import EngineError, VllmServer, speculative_config
@@ -45,6 +46,8 @@ CHECKPOINT_SCHEMA = "tabletune.profile-checkpoint/v1"
 # How far (relative) the engine's per-step log may sit from the client's step time and still
 # count as the same quantity.
 ENGINE_AGREEMENT = 0.3
+# Timing windows per (B, k) cell unless told otherwise (the CLI's and the profile DAG's default).
+DEFAULT_REPEATS = 3
 
 
 def default_grid(max_batch_size: int) -> tuple[int, ...]:
@@ -83,7 +86,7 @@ def parse_grid(text: str) -> tuple[int, ...]:
 @dataclass(frozen=True)
 class ProfileSettings:
     batch_sizes: tuple[int, ...]
-    repeats: int = 3
+    repeats: int = DEFAULT_REPEATS
     output_tokens: int = 65
     max_spread: float = 0.25                    # (max - min) / median of a cell's repeats
     max_extra_repeats: int = 2
@@ -599,7 +602,7 @@ ProgressFn = Callable[[int, int, str], None]
 
 
 def profile_step_times(spec: EngineSpec, *, batch_sizes: Sequence[int], checkpoint: Path,
-                       repeats: int = 3, settings: ProfileSettings | None = None,
+                       repeats: int = DEFAULT_REPEATS, settings: ProfileSettings | None = None,
                        prompts: Sequence[str] | None = None, log_dir: Path | None = None,
                        progress: bool = True, mode: str = "one-launch",
                        on_first_server_ready: Callable[[], None] | None = None) -> Profile:
@@ -659,7 +662,6 @@ def profile_step_times(spec: EngineSpec, *, batch_sizes: Sequence[int], checkpoi
 
 
 PROFILE_MODES = ("one-launch", "per-k")
-SCHEDULER_CLS = "tabletune.vllm_scheduler.TableTuneScheduler"
 
 
 def table_with_every_length(max_k: int, max_batch_size: int) -> list[list[int]]:
@@ -700,7 +702,7 @@ def _servers_per_length(spec, lengths, settings, ckpt, log_dir, mode):
                                              reject_all=True),
         reject_all=True, log_path=log_dir / "profile-one-launch.log",
         startup_timeout_s=settings.startup_timeout_s,
-        extra_env={"TABLETUNE_CONTROL_FILE": str(control)},
+        extra_env={CONTROL_FILE_ENV: str(control)},
         extra_args=("--scheduler-cls", SCHEDULER_CLS))
     with server:
         # Every length, also finished ones: the repair step may time any of them again.
@@ -708,8 +710,6 @@ def _servers_per_length(spec, lengths, settings, ckpt, log_dir, mode):
 
 
 def _write_control(path: Path, force_k: int | None) -> None:
-    from tabletune.controller.lookup import write_control
-
     write_control(path, force_k=force_k)
 
 

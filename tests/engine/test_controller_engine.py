@@ -15,7 +15,7 @@ from tabletune.engine.client import run_batch, run_load
 from tabletune.engine.model_pair import synthetic_prompts
 from tabletune.engine.server import speculative_config
 from tabletune.engine.spec import EngineSpec
-from tabletune.tuner.profiler import SCHEDULER_CLS
+from tabletune.core.vllm_contract import SCHEDULER_CLS
 
 pytestmark = pytest.mark.engine
 

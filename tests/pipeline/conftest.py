@@ -25,6 +25,8 @@ REPO = Path(__file__).resolve().parents[2]
 SERVICES_SCRIPT = REPO / "infra" / "local" / "services.sh"
 sys.path.insert(0, str(REPO / "tests" / "unit"))  # pipeline_factories
 sys.path.insert(0, str(REPO / "plugins"))
+# As Airflow does when it parses a DAG file or runs a task: DAG files import dags/_*.py by name.
+sys.path.insert(0, str(REPO / "dags"))
 sys.path.insert(0, str(REPO / "tests" / "pipeline"))  # airflow_api
 
 

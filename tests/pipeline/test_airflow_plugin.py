@@ -34,7 +34,7 @@ def test_permanent_errors_fail_without_retries_and_transient_ones_retry(services
     import tabletune_airflow as plugin
     from airflow.sdk.exceptions import AirflowFailException
 
-    from tabletune.pipeline.errors import GateFailed, RegistryUnavailable
+    from tabletune.core.pipeline_errors import GateFailed, RegistryUnavailable
 
     @plugin.permanent_errors_fail_fast
     def gate():

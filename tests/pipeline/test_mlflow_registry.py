@@ -10,13 +10,10 @@ import time
 import pytest
 from pipeline_factories import make_acceptance, make_profile
 
-from tabletune.adapters.mlflow_registry import (
-    MlflowRegistry,
-    load_production_prior,
-    load_production_prior_with_source,
-)
+from tabletune.adapters.mlflow_prior import load_production_prior
+from tabletune.adapters.mlflow_registry import MlflowRegistry
 from tabletune.pipeline import flows
-from tabletune.pipeline.errors import (
+from tabletune.core.pipeline_errors import (
     GateFailed,
     PriorUnavailable,
     PromotionConflict,
@@ -93,8 +90,9 @@ def test_promotion_moves_production_and_previous_then_rollback_restores(services
                                    run_name="weekly-a", model_name=model, version=version,
                                    report=report, production_version="1", promote=True)
     assert state == {"production": version, "previous": "1", "candidate": None}
-    prior_table, _, _ = load_production_prior(
-        model, tracking_uri=services.tracking_uri, cache_dir=services.env["TABLETUNE_STATE_DIR"])
+    prior_table = load_production_prior(
+        model, tracking_uri=services.tracking_uri,
+        cache_dir=services.env["TABLETUNE_STATE_DIR"]).table
     assert prior_table.to_dict() == built["table"]
 
     rolled = flows.promote_version(registry, model_name=model, action="rollback", version=None,
@@ -244,11 +242,10 @@ def test_mlflow_down_while_logging_is_retried_then_fails(services, seeded, model
 
 def test_prior_falls_back_to_the_cache_when_the_registry_is_down(services, seeded, model,
                                                                  tmp_path, dead_url):
-    fresh = load_production_prior_with_source(model, tracking_uri=services.tracking_uri,
-                                              cache_dir=tmp_path)
+    fresh = load_production_prior(model, tracking_uri=services.tracking_uri, cache_dir=tmp_path)
     assert fresh.version == "1" and not fresh.from_cache
-    cached = load_production_prior_with_source(model, tracking_uri=dead_url, cache_dir=tmp_path,
-                                               timeout_s=2)
+    cached = load_production_prior(model, tracking_uri=dead_url, cache_dir=tmp_path,
+                                   timeout_s=2)
     assert cached.from_cache and cached.version == "1"
     assert cached.table == fresh.table and cached.profile == fresh.profile
     with pytest.raises(PriorUnavailable, match="no cached prior"):

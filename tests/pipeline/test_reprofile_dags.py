@@ -41,18 +41,20 @@ class FakeEngine:
         return make_profile(fingerprint=dict(self.fingerprint), scale=1.3)
 
 
-def load_dag_module(services):
-    import sys
+def load_dags(services):
+    """Both DAGs, each from its own file in dags/."""
+    from types import SimpleNamespace
 
     from conftest import REPO, pause_in_scheduler
 
     pause_in_scheduler("tabletune_reprofile", "tabletune_profile")
-    sys.path.insert(0, str(REPO / "plugins"))
-    spec = importlib.util.spec_from_file_location("tabletune_reprofile_dags",
-                                                  REPO / "dags" / "tabletune_reprofile.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    modules = {}
+    for name in ("tabletune_reprofile", "tabletune_profile"):
+        spec = importlib.util.spec_from_file_location(f"{name}_dag", REPO / "dags" / f"{name}.py")
+        modules[name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(modules[name])
+    return SimpleNamespace(reprofile_dag=modules["tabletune_reprofile"].reprofile_dag,
+                           profile_dag=modules["tabletune_profile"].profile_dag)
 
 
 def task_states(dag_run) -> dict[str, str]:
@@ -87,7 +89,7 @@ def test_reprofile_does_nothing_until_the_fingerprint_changes_then_profiles(
     flows.seed_registry(registry, model_name=model,
                         profile=make_profile(fingerprint=FINGERPRINT_OLD),
                         acceptance=make_acceptance())
-    dags = load_dag_module(services)
+    dags = load_dags(services)
 
     unchanged = dags.reprofile_dag.test(run_conf={"deployment_key": key})
     assert unchanged.state == "success"

@@ -16,7 +16,7 @@ from tabletune.adapters.s3_prompts import (
     read_staged_sample,
     stage_sample,
 )
-from tabletune.pipeline.errors import PromptSourceError, PromptSourceUnavailable
+from tabletune.core.pipeline_errors import PromptSourceError, PromptSourceUnavailable
 
 pytestmark = pytest.mark.services
 END = dt.date(2026, 11, 20)

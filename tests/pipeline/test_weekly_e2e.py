@@ -19,7 +19,7 @@ import pytest
 from airflow_api import AirflowApi
 from pipeline_factories import make_acceptance, make_profile
 
-from tabletune.adapters.mlflow_registry import load_production_prior
+from tabletune.adapters.mlflow_prior import load_production_prior
 from tabletune.core.contracts import load_json
 from tabletune.pipeline import flows
 
@@ -133,8 +133,9 @@ def run_weekly_twice(api, services, registry, model, key, prefix, today, prompts
     version = registry._client.get_model_version(model, "2")
     assert version.run_id == run.info.run_id and version.tags["tabletune.gate"] == "passed"
     table = registry.download_json(run.info.run_id, "table/table.json")
-    prior_table, prior_profile, prior_acceptance = load_production_prior(
+    prior = load_production_prior(
         model, tracking_uri=services.tracking_uri, cache_dir=tmp_path / "prior-cache")
+    prior_table, prior_profile, prior_acceptance = prior.table, prior.profile, prior.acceptance
     assert prior_table.to_dict() == table
     assert prior_acceptance.num_prompts == 16
 
@@ -157,7 +158,7 @@ def run_weekly_twice(api, services, registry, model, key, prefix, today, prompts
     assert rejected["tabletune.status"] == "rejected" and "edge k=" in rejected[
         "tabletune.gate_reason"]
     assert load_production_prior(model, tracking_uri=services.tracking_uri,
-                                 cache_dir=tmp_path / "prior-cache")[0].to_dict() == table
+                                 cache_dir=tmp_path / "prior-cache").table.to_dict() == table
 
     # Nothing secret and no prompt text in task logs or in what MLflow recorded.
     logs = airflow_logs(services, first) + airflow_logs(services, second)

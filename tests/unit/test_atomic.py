@@ -14,7 +14,8 @@ import tabletune
 import tabletune.core.atomic as atomic
 from tabletune import doctor, evaluate
 from tabletune.cli import main
-from tabletune.controller.runtime import PriorBundle, build_runtime
+from tabletune.controller.runtime import build_runtime
+from tabletune.core.prior import Prior
 from tabletune.core.atomic import atomic_replace, atomic_write_text
 from tabletune.core.builder import StepTimes, build_table
 from tabletune.core.contracts import save_json
@@ -90,7 +91,7 @@ def _runtime(out_dir):
     profile = make_profile()
     acceptance = make_acceptance()
     doc = build_table(StepTimes.from_profile(profile), acceptance.rates).to_document({})
-    return build_runtime(PriorBundle(doc, profile, acceptance, "test"),
+    return build_runtime(Prior(doc, profile, acceptance, "test"),
                          static_lookup=[0] + [1] * 64, num_spec_tokens=3, max_num_seqs=64,
                          out_dir=out_dir)
 

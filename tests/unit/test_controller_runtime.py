@@ -8,8 +8,10 @@ import logging
 import pytest
 
 from tabletune.controller import ControllerSettings
-from tabletune.controller.lookup import ControlFile, StepLookup
-from tabletune.controller.runtime import PriorBundle, build_runtime, load_prior
+from tabletune.vllm.lookup import ControlFile, StepLookup
+from tabletune.controller.runtime import build_runtime
+from tabletune.core.prior import Prior
+from tabletune.vllm.controller import load_prior
 from tabletune.core.builder import StepTimes, build_table
 from tabletune.core.contracts import save_json
 from tabletune.core.errors import ContractError
@@ -20,7 +22,7 @@ def _prior(max_k=3):
     profile = make_profile(max_k=max_k)
     acceptance = make_acceptance((0.8, 0.6, 0.45)[:max_k])
     doc = build_table(StepTimes.from_profile(profile), acceptance.rates).to_document({})
-    return PriorBundle(doc, profile, acceptance, "test")
+    return Prior(doc, profile, acceptance, "test")
 
 
 def _write_prior(folder, prior):
@@ -121,7 +123,7 @@ def _prior_with_fingerprint(tmp_path, fingerprint):
     profile = make_profile(fingerprint=fingerprint)
     acceptance = make_acceptance()
     doc = build_table(StepTimes.from_profile(profile), acceptance.rates).to_document({})
-    return _write_prior(tmp_path / "prior", PriorBundle(doc, profile, acceptance, "test"))
+    return _write_prior(tmp_path / "prior", Prior(doc, profile, acceptance, "test"))
 
 
 @pytest.fixture
@@ -144,7 +146,7 @@ _SAME = {"engine": "vllm", "engine_version": "0.32.0", "device": "cpu",
 
 def test_a_prior_from_another_deployment_is_refused_naming_each_field_and_both_values(
         tmp_path, engine_env):
-    from tabletune.controller.runtime import controller_from_env
+    from tabletune.vllm.controller import controller_from_env
 
     folder = _prior_with_fingerprint(tmp_path, {**_SAME, "engine_version": "0.31.0",
                                                 "model": "/models/other", "method": "eagle3"})
@@ -161,7 +163,7 @@ def test_a_prior_from_another_deployment_is_refused_naming_each_field_and_both_v
 
 
 def test_a_rebuilt_model_is_noticed_by_its_config_hash(tmp_path, engine_env):
-    from tabletune.controller.runtime import controller_from_env
+    from tabletune.vllm.controller import controller_from_env
     from tabletune.engine.spec import _model_identity
 
     target, draft = tmp_path / "target", tmp_path / "draft"
@@ -180,7 +182,7 @@ def test_a_rebuilt_model_is_noticed_by_its_config_hash(tmp_path, engine_env):
 
 
 def test_the_gpu_name_is_compared_when_both_sides_know_it(tmp_path, engine_env):
-    from tabletune.controller.runtime import controller_from_env
+    from tabletune.vllm.controller import controller_from_env
     from tabletune.engine import spec as engine_spec
 
     folder = _prior_with_fingerprint(tmp_path, {**_SAME, "device": "cuda", "gpu": "NVIDIA H100"})
@@ -194,7 +196,7 @@ def test_the_gpu_name_is_compared_when_both_sides_know_it(tmp_path, engine_env):
 
 
 def test_keys_missing_on_either_side_are_not_a_mismatch(tmp_path, engine_env):
-    from tabletune.controller.runtime import controller_from_env
+    from tabletune.vllm.controller import controller_from_env
 
     # An older profile that recorded only the engine and the device, and an engine whose
     # speculative config says nothing about a drafter (e.g. MTP).
@@ -205,7 +207,7 @@ def test_keys_missing_on_either_side_are_not_a_mismatch(tmp_path, engine_env):
 
 
 def test_the_escape_hatch_serves_a_foreign_prior_with_a_warning(tmp_path, engine_env, caplog):
-    from tabletune.controller.runtime import controller_from_env
+    from tabletune.vllm.controller import controller_from_env
 
     folder = _prior_with_fingerprint(tmp_path, {**_SAME, "model": "/models/other"})
     engine_env.setenv("TABLETUNE_CONTROLLER", str(folder))
@@ -238,12 +240,12 @@ def test_the_scheduler_logs_the_refusal_and_runs_the_static_table(tmp_path, engi
         engine_env.setitem(sys.modules, name, sys.modules.get(name) or types.ModuleType(name))
     engine_env.setitem(sys.modules, "vllm.v1.core.sched.scheduler", sched_mod)
     engine_env.setitem(sys.modules, "vllm.v1.core.sched.async_scheduler", async_mod)
-    import tabletune
+    import tabletune.vllm
 
-    engine_env.delitem(sys.modules, "tabletune.vllm_scheduler", raising=False)
-    engine_env.setattr(tabletune, "vllm_scheduler", None, raising=False)  # undone after the test
-    module = importlib.import_module("tabletune.vllm_scheduler")
-    engine_env.setitem(sys.modules, "tabletune.vllm_scheduler", module)
+    engine_env.delitem(sys.modules, "tabletune.vllm.scheduler", raising=False)
+    engine_env.setattr(tabletune.vllm, "scheduler", None, raising=False)  # undone after the test
+    module = importlib.import_module("tabletune.vllm.scheduler")
+    engine_env.setitem(sys.modules, "tabletune.vllm.scheduler", module)
 
     folder = _prior_with_fingerprint(tmp_path, {**_SAME, "model": "/models/other"})
     engine_env.setenv("TABLETUNE_CONTROLLER", str(folder))
@@ -301,7 +303,7 @@ def test_the_controller_starts_from_the_start_table_given_in_its_environment(tmp
                                                                               monkeypatch):
     from types import SimpleNamespace
 
-    from tabletune.controller.runtime import controller_from_env
+    from tabletune.vllm.controller import controller_from_env
 
     folder = _write_prior(tmp_path / "prior", _prior())
     monkeypatch.setenv("TABLETUNE_CONTROLLER", str(folder))
@@ -324,7 +326,7 @@ def test_the_controller_starts_from_the_start_table_given_in_its_environment(tmp
 def test_a_bad_start_table_is_refused_naming_the_variable(tmp_path, monkeypatch, raw, message):
     from types import SimpleNamespace
 
-    from tabletune.controller.runtime import controller_from_env
+    from tabletune.vllm.controller import controller_from_env
 
     folder = _write_prior(tmp_path / "prior", _prior())
     monkeypatch.setenv("TABLETUNE_CONTROLLER", str(folder))
@@ -338,13 +340,13 @@ def test_a_bad_start_table_is_refused_naming_the_variable(tmp_path, monkeypatch,
 
 def test_the_controller_rebuilds_with_the_tie_margin_and_lengths_the_table_records(
         tmp_path, engine_env):
-    from tabletune.controller.runtime import controller_from_env
+    from tabletune.vllm.controller import controller_from_env
 
     profile = make_profile(fingerprint=_SAME)
     acceptance = make_acceptance()
     doc = build_table(StepTimes.from_profile(profile), acceptance.rates, lengths=(0, 1, 3),
                       tie_margin=0.02).to_document({})
-    folder = _write_prior(tmp_path / "prior", PriorBundle(doc, profile, acceptance, "test"))
+    folder = _write_prior(tmp_path / "prior", Prior(doc, profile, acceptance, "test"))
     engine_env.setenv("TABLETUNE_CONTROLLER", str(folder))
     settings = controller_from_env(_engine_scheduler()).estimator.settings
     assert settings.tie_margin == 0.02 and settings.allowed_lengths == (0, 1, 3)
@@ -352,7 +354,7 @@ def test_the_controller_rebuilds_with_the_tie_margin_and_lengths_the_table_recor
     engine_env.setenv("TABLETUNE_CONTROLLER_SETTINGS", json.dumps({"tie_margin": 0.01}))
     settings = controller_from_env(_engine_scheduler()).estimator.settings
     assert settings.tie_margin == 0.01 and settings.allowed_lengths == (0, 1, 3)
-    prior = PriorBundle(doc, profile, acceptance, "test")
+    prior = Prior(doc, profile, acceptance, "test")
     runtime = build_runtime(prior, static_lookup=[0] + [1] * 64, num_spec_tokens=3,
                             max_num_seqs=64)
     assert runtime.estimator.settings.tie_margin == 0.02

@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from tabletune.cli import build_parser, engine_spec_from_args
+from tabletune.cli import build_parser
+from tabletune.engine_args import engine_spec_from_args
 from tabletune.engine.server import VllmServer, speculative_config
 from tabletune.engine.spec import EngineSpec, deployment_fingerprint
 

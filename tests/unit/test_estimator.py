@@ -6,10 +6,11 @@ import math
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 import tabletune.controller.estimator as estimator_module
-from tabletune.controller import ControllerSettings, Estimator, Rebuild
+from tabletune.controller import ControllerSettings, Estimator, RebuildRecord
 from tabletune.core.builder import StepTimes, build_table
 from tabletune.core.errors import ContractError
 from tabletune.core.tables import DOCS_TABLE, DraftTable
@@ -36,6 +37,52 @@ def feed(est: Estimator, drafted: int, accepted: int, n: int) -> None:
     est.observe_many([drafted] * n, [accepted] * n)
 
 
+def record_from_dict(d: dict) -> RebuildRecord:
+    """The record a ``RebuildRecord.to_dict()`` was written from."""
+    return RebuildRecord(
+        index=d["index"], step=d["step"],
+        old_ranges=DraftTable.from_ranges(d["old_ranges"]).ranges,
+        new_ranges=DraftTable.from_ranges(d["new_ranges"]).ranges,
+        changed=d["changed"], rates=tuple(d["rates"]), drafted=tuple(d["drafted"]),
+        accepted=tuple(d["accepted"]), prior_weight=d["prior_weight"], held=d["held"],
+        step_time_ratio=d["step_time_ratio"],
+    )
+
+
+def restore(state: dict) -> Estimator:
+    """An estimator that continues from ``state()``: proof that the state holds everything.
+
+    Test-only: the controller writes its state for people to read and never loads one back.
+    """
+    s = state
+    est = Estimator(DraftTable.from_ranges(s["start_table"]),
+                    StepTimes({(b, k): ms for b, k, ms in s["step_times"]}), s["prior_rates"],
+                    ControllerSettings.from_dict(s["settings"]), history=s["history_limit"])
+    est._live_d = np.array(s["drafted"], dtype=float)
+    est._live_a = np.array(s["accepted"], dtype=float)
+    est._rates = tuple(s["rates"])
+    est._w = s["prior_weight"]
+    est._steps = s["steps"]
+    est._last_rebuild_step = s["last_rebuild_step"]
+    est._next_rebuild = est._last_rebuild_step + est._every
+    est._num_rebuilds = est._drained = s["num_rebuilds"]
+    est._explorations = s["explorations"]
+    est._switches = s["switches"]
+    est._history.extend(record_from_dict(r) for r in s["history"])
+    est._last_b = s["last_batch_size"]
+    for b, k, steps, ratio_sum in s["step_time_carried"]:
+        i, j = est._tb.index(b), est._tk[k]
+        est._t_n[i, j], est._t_r[i, j] = steps, ratio_sum
+    est._step_obs = {(b, k): [n, total] for b, k, n, total in s["step_samples"]}
+    est._stalls = s["step_stalls"]
+    est._drift_streak = s["drift_streak"]
+    est._stale = s["profile_stale"]
+    est._timing = StepTimes({(b, k): ms for b, k, ms in s["step_times_in_use"]})
+    est._install(DraftTable.from_ranges(s["table"]))
+    est._held = list(zip(est._lo, est._hi, est._rk)).index(tuple(s["held_range"]))
+    return est
+
+
 # ---------------------------------------------------------------------------- the blend
 
 
@@ -58,20 +105,17 @@ def test_a_request_that_drafts_3_and_keeps_2_counts_positions_1_to_3_and_1_to_2(
     assert est.live_counts == ((1.0, 1.0, 1.0), (1.0, 1.0, 0.0))
 
 
-def test_observe_observe_many_and_observe_positions_give_the_same_estimate():
-    one, many, positions = make(), make(), make()
+def test_observe_and_observe_many_give_the_same_estimate():
+    one, many = make(), make()
     pairs = [(2, 2)] * 1200 + [(2, 1)] * 800 + [(3, 0)] * 50
     for d, a in pairs:
         one.observe(d, a)
     many.observe_many([d for d, _ in pairs], [a for _, a in pairs])
-    positions.observe_positions([2050, 2050, 50], [2000, 1200, 0])
-    assert one.live_counts == many.live_counts == positions.live_counts
-    assert one.rebuild().rates == many.rebuild().rates == positions.rebuild().rates
+    assert one.live_counts == many.live_counts == ((2050.0, 2050.0, 50.0), (2000.0, 1200.0, 0.0))
+    assert one.rebuild().rates == many.rebuild().rates
 
 
 def test_observe_many_takes_mixed_lengths_tuples_and_numpy_arrays():
-    import numpy as np
-
     expected = make()
     for d, a in [(1, 1), (3, 0), (2, 2), (3, 3)]:
         expected.observe(d, a)
@@ -129,9 +173,9 @@ def test_on_step_rebuilds_every_n_steps_and_keeps_json_records():
     assert est.num_rebuilds == 2
     assert [r.step for r in est.history] == [100, 200]
     record = est.last_rebuild
-    assert isinstance(record, Rebuild)
+    assert isinstance(record, RebuildRecord)
     assert record.old_ranges == est.history[0].new_ranges
-    assert Rebuild.from_dict(json.loads(json.dumps(record.to_dict()))) == record
+    assert record_from_dict(json.loads(json.dumps(record.to_dict()))) == record
     assert [r.index for r in est.drain_rebuilds()] == [1, 2]
     assert est.drain_rebuilds() == []
 
@@ -327,8 +371,6 @@ def test_bad_observations_are_refused_and_leave_counts_untouched():
         est.observe_many([3], [-1])
     with pytest.raises(ContractError, match=r"observe_many.accepted: '1 entries'"):
         est.observe_many([3, 3], [1])
-    with pytest.raises(ContractError, match=r"observe_positions\[1\]"):
-        est.observe_positions([10, 5], [10, 6])
     assert est.live_counts == ((0.0, 0.0, 0.0), (0.0, 0.0, 0.0))
 
 
@@ -351,7 +393,7 @@ def test_bad_constructor_inputs_name_the_argument():
 # ------------------------------------------------------------------------------------ state
 
 
-def test_state_is_json_and_from_state_continues_identically():
+def test_state_is_json_and_holds_everything_to_continue_identically():
     settings = dict(rebuild_every_steps=40, exploration_every=7, prior_decay=True, hysteresis=2,
                     allowed_lengths=(0, 1, 2, 3))
     original = make(**settings)
@@ -360,7 +402,7 @@ def test_state_is_json_and_from_state_continues_identically():
         k = original.on_step(b)
         original.observe_many([k] * b, [max(k - 1, 0)] * b)
     state = json.loads(json.dumps(original.state(), allow_nan=False))
-    restored = Estimator.from_state(state)
+    restored = restore(state)
     assert restored.state() == original.state()
     for b in trace[50:]:
         k1, k2 = original.on_step(b), restored.on_step(b)
@@ -385,20 +427,6 @@ def test_state_shows_table_rates_counts_and_steps():
     assert s["history"][0]["step"] == 3
 
 
-def test_from_state_names_bad_fields():
-    state = make().state()
-    with pytest.raises(ContractError, match="state.schema"):
-        Estimator.from_state({**state, "schema": "other"})
-    with pytest.raises(ContractError, match=r"state.drafted: \[1.0\] has 1 entries"):
-        Estimator.from_state({**state, "drafted": [1.0]})
-    with pytest.raises(ContractError, match=r"state.settings.hysteresis: -2"):
-        Estimator.from_state({**state, "settings": {**state["settings"], "hysteresis": -2}})
-    missing = dict(state)
-    del missing["steps"]
-    with pytest.raises(ContractError, match="state.steps: None is missing"):
-        Estimator.from_state(missing)
-
-
 # ------------------------------------------------------------------------------- hostile input
 
 
@@ -413,8 +441,6 @@ def test_a_fractional_or_non_integer_batch_size_is_a_contract_error(batch_size):
 def test_counts_beyond_a_float_are_refused_before_they_reach_the_blend():
     est = make()
     huge = 10**400
-    with pytest.raises(ContractError, match=r"^observe_positions\[0\]: \(1000"):
-        est.observe_positions([huge, 0, 0], [0, 0, 0])
     with pytest.raises(ContractError, match=r"^observe\.num_drafted: 1000.* is above "
                                             r"9007199254740992"):
         est.observe(huge, 1)
@@ -422,11 +448,6 @@ def test_counts_beyond_a_float_are_refused_before_they_reach_the_blend():
         est.observe_many([3, huge], [1, 1])
     assert est.live_counts == ((0.0, 0.0, 0.0), (0.0, 0.0, 0.0))
     est.rebuild()  # nothing poisoned the counts: the blend still runs
-    state = est.state()
-    with pytest.raises(ContractError, match=r"^state\.drafted\[0\]: 1000.* is too large"):
-        Estimator.from_state({**state, "drafted": [huge, 0.0, 0.0]})
-    with pytest.raises(ContractError, match=r"^state\.history_limit: 1000.* is above 1000000"):
-        Estimator.from_state({**state, "history_limit": huge})
     with pytest.raises(ContractError, match=r"^settings\.prior_weight: 1000.* is too large"):
         ControllerSettings(prior_weight=huge)
     with pytest.raises(ContractError, match=r"^settings\.max_batch_size: 1000.* is above 1048576"):
@@ -531,7 +552,7 @@ def test_step_time_tracking_survives_a_state_round_trip():
     est = make()
     _slow_rebuilds(est, 3.0, 3)
     est.observe_step_time(8, 2, 7.0)
-    again = Estimator.from_state(json.loads(json.dumps(est.state())))
+    again = restore(json.loads(json.dumps(est.state())))
     assert again.state() == est.state()
     assert again.profile_stale == est.profile_stale
 
@@ -547,8 +568,6 @@ def _traffic(est, rates, requests, rng):
 
 
 def _edge_moves(edge_z, rebuilds=30, switch_at=None, seed=3):
-    import numpy as np
-
     rng = np.random.default_rng(seed)
     # Live counts carry the estimate (w small), as after a decayed prior: the noisy case.
     est = make(prior_weight=1.0, edge_z=edge_z, allowed_lengths=(0, 1, 2, 3))

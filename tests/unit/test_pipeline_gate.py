@@ -85,9 +85,9 @@ def test_report_round_trips_through_json_with_infinite_shifts():
 
 @pytest.fixture(scope="module")
 def gx_gate():
-    from tabletune.adapters import gx_gate
+    from tabletune.pipeline import gate
 
-    return gx_gate
+    return gate  # run_gate with its default checks: the great-expectations suites
 
 
 def candidate_for(profile, acceptance):

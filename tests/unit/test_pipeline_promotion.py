@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tabletune.pipeline.errors import PromotionConflict, RegistryStateError
-from tabletune.pipeline.promotion import (
+from tabletune.core.pipeline_errors import PromotionConflict, RegistryStateError
+from tabletune.core.promotion import (
     AliasState,
     AliasWrite,
     apply_writes,
@@ -63,7 +63,7 @@ def test_rollback_needs_a_previous_version():
 
 # --- promotion history and drift -------------------------------------------------------------
 
-from tabletune.pipeline.promotion import (  # noqa: E402
+from tabletune.core.promotion import (  # noqa: E402
     HistoryEntry,
     detect_drift,
     production_stack,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tabletune.pipeline.redaction import is_secret_key, redact_params, redact_text
+from tabletune.core.redaction import is_secret_key, redact_params, redact_text
 
 
 def test_secret_keys_are_dropped_but_lookalikes_kept():

@@ -11,8 +11,8 @@ from types import SimpleNamespace
 import pytest
 
 from tabletune.pipeline import flows
-from tabletune.pipeline.errors import PromotionConflict, Superseded
-from tabletune.pipeline.promotion import AliasState
+from tabletune.core.pipeline_errors import PromotionConflict, Superseded
+from tabletune.core.promotion import AliasState
 
 DUE = dt.datetime(2026, 3, 1, tzinfo=dt.timezone.utc)
 PASSED = {"passed": True, "failures": [], "checks": {}, "reason": "all checks passed"}

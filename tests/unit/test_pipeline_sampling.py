@@ -8,8 +8,8 @@ from collections import Counter
 
 import pytest
 
-from tabletune.pipeline.errors import PromptSourceError
-from tabletune.pipeline.sampling import (
+from tabletune.core.pipeline_errors import PromptSourceError
+from tabletune.core.sampling import (
     ReservoirSampler,
     parse_prompt_line,
     partition_dates,
@@ -141,7 +141,7 @@ def test_an_unreadable_object_is_skipped_counted_and_named(error, caplog):
 
 
 def test_only_unreadable_objects_fail_naming_them():
-    from tabletune.pipeline.errors import PromptObjectUnreadable
+    from tabletune.core.pipeline_errors import PromptObjectUnreadable
 
     objects = [("x.jsonl.gz", _cut_short(jsonl("secret"), 1, EOFError())),
                ("y.jsonl.gz", _cut_short([], 0, PromptObjectUnreadable("y.jsonl.gz", "bad")))]
@@ -165,7 +165,7 @@ def test_only_unreadable_objects_fail_naming_them():
 ])
 def test_a_bad_staged_sample_line_is_a_contract_error_naming_file_and_line(body, line, problem):
     from tabletune.core.errors import ContractError
-    from tabletune.pipeline.sampling import parse_staged_sample
+    from tabletune.core.sampling import parse_staged_sample
 
     with pytest.raises(ContractError) as err:
         parse_staged_sample(body, "s3://b/staging/prompts.jsonl")
@@ -173,7 +173,7 @@ def test_a_bad_staged_sample_line_is_a_contract_error_naming_file_and_line(body,
 
 
 def test_staged_prompts_with_unicode_line_separators_round_trip():
-    from tabletune.pipeline.sampling import parse_staged_sample
+    from tabletune.core.sampling import parse_staged_sample
 
     prompts = ["a\u2028b", "c\x1cd\x85e", "f\r\ng"]
     body = "".join(json.dumps({"prompt": p}, ensure_ascii=False) + "\n" for p in prompts)

@@ -13,13 +13,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from tabletune.adapters.mlflow_registry import (
-    DOCUMENT_FILES,
-    _cache_root,
-    load_production_prior_with_source,
-)
+from tabletune.adapters.mlflow_prior import _cache_root, load_production_prior
+from tabletune.core.prior import DOCUMENT_FILES
 from tabletune.core.builder import StepTimes, build_table
-from tabletune.pipeline.errors import PriorUnavailable
+from tabletune.core.pipeline_errors import PriorUnavailable
 from pipeline_factories import make_acceptance, make_profile
 
 MODEL = "tabletune-unit-model"
@@ -108,7 +105,7 @@ def dead_url():
 
 
 def _fill_cache(tracking, cache_dir):
-    prior = load_production_prior_with_source(MODEL, tracking_uri=tracking().url,
+    prior = load_production_prior(MODEL, tracking_uri=tracking().url,
                                               cache_dir=cache_dir, timeout_s=5)
     assert not prior.from_cache and prior.version == "7"
     return prior
@@ -119,7 +116,7 @@ def test_a_registry_answering_200_with_html_falls_back_to_the_cache(tracking, tm
                                                                     caplog):
     fresh = _fill_cache(tracking, tmp_path)
     with caplog.at_level(logging.WARNING, logger="tabletune.mlflow"):
-        prior = load_production_prior_with_source(MODEL, tracking_uri=tracking(mode).url,
+        prior = load_production_prior(MODEL, tracking_uri=tracking(mode).url,
                                                   cache_dir=tmp_path, timeout_s=5)
     assert prior.from_cache and prior.version == "7" and prior.table == fresh.table
     assert any("is not JSON (starts '<!doctype html>" in r.getMessage()
@@ -128,14 +125,14 @@ def test_a_registry_answering_200_with_html_falls_back_to_the_cache(tracking, tm
 
 def test_html_without_a_cache_is_prior_unavailable_not_a_decode_error(tracking, tmp_path):
     with pytest.raises(PriorUnavailable, match=r"unavailable .*is not JSON.* and no cached prior"):
-        load_production_prior_with_source(MODEL, tracking_uri=tracking("html").url,
+        load_production_prior(MODEL, tracking_uri=tracking("html").url,
                                           cache_dir=tmp_path, timeout_s=5)
 
 
 def test_an_unexpected_json_answer_or_version_is_registry_unavailable(tracking, tmp_path):
     _fill_cache(tracking, tmp_path)
     odd = tracking(version="../../etc")
-    prior = load_production_prior_with_source(MODEL, tracking_uri=odd.url, cache_dir=tmp_path,
+    prior = load_production_prior(MODEL, tracking_uri=odd.url, cache_dir=tmp_path,
                                               timeout_s=5)
     assert prior.from_cache and prior.version == "7"
 
@@ -143,7 +140,7 @@ def test_an_unexpected_json_answer_or_version_is_registry_unavailable(tracking, 
 def test_a_transient_503_is_retried_once_with_the_explicit_timeout(tracking, tmp_path):
     server = tracking()
     server.failures_left = 1
-    prior = load_production_prior_with_source(MODEL, tracking_uri=server.url,
+    prior = load_production_prior(MODEL, tracking_uri=server.url,
                                               cache_dir=tmp_path / "empty", timeout_s=5)
     assert not prior.from_cache and prior.version == "7"
     assert len(server.requests) == 1 + 1 + len(DOCUMENT_FILES)
@@ -155,7 +152,7 @@ def test_a_registry_that_never_answers_costs_the_timeout_not_minutes(tmp_path, t
     try:
         url = f"http://127.0.0.1:{silent.getsockname()[1]}"
         started = time.monotonic()
-        prior = load_production_prior_with_source(MODEL, tracking_uri=url, cache_dir=tmp_path,
+        prior = load_production_prior(MODEL, tracking_uri=url, cache_dir=tmp_path,
                                                   timeout_s=0.5)
         assert prior.from_cache
         assert time.monotonic() - started < 10
@@ -185,7 +182,7 @@ def test_a_cached_file_changed_after_it_was_written_is_refused(tracking, tmp_pat
     with caplog.at_level(logging.ERROR, logger="tabletune.mlflow"), \
             pytest.raises(PriorUnavailable, match=r"cached prior .* is refused: .*acceptance.json: "
                                                   r"SHA-256 [0-9a-f]{16}\.\.\. does not match"):
-        load_production_prior_with_source(MODEL, tracking_uri=dead_url, cache_dir=tmp_path,
+        load_production_prior(MODEL, tracking_uri=dead_url, cache_dir=tmp_path,
                                           timeout_s=1)
     assert any("cached prior is refused" in r.getMessage() for r in caplog.records)
 
@@ -197,14 +194,14 @@ def test_a_cache_without_checksums_is_refused(tracking, tmp_path, dead_url):
     del pointer["sha256"]  # what an older TableTune wrote
     pointer_path.write_text(json.dumps(pointer))
     with pytest.raises(PriorUnavailable, match="without checksums"):
-        load_production_prior_with_source(MODEL, tracking_uri=dead_url, cache_dir=tmp_path,
+        load_production_prior(MODEL, tracking_uri=dead_url, cache_dir=tmp_path,
                                           timeout_s=1)
 
 
 def test_the_controller_refuses_a_tampered_cache_and_says_why(tracking, tmp_path, dead_url,
                                                               monkeypatch):
     """The refusal is a ContractError, which the scheduler logs before serving its static table."""
-    from tabletune.controller.runtime import load_prior
+    from tabletune.vllm.controller import load_prior
     from tabletune.core.errors import ContractError
 
     _fill_cache(tracking, tmp_path)

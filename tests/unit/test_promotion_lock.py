@@ -20,12 +20,9 @@ from mlflow.protos.databricks_pb2 import (  # noqa: E402
     RESOURCE_DOES_NOT_EXIST,
 )
 
-from tabletune.adapters.mlflow_registry import (  # noqa: E402
-    LOCK_EXPIRES_TAG,
-    LOCK_OWNER_TAG,
-    MlflowRegistry,
-)
-from tabletune.pipeline.errors import PromotionConflict  # noqa: E402
+from tabletune.adapters.mlflow_lock import LOCK_EXPIRES_TAG, LOCK_OWNER_TAG  # noqa: E402
+from tabletune.adapters.mlflow_registry import MlflowRegistry  # noqa: E402
+from tabletune.core.pipeline_errors import PromotionConflict  # noqa: E402
 
 MODEL = "tabletune-lock-test"
 LOCK = f"{MODEL}.lock"

@@ -11,7 +11,7 @@ import pytest
 from tabletune.adapters import mlflow_registry
 from tabletune.cli import main as tabletune_main
 from tabletune.pipeline.cli import registry_main
-from tabletune.pipeline.promotion import AliasState, Drift
+from tabletune.core.promotion import AliasState, Drift
 
 HTTP_VARS = ("MLFLOW_HTTP_REQUEST_TIMEOUT", "MLFLOW_HTTP_REQUEST_MAX_RETRIES",
              "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR")

@@ -20,7 +20,7 @@ from tabletune.adapters.s3_prompts import (  # noqa: E402
     stage_sample,
 )
 from tabletune.core.errors import ContractError  # noqa: E402
-from tabletune.pipeline.errors import (  # noqa: E402
+from tabletune.core.pipeline_errors import (  # noqa: E402
     PermanentPipelineError,
     PromptObjectUnreadable,
     PromptSourceUnavailable,

@@ -42,7 +42,7 @@ def earlier_stack(tmp_path) -> Path:
         db.execute("CREATE TABLE dag (dag_id TEXT, fileloc TEXT)")
         db.executemany("INSERT INTO dag VALUES (?, ?)",
                        [("tabletune_promote", "/elsewhere/checkout/dags/tabletune_promote.py"),
-                        ("tabletune_profile", "/elsewhere/checkout/dags/tabletune_reprofile.py")])
+                        ("tabletune_profile", "/elsewhere/checkout/dags/tabletune_profile.py")])
     return state
 
 

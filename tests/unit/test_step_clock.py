@@ -89,12 +89,12 @@ def test_the_first_steady_step_ever_has_no_period_to_report():
 
 @pytest.fixture
 def scheduler_module(monkeypatch):
-    """``tabletune.vllm_scheduler`` on stand-ins for vLLM's scheduler modules (no vLLM import)."""
+    """``tabletune.vllm.scheduler`` on stand-ins for vLLM's scheduler modules (no vLLM import)."""
     import importlib
     import sys
     import types
 
-    import tabletune
+    import tabletune.vllm
 
     class FakeScheduler:
         def __init__(self, vllm_config):
@@ -116,10 +116,10 @@ def scheduler_module(monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm.v1.core.sched.async_scheduler", async_mod)
     for name in ("TABLETUNE_CONTROLLER", "TABLETUNE_CONTROL_FILE"):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.delitem(sys.modules, "tabletune.vllm_scheduler", raising=False)
-    monkeypatch.setattr(tabletune, "vllm_scheduler", None, raising=False)  # undone after the test
-    module = importlib.import_module("tabletune.vllm_scheduler")
-    monkeypatch.setitem(sys.modules, "tabletune.vllm_scheduler", module)
+    monkeypatch.delitem(sys.modules, "tabletune.vllm.scheduler", raising=False)
+    monkeypatch.setattr(tabletune.vllm, "scheduler", None, raising=False)  # undone after the test
+    module = importlib.import_module("tabletune.vllm.scheduler")
+    monkeypatch.setitem(sys.modules, "tabletune.vllm.scheduler", module)
     return module
 
 

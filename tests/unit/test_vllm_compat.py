@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from tabletune import vllm_compat
-from tabletune.vllm_compat import Fix, complete_candidates
+from tabletune.vllm import compat as vllm_compat
+from tabletune.vllm.compat import Fix, complete_candidates
 
 
 @pytest.fixture

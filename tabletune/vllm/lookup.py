@@ -1,6 +1,6 @@
 """The object TableTune puts where vLLM's scheduler keeps its dense ``dynamic_sd_lookup``.
 
-No vLLM import: the scheduler subclass (``tabletune.vllm_scheduler``) installs it.
+No vLLM import: the scheduler subclass (``tabletune.vllm.scheduler``) installs it.
 """
 
 from __future__ import annotations
@@ -9,14 +9,15 @@ import json
 import logging
 import os
 
+from tabletune.core.vllm_contract import control_lookup
+
 # Under "vllm." so records go through vLLM's own log handlers in the engine process.
 logger = logging.getLogger("vllm.tabletune.scheduler")
 
-CONTROL_FILE_ENV = "TABLETUNE_CONTROL_FILE"
-
 
 class ControlFile:
-    """Polls a small JSON file; re-reads it only when its mtime changes (one stat per step).
+    """Polls the control file (``tabletune.core.vllm_contract.write_control`` writes it);
+    re-reads it only when its mtime changes (one stat per step).
 
     ``{"force_k": k}`` pins k for every batch size (the one-launch profiler);
     ``{"table": [[start, end, k], ...]}`` serves that table instead of the one the server was
@@ -45,31 +46,8 @@ class ControlFile:
                 doc = json.load(f)
             value = doc.get("force_k")
             self.force_k = None if value is None else int(value)
-            self.table_lookup = _dense_lookup(doc.get("table"))
+            self.table_lookup = control_lookup(doc.get("table"))
         return self.force_k
-
-
-def write_control(path, *, force_k: int | None = None,
-                  table: list[list[int]] | None = None) -> None:
-    """The writer's side of :class:`ControlFile`: pin ``force_k`` for every batch size, or serve
-    ``table``; neither clears the control. Atomic, so the engine never reads half a file."""
-    from tabletune.core.atomic import atomic_write_text
-
-    doc: dict = {}
-    if force_k is not None:
-        doc["force_k"] = force_k
-    if table is not None:
-        doc["table"] = table
-    atomic_write_text(path, json.dumps(doc))
-
-
-def _dense_lookup(ranges) -> list[int] | None:
-    if not ranges:
-        return None
-    from tabletune.core.tables import DraftTable
-
-    table = DraftTable.from_ranges(ranges, "control.table")
-    return [0] + table.lookup(table.max_batch_size)
 
 
 class StepLookup:

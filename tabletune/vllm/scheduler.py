@@ -1,4 +1,4 @@
-"""TableTune's vLLM scheduler: ``--scheduler-cls tabletune.vllm_scheduler.TableTuneScheduler``.
+"""TableTune's vLLM scheduler: ``--scheduler-cls tabletune.vllm.scheduler.TableTuneScheduler``.
 
 vLLM's scheduler looks the draft length up as ``dynamic_sd_lookup[B]`` once per step (B counts
 prefills too). This subclass replaces that list with an object that answers the same question
@@ -31,8 +31,9 @@ import logging
 import os
 import time
 
-from tabletune.controller.lookup import CONTROL_FILE_ENV, ControlFile, StepLookup
 from tabletune.controller.step_clock import StepClock
+from tabletune.core.vllm_contract import CONTROL_FILE_ENV, OUT_ENV, PRIOR_ENV, SLOW_FAULT_ENV
+from tabletune.vllm.lookup import ControlFile, StepLookup
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 
@@ -67,7 +68,7 @@ class TableTuneScheduler(Scheduler):
 
     def _install_tabletune(self) -> None:
         if self.dynamic_sd_lookup is None:
-            if os.environ.get(CONTROL_FILE_ENV) or os.environ.get("TABLETUNE_CONTROLLER"):
+            if os.environ.get(CONTROL_FILE_ENV) or os.environ.get(PRIOR_ENV):
                 logger.warning("TableTune scheduler: no num_speculative_tokens_per_batch_size "
                                "table configured; nothing to control")
             return
@@ -76,12 +77,13 @@ class TableTuneScheduler(Scheduler):
         logger.info("TableTune scheduler: %s (async scheduling %s), so vLLM's warning about "
                     "subclassing Scheduler instead of AsyncScheduler does not apply",
                     type(self).__name__, "on" if isinstance(self, AsyncScheduler) else "off")
-        if os.environ.get("TABLETUNE_CONTROLLER"):
-            from tabletune.controller import runtime
+        if os.environ.get(PRIOR_ENV):
+            from tabletune.controller.runtime import write_controller_off
+            from tabletune.vllm.controller import controller_from_env
 
             reason = None
             try:
-                controller = runtime.controller_from_env(self)
+                controller = controller_from_env(self)
             except ValueError as e:  # ContractError: the prior is unusable, and we say why
                 reason = f"refused its prior: {e}"
                 logger.error("TableTune controller refused its prior: %s; running the static "
@@ -91,14 +93,14 @@ class TableTuneScheduler(Scheduler):
                 logger.exception("TableTune controller could not start; "
                                  "running the static table")
             if controller is None:
-                runtime.write_controller_off(os.environ.get(runtime.OUT_ENV),
-                                             source=os.environ.get(runtime.PRIOR_ENV, ""),
-                                             reason=reason or "not started")
-            slow = os.environ.get(runtime.SLOW_FAULT_ENV)
+                write_controller_off(os.environ.get(OUT_ENV),
+                                     source=os.environ.get(PRIOR_ENV, ""),
+                                     reason=reason or "not started")
+            slow = os.environ.get(SLOW_FAULT_ENV)
             if controller is not None and slow:
                 self._tabletune_slow_s = float(slow) / 1000.0
                 logger.warning("TableTune fault injection: every step sleeps %s ms per "
-                               "drafted position (%s)", slow, runtime.SLOW_FAULT_ENV)
+                               "drafted position (%s)", slow, SLOW_FAULT_ENV)
         self._tabletune_lookup = StepLookup(
             static, self.num_spec_tokens, ControlFile(os.environ.get(CONTROL_FILE_ENV)),
             controller)

@@ -1,4 +1,9 @@
-"""Errors the pipeline raises on purpose; each message says what was wrong and where.
+"""Errors the pipeline and the service adapters raise on purpose; each message says what was
+wrong and where.
+
+They live in the core because both sides need them: the adapters (MLflow, S3, the prior loader in
+the vLLM process) raise them and the pipeline and the DAGs judge them, and an adapter must not
+import the pipeline.
 
 DAG tasks let these propagate so the failed task shows the reason. Errors that retrying cannot
 fix (bad input, a failed gate, a lost promotion race) derive from ``PermanentPipelineError`` so the

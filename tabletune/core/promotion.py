@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from tabletune.pipeline.errors import PromotionConflict, RegistryStateError
+from tabletune.core.pipeline_errors import PromotionConflict, RegistryStateError
 
 __all__ = [
     "CANDIDATE",

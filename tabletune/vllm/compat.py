@@ -1,6 +1,6 @@
 """Engine-compatibility layer: version-gated fixes that let vLLM serve a draft-length table.
 
-Loaded by TableTune's ``vllm.general_plugins`` entry point (:func:`tabletune.vllm_plugin.register`)
+Loaded by TableTune's ``vllm.general_plugins`` entry point (:func:`tabletune.vllm.plugin.register`)
 in every vLLM process. Each :class:`Fix` names the vLLM versions it was verified on and the
 upstream issue it works around. On any other version nothing is applied and that is logged
 once; every applied fix logs one line; a fix that fails to apply is logged and skipped. Nothing

@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from tabletune.core.errors import ContractError
-from tabletune.pipeline.errors import PromptObjectUnreadable, PromptSourceError
+from tabletune.core.pipeline_errors import PromptObjectUnreadable, PromptSourceError
 
 __all__ = [
     "ReservoirSampler",

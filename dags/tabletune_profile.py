@@ -1,0 +1,128 @@
+"""
+### TableTune: profile step times and rebuild the table
+
+Runs on the asset `x-tabletune://deployment/fingerprint` (emitted by `tabletune_reprofile` when
+the deployment changed), or by hand. Profiles step times on the engine worker (queue/pool `gpu`),
+rebuilds the table with production's acceptance, validates it (the edge tolerance is not
+applied after a fingerprint change: the old edges describe another deployment), logs and
+registers it, and promotes it if the gate passes.
+
+Logic lives in `tabletune.pipeline.flows`.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+from _tabletune_tasks import FINGERPRINT_CHANGED, gate_and_promote, register
+from airflow.sdk import Param, dag, task
+from tabletune_airflow import (
+    DEFAULT_ARGS,
+    ENGINE_POOL,
+    ENGINE_QUEUE,
+    MLFLOW_RUN_CALLBACKS,
+    TableTuneEngineHook,
+    TableTuneMlflowHook,
+    model_name_for,
+    permanent_errors_fail_fast,
+    publish_run_link,
+)
+
+from tabletune.pipeline.gate import DEFAULT_EDGE_TOLERANCE
+from tabletune.tuner.profiler import DEFAULT_REPEATS
+
+
+@dag(
+    dag_id="tabletune_profile",
+    schedule=[FINGERPRINT_CHANGED],
+    start_date=dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc),
+    catchup=False,
+    max_active_runs=1,
+    **MLFLOW_RUN_CALLBACKS,
+    doc_md=__doc__,
+    default_args=DEFAULT_ARGS,
+    tags=["tabletune"],
+    params={
+        "batch_sizes": Param(None, type=["null", "array"], items={"type": "integer", "minimum": 1},
+                             description="Batch sizes to profile (default: the tuner's grid)."),
+        "repeats": Param(DEFAULT_REPEATS, type="integer", minimum=1),
+        "edge_tolerance": Param(DEFAULT_EDGE_TOLERANCE, type="number", minimum=0,
+                                description="Applied only if the fingerprint did not change."),
+        "max_batch_size": Param(None, type=["null", "integer"], minimum=1),
+        "tie_margin": Param(None, type=["null", "number"], minimum=0,
+                            description="Default: the production table's recorded margin."),
+        "deployment_key": Param(None, type=["null", "string"]),
+        "promote": Param(True, type="boolean"),
+    },
+)
+def tabletune_profile():
+    @task
+    @permanent_errors_fail_fast
+    def start_run(params=None, run_id=None, dag_run=None, ti=None) -> dict:
+        from tabletune.pipeline import flows
+
+        spec = TableTuneEngineHook().get_conn()
+        info = flows.start_run(
+            TableTuneMlflowHook().get_conn(), run_name=run_id,
+            model_name=model_name_for(spec, params["deployment_key"]), kind="profile",
+            settings={k: v for k, v in params.items() if k != "deployment_key"},
+            tags={"airflow.dag_id": dag_run.dag_id},
+        )
+        publish_run_link(ti, info["run_url"])
+        return info
+
+    @task(queue=ENGINE_QUEUE, pool=ENGINE_POOL, execution_timeout=dt.timedelta(hours=3))
+    @permanent_errors_fail_fast
+    def profile(info: dict, params=None, run_id=None) -> dict:
+        import os
+        import re
+
+        from tabletune.pipeline import flows
+        from tabletune.tuner import default_grid
+
+        spec = TableTuneEngineHook().get_conn()
+        batch_sizes = params["batch_sizes"] or list(default_grid(spec.max_num_seqs))
+        # A retry resumes from the checkpoint instead of re-timing finished cells.
+        state = Path(os.environ.get("TABLETUNE_STATE_DIR", "/tmp/tabletune-state"))
+        checkpoint = state / "checkpoints" / re.sub(r"[^A-Za-z0-9._-]", "_", run_id) / "cells.json"
+        return flows.profile_deployment(
+            TableTuneMlflowHook().get_conn(), spec, mlflow_run_id=info["mlflow_run_id"],
+            model_name=info["model_name"], batch_sizes=batch_sizes, repeats=params["repeats"],
+            checkpoint=checkpoint,
+        )
+
+    @task
+    @permanent_errors_fail_fast
+    def rebuild(info: dict, measured: dict, params=None, run_id=None) -> dict:
+        from tabletune.pipeline import flows
+
+        return flows.rebuild(
+            TableTuneMlflowHook().get_conn(), mlflow_run_id=info["mlflow_run_id"],
+            run_name=run_id, model_name=info["model_name"],
+            production_version=info["production_version"], profile=measured,
+            max_batch_size=params["max_batch_size"], tie_margin=params["tie_margin"],
+        )
+
+    @task
+    @permanent_errors_fail_fast
+    def validate(info: dict, built: dict, params=None) -> dict:
+        from tabletune.pipeline import flows
+        from tabletune.pipeline.gate import GateSettings
+
+        return flows.validate(
+            TableTuneMlflowHook().get_conn(), mlflow_run_id=info["mlflow_run_id"],
+            model_name=info["model_name"], production_version=info["production_version"],
+            candidate=built["table"],
+            settings=GateSettings(edge_tolerance=params["edge_tolerance"]),
+        )
+
+    info = start_run()
+    measured = profile(info)
+    built = rebuild(info, measured)
+    report = validate(info, built)
+    version = register(info, built, report)
+    gate_and_promote(info, version, report)
+
+
+profile_dag = tabletune_profile()

@@ -1,0 +1,160 @@
+"""The controller's wiring inside a vLLM engine: read the environment, load the prior, read the
+engine's fingerprint, and start the runtime (``tabletune.controller.runtime``).
+
+Configured through the engine's environment (names in ``tabletune.core.vllm_contract``), so an
+unchanged ``vllm serve`` command line only gains
+``--scheduler-cls tabletune.vllm.scheduler.TableTuneScheduler``:
+
+``TABLETUNE_CONTROLLER``           the prior: a folder with ``table.json``, ``profile.json`` and
+                                   ``acceptance.json`` (what ``tabletune tune`` writes), or
+                                   ``models:/<registered model>@production`` (MLflow registry,
+                                   ``MLFLOW_TRACKING_URI``; cached locally, the cache used when the
+                                   registry is down)
+``TABLETUNE_CONTROLLER_SETTINGS``  JSON object of ControllerSettings fields, e.g.
+                                   ``{"rebuild_every_steps": 200, "exploration_every": 50,
+                                   "prior_decay": true, "hysteresis": 2}``
+``TABLETUNE_CONTROLLER_OUT``       folder for ``rebuilds.jsonl`` (one record per rebuild),
+                                   ``state.json`` and ``metrics.prom`` (Prometheus text format,
+                                   for a node-exporter textfile collector; both rewritten every
+                                   ``METRICS_EVERY_S`` while the engine steps, and at rebuilds),
+                                   and ``profile_stale.json`` once live step times say the
+                                   profile is stale; optional. A refused prior still writes
+                                   ``metrics.prom`` (``tabletune_controller_on 0``) and
+                                   ``state.json`` with the reason
+``TABLETUNE_CONTROLLER_START_TABLE``  JSON ranges ``[[start, end, k], ...]`` the controller starts
+                                   from instead of the engine's own table. The engine's table
+                                   still decides which lengths vLLM's V2 runner captures full
+                                   CUDA graphs for: start the engine with a table holding every
+                                   length the controller may choose (``allowed_lengths``)
+``TABLETUNE_CONTROLLER_ALLOW_FOREIGN_PRIOR``  ``1`` serves a prior whose fingerprint (vLLM
+                                   version, model, drafter, method, device, GPU) differs from
+                                   this engine's, with a warning; by default it is refused
+
+This module imports no vLLM; the scheduler hands it itself and reads only plain attributes.
+A prior from the registry comes through ``tabletune.adapters.mlflow_prior`` (standard library
+only); nothing of the pipeline is loaded in the engine process.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+from tabletune.controller.estimator import ControllerSettings
+from tabletune.controller.runtime import UNKNOWN_VALUES, ControllerRuntime, build_runtime
+from tabletune.core.builder import recorded_build_settings
+from tabletune.core.errors import ContractError
+from tabletune.core.pipeline_errors import PriorUnavailable
+from tabletune.core.prior import Prior
+from tabletune.core.tables import DraftTable
+from tabletune.core.vllm_contract import (
+    ALLOW_FOREIGN_ENV,
+    FAULT_ENV,
+    OUT_ENV,
+    PRIOR_CACHE_ENV,
+    PRIOR_ENV,
+    SETTINGS_ENV,
+    START_TABLE_ENV,
+)
+
+# Under "vllm." so records go through vLLM's own log handlers in the engine process.
+logger = logging.getLogger("vllm.tabletune.controller")
+
+
+def load_prior(uri: str, *, cache_dir: Path | None = None) -> Prior:
+    """The prior named by ``uri``: a folder, or ``models:/<name>@production`` (the registry, with
+    its local cache); a ContractError says why it cannot be served."""
+    if uri.startswith("models:/"):
+        name, _, alias = uri[len("models:/"):].partition("@")
+        if alias not in ("", "production"):
+            raise ContractError(f"{PRIOR_ENV}: {uri!r}: only the @production alias is served")
+        from tabletune.adapters.mlflow_prior import load_production_prior
+
+        tracking = os.environ.get("MLFLOW_TRACKING_URI")
+        if not tracking:
+            raise ContractError(f"{PRIOR_ENV}: {uri!r} needs MLFLOW_TRACKING_URI")
+        cache = cache_dir or Path(os.environ.get(
+            PRIOR_CACHE_ENV, Path.home() / ".cache" / "tabletune" / "priors"))
+        try:
+            return load_production_prior(name, tracking_uri=tracking, cache_dir=cache)
+        except PriorUnavailable as exc:  # registry down and no usable cache: refuse, say why
+            raise ContractError(f"{PRIOR_ENV}: {uri!r}: {exc}") from exc
+    folder = Path(uri)
+    if not folder.is_dir():
+        raise ContractError(f"{PRIOR_ENV}: {uri!r} is not a folder or models:/ URI")
+    return Prior.from_folder(folder, source=uri)
+
+
+def engine_fingerprint(scheduler, *, want_gpu: bool = True) -> dict:
+    """The running engine's side of ``deployment_fingerprint``, from the scheduler's vllm_config.
+
+    Model and drafter identities are computed as the profiler computed them (path plus a hash of
+    ``config.json``, ``tabletune.engine.spec._model_identity``), the vLLM version by the same
+    function. Whatever cannot be read is left out (and so never counts as a mismatch).
+    """
+    from tabletune.engine import spec as engine_spec
+
+    config = getattr(scheduler, "vllm_config", None)
+    model_config = getattr(config, "model_config", None)
+    spec_config = getattr(config, "speculative_config", None)
+    device_config = getattr(config, "device_config", None)
+    parallel = getattr(config, "parallel_config", None)
+    dist, version = engine_spec.engine_version()
+    device = getattr(device_config, "device_type", None) or getattr(device_config, "device", None)
+    fp = {
+        "engine": dist,
+        "engine_version": version,
+        "model": engine_spec._model_identity(getattr(model_config, "model", None)),
+        "drafter": engine_spec._model_identity(getattr(spec_config, "model", None)),
+        "method": getattr(spec_config, "method", None),
+        "device": None if device is None else str(device),
+        "tensor_parallel_size": getattr(parallel, "tensor_parallel_size", None),
+    }
+    if want_gpu and fp["device"] == "cuda":
+        fp["gpu"] = engine_spec._gpu_inventory().get("gpu")  # nvidia-smi, as the profiler did
+    return {k: v for k, v in fp.items() if v not in UNKNOWN_VALUES}
+
+
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def controller_from_env(scheduler) -> ControllerRuntime | None:
+    """Called by the TableTune scheduler at start-up; raises with the reason on a bad prior."""
+    uri = os.environ.get(PRIOR_ENV)
+    if not uri:
+        return None
+    settings = None
+    raw = os.environ.get(SETTINGS_ENV)
+    if raw:
+        try:
+            overrides = json.loads(raw)
+        except json.JSONDecodeError as e:
+            raise ContractError(f"{SETTINGS_ENV}: not JSON ({e})") from None
+        ControllerSettings.from_dict(overrides)  # a bad setting is named before any prior loads
+    start_table = None
+    raw_start = os.environ.get(START_TABLE_ENV)
+    if raw_start:
+        try:
+            start_table = DraftTable.from_ranges(json.loads(raw_start), START_TABLE_ENV)
+        except json.JSONDecodeError as e:
+            raise ContractError(f"{START_TABLE_ENV}: not JSON ({e})") from None
+    prior = load_prior(uri)
+    if raw:
+        # The table document's build settings are the defaults; the env's fields override them.
+        settings = ControllerSettings.from_dict({**recorded_build_settings(prior.table),
+                                                 **overrides})
+    engine = engine_fingerprint(scheduler, want_gpu="gpu" in prior.profile.fingerprint)
+    runtime = build_runtime(prior, static_lookup=list(scheduler.dynamic_sd_lookup),
+                            num_spec_tokens=scheduler.num_spec_tokens,
+                            max_num_seqs=scheduler.scheduler_config.max_num_seqs,
+                            settings=settings, out_dir=os.environ.get(OUT_ENV) or None,
+                            engine=engine, allow_foreign_prior=_env_flag(ALLOW_FOREIGN_ENV),
+                            start_table=start_table)
+    if os.environ.get(FAULT_ENV):
+        runtime.fault_after_steps = int(os.environ[FAULT_ENV])
+    logger.info("TableTune controller on: prior %s, start table %s, settings %s", uri,
+                runtime.estimator.table.ranges, runtime.estimator.settings.to_dict())
+    return runtime

@@ -1,0 +1,41 @@
+"""The DAGs folder as the local stack's DAG processor sees it: one DAG per file, named after it,
+no import error, and the module of shared tasks imported by the DAG files but never parsed as a
+DAG file of its own."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from airflow_api import AirflowApi
+from conftest import REPO
+
+pytestmark = pytest.mark.services
+
+DAG_IDS = ("tabletune_acceptance_weekly", "tabletune_profile", "tabletune_promote",
+           "tabletune_reprofile")
+
+
+def test_each_dag_is_parsed_from_its_own_file_without_import_errors(services):
+    api = AirflowApi(services.airflow_url, services.env["TABLETUNE_AIRFLOW_USER"],
+                     services.env["TABLETUNE_AIRFLOW_PASSWORD"])
+    deadline = time.monotonic() + 120
+    while True:  # until every DAG is in, or a file fails to import
+        errors = api.call("GET", "/importErrors")["import_errors"]
+        found = api.call("GET", "/dags", params={"tags": "tabletune", "limit": 100})["dags"]
+        if errors or len(found) >= len(DAG_IDS) or time.monotonic() > deadline:
+            break
+        time.sleep(2)
+    assert errors == []
+    assert sorted(d["dag_id"] for d in found) == sorted(DAG_IDS)
+    for dag_id in DAG_IDS:
+        assert api.call("GET", f"/dags/{dag_id}/details")["fileloc"] == str(
+            REPO / "dags" / f"{dag_id}.py")
+
+
+def test_the_shared_task_module_is_not_a_dag_file(services):
+    from airflow.utils.file import list_py_file_paths
+
+    dag_files = sorted(p.rsplit("/", 1)[1] for p in list_py_file_paths(str(REPO / "dags")))
+    assert dag_files == sorted(f"{dag_id}.py" for dag_id in DAG_IDS)
+    assert (REPO / "dags" / "_tabletune_tasks.py").is_file()
