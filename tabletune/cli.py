@@ -18,7 +18,13 @@ from tabletune.core.errors import ContractError
 from tabletune.core.tables import DOCS_TABLE, DraftTable
 from tabletune.engine_args import add_engine_args, engine_spec_from_args
 from tabletune.prompt_args import add_prompt_args, prompts_from_args
-from tabletune.tuner.profiler import DEFAULT_REPEATS
+from tabletune.tuner.profiler import (
+    DEFAULT_DRIFT_BOUND,
+    DEFAULT_MAX_SPREAD,
+    DEFAULT_REFERENCE_EVERY,
+    DEFAULT_REPEATS,
+    DEFAULT_STARTUP_TIMEOUT_S,
+)
 
 EMBEDDED_GRID = "1,2,4,8,16"
 
@@ -71,18 +77,18 @@ def add_profile_args(p: argparse.ArgumentParser) -> None:
                    help="profile batch sizes up to this B (default: 256; embedded: 16)")
     p.add_argument("--repeats", type=int, default=DEFAULT_REPEATS,
                    help="timing windows per (B, k) cell")
-    p.add_argument("--max-spread", type=float, default=0.25,
+    p.add_argument("--max-spread", type=float, default=DEFAULT_MAX_SPREAD,
                    help="repeat a cell (up to 2 more times), then flag it, while the relative "
                         "spread of its repeats exceeds this")
-    p.add_argument("--reference-every", type=int, default=8, metavar="N",
+    p.add_argument("--reference-every", type=int, default=DEFAULT_REFERENCE_EVERY, metavar="N",
                    help="re-time the reference cell after every N repeats and hold those "
                         "repeats back from the checkpoint until it has (0: no drift guard)")
-    p.add_argument("--drift-bound", type=float, default=0.10,
+    p.add_argument("--drift-bound", type=float, default=DEFAULT_DRIFT_BOUND,
                    help="relative move of the reference cell that drops the repeats since "
                         "its last good check")
     p.add_argument("--mode", choices=("one-launch", "per-k"), default="one-launch",
                    help="one server with k pinned per phase (default), or one server per k")
-    p.add_argument("--startup-timeout", type=float, default=600.0,
+    p.add_argument("--startup-timeout", type=float, default=DEFAULT_STARTUP_TIMEOUT_S,
                    help="seconds a vLLM server may take to become healthy")
     p.add_argument("--output-tokens", type=int, default=None,
                    help="tokens per request in a timing window; step = (t_N - t_1)/(N - 1) "
@@ -130,7 +136,7 @@ def add_build_args(p: argparse.ArgumentParser) -> None:
 
 
 def _write_plots(d: Path, profile: Profile, result) -> list[Path]:
-    from tabletune import plots
+    from tabletune.pipeline import plots
 
     return [
         plots.plot_step_times(profile, d / "step_times.png"),

@@ -5,7 +5,7 @@ the controller's state and metrics, caches) calls ``atomic_write_text``: a reade
 file or the whole new one, never a torn one, and a crash, a full disk or an exception leaves the
 old file untouched and no temp file behind. ``atomic_replace`` is the same last step for a
 directory staged next to its final place. This module holds the package's only ``os.replace``
-(``tests/unit/test_atomic.py`` checks that), so the rules live in one place.
+(``tests/core/test_atomic.py`` checks that), so the rules live in one place.
 
 Pure standard library. Parent directories are not created here: callers that accept a path in
 a missing directory create it themselves, as they always did.

@@ -48,6 +48,10 @@ CHECKPOINT_SCHEMA = "tabletune.profile-checkpoint/v1"
 ENGINE_AGREEMENT = 0.3
 # Timing windows per (B, k) cell unless told otherwise (the CLI's and the profile DAG's default).
 DEFAULT_REPEATS = 3
+DEFAULT_MAX_SPREAD = 0.25       # (max - min) / median of a cell's repeats
+DEFAULT_REFERENCE_EVERY = 8
+DEFAULT_DRIFT_BOUND = 0.10
+DEFAULT_STARTUP_TIMEOUT_S = 600.0
 
 
 def default_grid(max_batch_size: int) -> tuple[int, ...]:
@@ -88,16 +92,16 @@ class ProfileSettings:
     batch_sizes: tuple[int, ...]
     repeats: int = DEFAULT_REPEATS
     output_tokens: int = 65
-    max_spread: float = 0.25                    # (max - min) / median of a cell's repeats
+    max_spread: float = DEFAULT_MAX_SPREAD
     max_extra_repeats: int = 2
-    startup_timeout_s: float = 600.0
+    startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S
     temperature: float = 0.0
     # The reference cell (smallest B, shortest length) is re-timed after every this many cell
     # repeats; 0 = never (no drift guard).
-    reference_every: int = 8
+    reference_every: int = DEFAULT_REFERENCE_EVERY
     # How far (relative) the reference may move from its start before the repeats timed since
     # its last good check are dropped (they are timed again).
-    drift_bound: float = 0.10
+    drift_bound: float = DEFAULT_DRIFT_BOUND
     # Re-checks of a moved reference (drift_wait_s apart) before its new level is accepted.
     drift_retries: int = 2
     drift_wait_s: float = 5.0

@@ -1,6 +1,16 @@
-"""Fixtures for the pipeline's integration tests: the real local service stack.
+"""Shared fixtures. Tests mirror the package (tests/core for tabletune/core, ...); a test that
+needs the real vLLM CPU engine is marked `engine`, one that needs the service stack `services`
+(scripts/test.sh runs the `services` tests last, once the stack is up). Helpers the tests import
+by name live in tests/support (on pytest's `pythonpath`, see pyproject.toml).
 
-`services` starts infra/local/services.sh (idempotent; a running stack is reused) and loads its
+Engine tests: they share one cached model pair (`pair_spec`) and a session output folder.
+vLLM's CPU engine starts as three processes (API server, engine core, worker), each importing
+vLLM and torch again; with VLLM_ENABLE_V1_MULTIPROCESSING=0 the engine core and its worker run
+inside the API server and a start-up is ~15-20 s shorter. That layout puts the HTTP server and
+the engine loop on one GIL, so engine tests that time steps or look at the engine's processes
+keep vLLM's own layout: mark them `vllm_multiprocess`.
+
+Service tests: `services` starts infra/local/services.sh (idempotent; a running stack is reused) and loads its
 env file into this process, so tests reach the moto S3 server, the MLflow tracking server and
 Airflow exactly as the DAGs do. A stack this fixture started is stopped at the end of the
 session unless TABLETUNE_KEEP_SERVICES=1.
@@ -13,7 +23,6 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
-import sys
 import time
 import uuid
 from dataclasses import dataclass
@@ -21,13 +30,40 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 SERVICES_SCRIPT = REPO / "infra" / "local" / "services.sh"
-sys.path.insert(0, str(REPO / "tests" / "unit"))  # pipeline_factories
-sys.path.insert(0, str(REPO / "plugins"))
-# As Airflow does when it parses a DAG file or runs a task: DAG files import dags/_*.py by name.
-sys.path.insert(0, str(REPO / "dags"))
-sys.path.insert(0, str(REPO / "tests" / "pipeline"))  # airflow_api
+SINGLE_PROCESS_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
+
+
+@pytest.fixture(autouse=True)
+def _engine_layout(request, monkeypatch):
+    """Engine tests: vLLM in one process unless marked `vllm_multiprocess`; under pytest-xdist
+    (scripts/test.sh runs two workers) each worker's engines compute on a core of their own:
+    vLLM's automatic binding would put every engine's threads on the same core and leave the
+    other to the API servers."""
+    if request.node.get_closest_marker("engine") is None:
+        return
+    if request.node.get_closest_marker("vllm_multiprocess") is None:
+        monkeypatch.setenv(SINGLE_PROCESS_ENV, "0")
+    else:
+        monkeypatch.delenv(SINGLE_PROCESS_ENV, raising=False)
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if worker.startswith("gw") and worker[2:].isdigit():
+        cores = sorted(os.sched_getaffinity(0))
+        monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", str(cores[int(worker[2:]) % len(cores)]))
+
+
+@pytest.fixture(scope="session")
+def pair_spec():
+    from tabletune.engine import EngineSpec
+
+    # K = 2 keeps the small-grid runs short while still having two speculative lengths.
+    return EngineSpec.embedded_default(max_num_seqs=8).with_(max_k=2)
+
+
+@pytest.fixture(scope="session")
+def engine_out(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("engine")
 
 
 @dataclass(frozen=True)
@@ -107,19 +143,3 @@ def dead_url() -> str:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     return f"http://127.0.0.1:{port}"
-
-
-def pause_in_scheduler(*dag_ids: str) -> None:
-    """Pause DAGs in the metadata DB so the running scheduler leaves dag.test() runs alone.
-
-    An unpaused DAG's manual runs are picked up by the local stack's scheduler too, and two
-    runners of one task instance conflict ("TI was not in a state where it could be marked as
-    running").
-    """
-    from airflow.models.dag import DagModel
-    from airflow.utils.session import create_session
-
-    with create_session() as session:
-        for dag_id in dag_ids:
-            session.query(DagModel).filter(DagModel.dag_id == dag_id).update(
-                {DagModel.is_paused: True})

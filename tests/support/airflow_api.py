@@ -70,3 +70,19 @@ class AirflowApi:
             time.sleep(2)
         raise AssertionError(f"{dag_id} {run_id}: {task_id} is {state}, not one of {states} "
                              f"after {timeout_s}s: {self.task_states(dag_id, run_id)}")
+
+
+def pause_in_scheduler(*dag_ids: str) -> None:
+    """Pause DAGs in the metadata DB so the running scheduler leaves dag.test() runs alone.
+
+    An unpaused DAG's manual runs are picked up by the local stack's scheduler too, and two
+    runners of one task instance conflict ("TI was not in a state where it could be marked as
+    running").
+    """
+    from airflow.models.dag import DagModel
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        for dag_id in dag_ids:
+            session.query(DagModel).filter(DagModel.dag_id == dag_id).update(
+                {DagModel.is_paused: True})

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
-from pipeline_factories import make_acceptance, make_profile
+from factories import make_acceptance, make_profile
 
 from tabletune.core.contracts import TableDocument
 from tabletune.core.errors import ContractError

@@ -10,12 +10,15 @@ from __future__ import annotations
 import importlib.util
 import json
 
+from pathlib import Path
+
 import pytest
-from pipeline_factories import make_acceptance, make_profile
+from factories import make_acceptance, make_profile
 
 from tabletune.pipeline import flows
 
 pytestmark = pytest.mark.services
+REPO = Path(__file__).resolve().parents[2]
 
 FINGERPRINT_OLD = {"engine": "vllm", "engine_version": "0.31.0", "device": "cuda",
                    "gpu": "H100", "gpu_count": 1, "driver": "570.1"}
@@ -45,7 +48,7 @@ def load_dags(services):
     """Both DAGs, each from its own file in dags/."""
     from types import SimpleNamespace
 
-    from conftest import REPO, pause_in_scheduler
+    from airflow_api import pause_in_scheduler
 
     pause_in_scheduler("tabletune_reprofile", "tabletune_profile")
     modules = {}

@@ -22,7 +22,7 @@ import time
 import psutil
 import pytest
 from airflow_api import AirflowApi
-from pipeline_factories import make_acceptance, make_profile
+from factories import make_acceptance, make_profile
 
 from tabletune.pipeline import flows
 

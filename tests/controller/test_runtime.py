@@ -15,7 +15,7 @@ from tabletune.vllm.controller import load_prior
 from tabletune.core.builder import StepTimes, build_table
 from tabletune.core.contracts import save_json
 from tabletune.core.errors import ContractError
-from pipeline_factories import make_acceptance, make_profile
+from factories import make_acceptance, make_profile
 
 
 def _prior(max_k=3):

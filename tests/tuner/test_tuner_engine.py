@@ -30,7 +30,7 @@ def test_small_grid_profile_on_the_real_engine(pair_spec, engine_out):
     # Extra repeats of noisy cells are the profiler's default; this test needs only the three.
     # The drift guard is off here (on a 2-core runner it re-times this grid several times over:
     # 430 s instead of ~150); the resume test below runs the real engine with it on, and
-    # tests/unit/test_profile_schedule.py drives its decisions.
+    # tests/tuner/test_profile_schedule.py drives its decisions.
     settings = ProfileSettings(batch_sizes=(1, 8), repeats=3, max_extra_repeats=0,
                                reference_every=0, output_tokens=33)
     profile = profile_step_times(pair_spec, batch_sizes=(1, 8), settings=settings,
@@ -85,7 +85,7 @@ def test_engine_death_mid_profile_then_resume_remeasures_nothing(engine_out):
            "--output-tokens", "17",
            # Repeats reach the checkpoint after each good reference check: every 2 here. The
            # bound is wide so that a noisy 2-core runner does not re-time the grid (the guard's
-           # decisions are tested with a fake machine in tests/unit/test_profile_schedule.py).
+           # decisions are tested with a fake machine in tests/tuner/test_profile_schedule.py).
            "--reference-every", "2", "--drift-bound", "0.5",
            "--checkpoint", str(ckpt), "--out", str(out / "profile.json")]
     cli = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -17,7 +17,7 @@ from tabletune.adapters.mlflow_prior import _cache_root, load_production_prior
 from tabletune.core.prior import DOCUMENT_FILES
 from tabletune.core.builder import StepTimes, build_table
 from tabletune.core.pipeline_errors import PriorUnavailable
-from pipeline_factories import make_acceptance, make_profile
+from factories import make_acceptance, make_profile
 
 MODEL = "tabletune-unit-model"
 HTML = b"<!doctype html><html><body>Sign in to continue</body></html>"

@@ -8,7 +8,7 @@ import threading
 import time
 
 import pytest
-from pipeline_factories import make_acceptance, make_profile
+from factories import make_acceptance, make_profile
 
 from tabletune.adapters.mlflow_prior import load_production_prior
 from tabletune.adapters.mlflow_registry import MlflowRegistry

@@ -5,12 +5,13 @@ DAG file of its own."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 from airflow_api import AirflowApi
-from conftest import REPO
 
 pytestmark = pytest.mark.services
+REPO = Path(__file__).resolve().parents[2]
 
 DAG_IDS = ("tabletune_acceptance_weekly", "tabletune_profile", "tabletune_promote",
            "tabletune_reprofile")

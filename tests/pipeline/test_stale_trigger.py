@@ -10,7 +10,7 @@ import json
 from types import SimpleNamespace
 
 import pytest
-from pipeline_factories import make_profile
+from factories import make_profile
 
 import tabletune.engine.spec as engine_spec
 from tabletune.controller.stale import STALE_MARK_FILE, profile_digest, write_stale_mark

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from pipeline_factories import make_acceptance, make_profile
+from factories import make_acceptance, make_profile
 
 from tabletune.core.builder import StepTimes, build_table
 from tabletune.core.errors import ContractError

@@ -5,7 +5,7 @@ and checks the MLflow run, the registry and the controller's prior. A second run
 high serving temperature (acceptance collapses, so the table's edges move) must fail the gate
 and leave production alone.
 
-Run it under the engine lock: flock /tmp/tabletune-engine.lock pytest tests/pipeline -m engine
+Run it alone: it starts a vLLM engine inside an Airflow task (pytest -m "services and engine").
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from airflow_api import AirflowApi
-from pipeline_factories import make_acceptance, make_profile
+from factories import make_acceptance, make_profile
 
 from tabletune.adapters.mlflow_prior import load_production_prior
 from tabletune.core.contracts import load_json

@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 import pytest
-from pipeline_factories import make_acceptance, make_profile
+from factories import make_acceptance, make_profile
 
 import tabletune
 import tabletune.core.atomic as atomic

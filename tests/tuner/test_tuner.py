@@ -112,7 +112,7 @@ def test_assembly_uses_the_steadier_source_for_every_cell():
 
 
 def test_cli_build_rejects_bad_input_and_overwrites_nothing(tmp_path, capsys):
-    from pipeline_factories import make_acceptance, make_profile
+    from factories import make_acceptance, make_profile
 
     from tabletune.cli import main
 

@@ -8,7 +8,7 @@ import json
 from dataclasses import replace
 
 import numpy as np
-from pipeline_factories import make_acceptance, make_profile
+from factories import make_acceptance, make_profile
 
 from tabletune.cli import main
 from tabletune.controller.estimator import ControllerSettings, Estimator

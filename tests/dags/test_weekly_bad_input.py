@@ -10,17 +10,20 @@ import datetime as dt
 import importlib.util
 import json
 
+from pathlib import Path
+
 import pytest
-from pipeline_factories import make_acceptance, make_profile
+from factories import make_acceptance, make_profile
 
 from tabletune.pipeline import flows
 
 pytestmark = pytest.mark.services
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
 def weekly(services):
-    from conftest import REPO, pause_in_scheduler
+    from airflow_api import pause_in_scheduler
 
     pause_in_scheduler("tabletune_acceptance_weekly")
     spec = importlib.util.spec_from_file_location(

@@ -8,7 +8,7 @@ import re
 import warnings
 
 import pytest
-from pipeline_factories import make_acceptance, make_profile
+from factories import make_acceptance, make_profile
 
 import tabletune.cli as cli
 from tabletune.cli import main
