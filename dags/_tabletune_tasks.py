@@ -16,6 +16,26 @@ FINGERPRINT_CHANGED = Asset(name="tabletune_fingerprint_changed",
                             uri="x-tabletune://deployment/fingerprint")
 
 
+# DAG params that set the gate, by GateSettings field; a DAG without one gets the library's default.
+_GATE_PARAMS = {"edge_tolerance": "edge_tolerance", "edge_tolerance_per_length": "per_length",
+                "compare_edges": "compare_edges"}
+
+
+@task
+@permanent_errors_fail_fast
+def validate(info: dict, built: dict, params=None) -> dict:
+    from tabletune.pipeline import flows
+    from tabletune.pipeline.gate import GateSettings
+
+    settings = GateSettings(**{field: params[name] for name, field in _GATE_PARAMS.items()
+                               if name in params})
+    return flows.validate(
+        TableTuneMlflowHook().get_conn(), mlflow_run_id=info["mlflow_run_id"],
+        model_name=info["model_name"], production_version=info["production_version"],
+        candidate=built["table"], settings=settings,
+    )
+
+
 @task
 @permanent_errors_fail_fast
 def register(info: dict, built: dict, report: dict, run_id=None) -> str:

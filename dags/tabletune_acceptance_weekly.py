@@ -24,7 +24,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 
-from _tabletune_tasks import gate_and_promote, register
+from _tabletune_tasks import gate_and_promote, register, validate
 from airflow.sdk import Param, dag, task
 from tabletune_airflow import (
     DEFAULT_ARGS,
@@ -157,21 +157,6 @@ def tabletune_acceptance_weekly():
             run_name=run_id, model_name=info["model_name"],
             production_version=info["production_version"], acceptance=acceptance,
             max_batch_size=params["max_batch_size"], tie_margin=params["tie_margin"],
-        )
-
-    @task
-    @permanent_errors_fail_fast
-    def validate(info: dict, built: dict, params=None) -> dict:
-        from tabletune.pipeline import flows
-        from tabletune.pipeline.gate import GateSettings
-
-        settings = GateSettings(edge_tolerance=params["edge_tolerance"],
-                                per_length=params["edge_tolerance_per_length"],
-                                compare_edges=params["compare_edges"])
-        return flows.validate(
-            TableTuneMlflowHook().get_conn(), mlflow_run_id=info["mlflow_run_id"],
-            model_name=info["model_name"], production_version=info["production_version"],
-            candidate=built["table"], settings=settings,
         )
 
     info = start_run()

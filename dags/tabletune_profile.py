@@ -15,7 +15,7 @@ from __future__ import annotations
 import datetime as dt
 from pathlib import Path
 
-from _tabletune_tasks import FINGERPRINT_CHANGED, gate_and_promote, register
+from _tabletune_tasks import FINGERPRINT_CHANGED, gate_and_promote, register, validate
 from airflow.sdk import Param, dag, task
 from tabletune_airflow import (
     DEFAULT_ARGS,
@@ -102,19 +102,6 @@ def tabletune_profile():
             run_name=run_id, model_name=info["model_name"],
             production_version=info["production_version"], profile=measured,
             max_batch_size=params["max_batch_size"], tie_margin=params["tie_margin"],
-        )
-
-    @task
-    @permanent_errors_fail_fast
-    def validate(info: dict, built: dict, params=None) -> dict:
-        from tabletune.pipeline import flows
-        from tabletune.pipeline.gate import GateSettings
-
-        return flows.validate(
-            TableTuneMlflowHook().get_conn(), mlflow_run_id=info["mlflow_run_id"],
-            model_name=info["model_name"], production_version=info["production_version"],
-            candidate=built["table"],
-            settings=GateSettings(edge_tolerance=params["edge_tolerance"]),
         )
 
     info = start_run()

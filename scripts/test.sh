@@ -25,8 +25,9 @@ status=0
 #  - in the background, the service stack starts (from a clean state: an earlier stack's Airflow
 #    runs and registered models would change what the tests see; local secrets are kept), then
 #    the tests marked `services` run against it, their output kept in a log printed at the end;
-#  - in the foreground, every other test on two pytest-xdist workers, one test file each at a
-#    time (tests/conftest.py gives each worker's engines a core of their own).
+#  - in the foreground, every other test on two pytest-xdist workers that take two tests at a
+#    time, the engine tests first (tests/conftest.py orders them and gives each worker's engines
+#    a core of their own): the long ones start early and the many short ones fill in at the end.
 trap 'infra/local/services.sh stop' EXIT
 services_log="$(mktemp -t tabletune-services-tests.XXXXXX)"
 log "services: starting from a clean state, then the services tests, in the background (log: $services_log)"
@@ -38,7 +39,7 @@ log "services: starting from a clean state, then the services tests, in the back
   exec .venv/bin/python -m pytest -p no:cacheprovider -q -ra --durations=10 -m services tests "$@"
 ) > "$services_log" 2>&1 &
 services_pid=$!
-.venv/bin/python -m pytest -p no:cacheprovider -q -ra --durations=15 -n 2 --dist loadfile \
+.venv/bin/python -m pytest -p no:cacheprovider -q -ra --durations=15 -n 2 --dist load --maxschedchunk 2 \
   -m "not services" tests "$@" || status=$?
 services_rc=0
 wait "$services_pid" || services_rc=$?

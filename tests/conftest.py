@@ -35,6 +35,14 @@ SERVICES_SCRIPT = REPO / "infra" / "local" / "services.sh"
 SINGLE_PROCESS_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
 
 
+def pytest_collection_modifyitems(config, items):
+    """Engine tests first, those that start several engines before the others: scripts/test.sh hands tests to two pytest-xdist
+    workers two at a time, so the long engine tests start early and the many short tests fill
+    in whichever worker is free at the end."""
+    items.sort(key=lambda item: (item.get_closest_marker("engine") is None,
+                                 item.get_closest_marker("several_engines") is None))
+
+
 @pytest.fixture(autouse=True)
 def _engine_layout(request, monkeypatch):
     """Engine tests: vLLM in one process unless marked `vllm_multiprocess`; under pytest-xdist
@@ -57,7 +65,7 @@ def _engine_layout(request, monkeypatch):
 def pair_spec():
     from tabletune.engine import EngineSpec
 
-    # K = 2 keeps the small-grid runs short while still having two speculative lengths.
+    # K = 2 keeps the engine tests short while still having two speculative lengths.
     return EngineSpec.embedded_default(max_num_seqs=8).with_(max_k=2)
 
 

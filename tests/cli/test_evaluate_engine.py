@@ -60,6 +60,7 @@ def _live_vllm_children() -> list[int]:
     return [s.proc.pid for s in _LIVE_SERVERS if s.proc is not None and s.proc.poll() is None]
 
 
+@pytest.mark.several_engines
 def test_doctor_judges_each_length_and_transition_of_the_candidate_table(tmp_path, capsys):
     table = tmp_path / "candidate.json"
     table.write_text(json.dumps([[1, 1, 2], [2, 3, 1]]))

@@ -1,17 +1,15 @@
 """The table builder: step-time interpolation, the choice per batch size, and table loss."""
 
-import importlib.util
 import json
 import math
-import sys
 import warnings
-from pathlib import Path
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from vllm_schedule import vllm_schedule_utils
 from tabletune.core import (
     DOCS_TABLE,
     ContractError,
@@ -29,25 +27,6 @@ from tabletune.core import (
 )
 
 PAPER_RATES = (0.7, 0.5, 0.3)
-
-
-def vllm_schedule_utils():
-    """vLLM's own schedule validator (vllm/v1/spec_decode/dynamic/utils.py).
-
-    The module imports nothing, but ``import vllm.v1...`` first runs vllm/__init__ (torch, ~9 s),
-    so it is loaded from its file unless something already imported it.
-    """
-    name = "vllm.v1.spec_decode.dynamic.utils"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.find_spec("vllm")
-    if spec is None or spec.origin is None:
-        pytest.skip("vLLM is not installed")
-    path = Path(spec.origin).parent / "v1" / "spec_decode" / "dynamic" / "utils.py"
-    mod_spec = importlib.util.spec_from_file_location("_vllm_dynamic_sd_utils", path)
-    module = importlib.util.module_from_spec(mod_spec)
-    mod_spec.loader.exec_module(module)
-    return module
 
 
 VLLM = vllm_schedule_utils()

@@ -1,36 +1,15 @@
 """Draft tables: parsing, lookup, vLLM form, diffs."""
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from vllm_schedule import vllm_schedule_utils
 from tabletune.core import DOCS_TABLE, ContractError, DraftTable
 
 DOCS_RANGES = [[1, 64, 3], [65, 128, 1], [129, 512, 0]]
-
-
-def vllm_schedule_utils():
-    """vLLM's own schedule validator (vllm/v1/spec_decode/dynamic/utils.py).
-
-    The module imports nothing, but ``import vllm.v1...`` first runs vllm/__init__ (torch, ~9 s),
-    so it is loaded from its file unless something already imported it.
-    """
-    name = "vllm.v1.spec_decode.dynamic.utils"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.find_spec("vllm")
-    if spec is None or spec.origin is None:
-        pytest.skip("vLLM is not installed")
-    path = Path(spec.origin).parent / "v1" / "spec_decode" / "dynamic" / "utils.py"
-    mod_spec = importlib.util.spec_from_file_location("_vllm_dynamic_sd_utils", path)
-    module = importlib.util.module_from_spec(mod_spec)
-    mod_spec.loader.exec_module(module)
-    return module
 
 
 VLLM = vllm_schedule_utils()
