@@ -36,7 +36,7 @@ from typing import Any
 from websockets.sync.client import connect
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO / "tests" / "pipeline"), str(REPO / "plugins")]
+sys.path[:0] = [str(REPO / "tests" / "support"), str(REPO / "plugins")]
 
 from airflow_api import AirflowApi  # noqa: E402
 

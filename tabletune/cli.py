@@ -19,7 +19,7 @@ from tabletune.core.tables import DOCS_TABLE, DraftTable
 from tabletune.engine_args import add_engine_args, engine_spec_from_args
 from tabletune.prompt_args import add_prompt_args, prompts_from_args
 from tabletune.tuner.profiler import (
-    DEFAULT_DRIFT_BOUND,
+    DEFAULT_REFERENCE_DRIFT_BOUND,
     DEFAULT_MAX_SPREAD,
     DEFAULT_REFERENCE_EVERY,
     DEFAULT_REPEATS,
@@ -83,7 +83,7 @@ def add_profile_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reference-every", type=int, default=DEFAULT_REFERENCE_EVERY, metavar="N",
                    help="re-time the reference cell after every N repeats and hold those "
                         "repeats back from the checkpoint until it has (0: no drift guard)")
-    p.add_argument("--drift-bound", type=float, default=DEFAULT_DRIFT_BOUND,
+    p.add_argument("--drift-bound", type=float, default=DEFAULT_REFERENCE_DRIFT_BOUND,
                    help="relative move of the reference cell that drops the repeats since "
                         "its last good check")
     p.add_argument("--mode", choices=("one-launch", "per-k"), default="one-launch",

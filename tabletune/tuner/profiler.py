@@ -50,7 +50,7 @@ ENGINE_AGREEMENT = 0.3
 DEFAULT_REPEATS = 3
 DEFAULT_MAX_SPREAD = 0.25       # (max - min) / median of a cell's repeats
 DEFAULT_REFERENCE_EVERY = 8
-DEFAULT_DRIFT_BOUND = 0.10
+DEFAULT_REFERENCE_DRIFT_BOUND = 0.10
 DEFAULT_STARTUP_TIMEOUT_S = 600.0
 
 
@@ -101,7 +101,7 @@ class ProfileSettings:
     reference_every: int = DEFAULT_REFERENCE_EVERY
     # How far (relative) the reference may move from its start before the repeats timed since
     # its last good check are dropped (they are timed again).
-    drift_bound: float = DEFAULT_DRIFT_BOUND
+    drift_bound: float = DEFAULT_REFERENCE_DRIFT_BOUND
     # Re-checks of a moved reference (drift_wait_s apart) before its new level is accepted.
     drift_retries: int = 2
     drift_wait_s: float = 5.0
