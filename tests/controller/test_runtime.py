@@ -6,6 +6,7 @@ import json
 import logging
 
 import pytest
+from fake_vllm import install_fake_schedulers
 
 from tabletune.controller import ControllerSettings
 from tabletune.vllm.lookup import ControlFile, StepLookup
@@ -222,7 +223,6 @@ def test_the_scheduler_logs_the_refusal_and_runs_the_static_table(tmp_path, engi
     """The scheduler subclass on stand-ins for vLLM's scheduler modules (no vLLM import)."""
     import importlib
     import sys
-    import types
 
     class FakeScheduler:
         def __init__(self, vllm_config):
@@ -232,14 +232,7 @@ def test_the_scheduler_logs_the_refusal_and_runs_the_static_table(tmp_path, engi
             self.num_spec_tokens = fake.num_spec_tokens
             self.scheduler_config = fake.scheduler_config
 
-    sched_mod = types.ModuleType("vllm.v1.core.sched.scheduler")
-    sched_mod.Scheduler = FakeScheduler
-    async_mod = types.ModuleType("vllm.v1.core.sched.async_scheduler")
-    async_mod.AsyncScheduler = type("AsyncScheduler", (FakeScheduler,), {})
-    for name in ("vllm", "vllm.v1", "vllm.v1.core", "vllm.v1.core.sched"):
-        engine_env.setitem(sys.modules, name, sys.modules.get(name) or types.ModuleType(name))
-    engine_env.setitem(sys.modules, "vllm.v1.core.sched.scheduler", sched_mod)
-    engine_env.setitem(sys.modules, "vllm.v1.core.sched.async_scheduler", async_mod)
+    install_fake_schedulers(engine_env, FakeScheduler)
     import tabletune.vllm
 
     engine_env.delitem(sys.modules, "tabletune.vllm.scheduler", raising=False)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+from fake_vllm import install_fake_schedulers
 
 from tabletune.controller.step_clock import StepClock, steady_decode_k
 
@@ -92,7 +93,6 @@ def scheduler_module(monkeypatch):
     """``tabletune.vllm.scheduler`` on stand-ins for vLLM's scheduler modules (no vLLM import)."""
     import importlib
     import sys
-    import types
 
     import tabletune.vllm
 
@@ -106,14 +106,7 @@ def scheduler_module(monkeypatch):
         def update_from_output(self, scheduler_output, model_runner_output):
             return {}
 
-    sched_mod = types.ModuleType("vllm.v1.core.sched.scheduler")
-    sched_mod.Scheduler = FakeScheduler
-    async_mod = types.ModuleType("vllm.v1.core.sched.async_scheduler")
-    async_mod.AsyncScheduler = type("AsyncScheduler", (FakeScheduler,), {})
-    for name in ("vllm", "vllm.v1", "vllm.v1.core", "vllm.v1.core.sched"):
-        monkeypatch.setitem(sys.modules, name, sys.modules.get(name) or types.ModuleType(name))
-    monkeypatch.setitem(sys.modules, "vllm.v1.core.sched.scheduler", sched_mod)
-    monkeypatch.setitem(sys.modules, "vllm.v1.core.sched.async_scheduler", async_mod)
+    install_fake_schedulers(monkeypatch, FakeScheduler)
     for name in ("TABLETUNE_CONTROLLER", "TABLETUNE_CONTROL_FILE"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.delitem(sys.modules, "tabletune.vllm.scheduler", raising=False)
