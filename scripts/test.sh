@@ -32,6 +32,10 @@ trap 'infra/local/services.sh stop' EXIT
 services_log="$(mktemp -t tabletune-services-tests.XXXXXX)"
 log "services: starting from a clean state, then the services tests, in the background (log: $services_log)"
 (
+  # The engines these tests start inside Airflow tasks run in one process (engine core and worker
+  # inside the API server: one import of vLLM instead of three); no services test times steps,
+  # and tests/engine/test_signals_engine.py checks the multi-process layout's clean-up.
+  export VLLM_ENABLE_V1_MULTIPROCESSING=0
   infra/local/services.sh start --clean || { echo "[test] services failed to start"; exit 90; }
   # shellcheck disable=SC1091
   source "$TABLETUNE_SERVICES_DIR/env.sh"

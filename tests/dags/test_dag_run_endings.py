@@ -127,7 +127,8 @@ def test_one_run_at_a_time_and_every_ending_closes_the_mlflow_run(
 
 def processes_of(run_id: str) -> list[psutil.Process]:
     """Processes started for an Airflow run: the task runner exports AIRFLOW_CTX_DAG_RUN_ID,
-    and whatever it launches (the vLLM server, its engine core) inherits it."""
+    and whatever it launches (the vLLM server, and its engine core when vLLM runs in several
+    processes) inherits it."""
     found = []
     for proc in psutil.process_iter():
         try:
