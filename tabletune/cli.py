@@ -268,52 +268,109 @@ def _validate_tune_args(args) -> None:
         raise ContractError(f"--prompts: {args.prompts} is not a file")
 
 
+def _serving_plan(args, grid: tuple[int, ...]):
+    """The serving calibration ``--serving-*`` asks for (None: off); checked before any engine
+    starts."""
+    from tabletune.tuner.serving import ServingPlan, serving_batch_sizes
+
+    text = (args.serving_batch_sizes or "auto").strip()
+    for value, option in ((args.serving_warm_up, "--serving-warm-up"),
+                          (args.serving_window, "--serving-window")):
+        if not 0 < value < 3600:
+            raise ContractError(f"{option}: {value!r} is not a number of seconds in (0, 3600)")
+    if args.serving_output_tokens is not None and args.serving_output_tokens < 2:
+        raise ContractError(f"--serving-output-tokens: {args.serving_output_tokens!r} must be "
+                            ">= 2")
+    if text == "none":
+        return None
+    if text == "auto":
+        sizes = serving_batch_sizes(grid)
+    elif text == "all":
+        sizes = tuple(grid)
+    else:
+        try:
+            sizes = tuple(sorted({int(x) for x in text.split(",") if x.strip()}))
+        except ValueError:
+            raise ContractError(f"--serving-batch-sizes: {text!r} is not auto, all, none or "
+                                "a comma-separated list of profiled batch sizes") from None
+        missing = [b for b in sizes if b not in grid]
+        if not sizes or missing:
+            raise ContractError(f"--serving-batch-sizes: {text!r} names "
+                                f"{missing or 'no batch size'}, not in the profiled grid "
+                                f"{list(grid)}")
+    return ServingPlan(batch_sizes=sizes,
+                       output_tokens=args.serving_output_tokens or args.max_tokens,
+                       warm_up_s=args.serving_warm_up, window_s=args.serving_window)
+
+
 def cmd_tune(args) -> int:
+    from tabletune.core.calibration import calibrate_profile
+    from tabletune.tuner.serving import (acceptance_and_serving, launch_serving_server,
+                                         measured_for_calibration)
+
     _validate_tune_args(args)
     out = Path(args.out_dir)
+    grid = _grid(args)
+    plan = _serving_plan(args, grid)
     out.mkdir(parents=True, exist_ok=True)
     started = time.time()
-    grid = _grid(args)
     spec = engine_spec_from_args(args, max_batch_size=max(grid))
     print(f"tune: {spec.model} + {spec.drafter} ({spec.method}, K={spec.max_k}, {spec.device}); "
           f"B grid {list(grid)}; output {out}", flush=True)
     t0 = time.time()
     measured: dict = {}
-    on_ready = None
-    if args.acceptance:
-        measured["acceptance"] = load_json(args.acceptance, "acceptance")
-    elif args.overlap_startups:
-        # The acceptance server starts beside the profile's; acceptance is measured once both
-        # are up and before any cell is timed, so the two never share a timing window.
-        from tabletune.tuner.acceptance import (acceptance_from, check_acceptance_inputs,
-                                                launch_acceptance_server)
+    reused = load_json(args.acceptance, "acceptance") if args.acceptance else None
+    # One server measures acceptance (unless reused) and then serving step times (unless off).
+    need_server = reused is None or plan is not None
+    prompts = prompts_from_args(args) if need_server else None
+    if reused is None:
+        from tabletune.tuner.acceptance import check_acceptance_inputs
 
-        prompts = prompts_from_args(args)
         check_acceptance_inputs(prompts, args.temperature)
-        acc_server = launch_acceptance_server(_acceptance_spec(spec),
-                                              log_dir=out / "logs",
-                                              startup_timeout_s=args.startup_timeout)
 
-        def on_ready() -> None:
-            t = time.time()
-            measured["acceptance"] = acceptance_from(acc_server, prompts,
-                                                     temperature=args.temperature,
-                                                     max_tokens=args.max_tokens)
-            measured["acceptance_s"] = time.time() - t
+    def measure_on(server, control) -> None:
+        t = time.time()
+        acc, cells = acceptance_and_serving(server, control, prompts,
+                                            measure_acceptance=reused is None, plan=plan,
+                                            temperature=args.temperature,
+                                            max_tokens=args.max_tokens)
+        measured["acceptance"] = acc or reused
+        measured["serving"] = cells
+        measured["acceptance_s"] = time.time() - t
+
+    def launch():
+        return launch_serving_server(_acceptance_spec(spec), max_batch_size=max(grid),
+                                     log_dir=out / "logs", startup_timeout_s=args.startup_timeout)
+
+    on_ready = None
+    if need_server and args.overlap_startups:
+        # The acceptance server starts beside the profile's; it is measured once both are up
+        # and before any cell is timed, so the two never share a timing window.
+        server, control = launch()
+        on_ready = lambda: measure_on(server, control)  # noqa: E731
     try:
         profile = _run_profile(args, spec, out, on_first_server_ready=on_ready)
     finally:
         if on_ready is not None and "acceptance" not in measured:
-            acc_server.stop()
+            server.stop()
     save_json(out / "profile.json", profile)
     t_profile = time.time() - t0 - measured.get("acceptance_s", 0.0)
     t0 = time.time()
-    if "acceptance" not in measured:
-        measured["acceptance"] = _run_acceptance(args, spec, out)
-    acceptance = measured["acceptance"]
-    if not args.acceptance:
+    if need_server and "acceptance" not in measured:
+        measure_on(*launch())
+    acceptance = measured.get("acceptance") or reused
+    if reused is None:
         save_json(out / "acceptance.json", acceptance)
     t_acceptance = time.time() - t0 + measured.get("acceptance_s", 0.0)
+    cells = measured.get("serving") or []
+    if cells:
+        profile = calibrate_profile(
+            profile, measured_for_calibration(cells),
+            meta={"method": "closed-loop windows with acceptance on, k pinned for every step; "
+                            "step = window / engine steps (vllm:iteration_tokens_total)",
+                  "plan": plan.to_dict(), "windows": [c.to_dict() for c in cells]})
+        save_json(out / "profile.json", profile)
+        print(_describe_calibration(profile))
     built = build_document(profile, acceptance, lengths=args.lengths,
                            tie_margin=args.tie_margin, max_batch_size=args.table_max_batch_size,
                            provenance={"tune_wall_s": round(time.time() - started, 1)})
@@ -322,14 +379,28 @@ def cmd_tune(args) -> int:
     _write_plots(out / "plots", profile, result)
     timing = {"profile_s": round(t_profile, 1), "acceptance_s": round(t_acceptance, 1),
               "total_s": round(time.time() - started, 1), "mode": args.mode,
-              "cells": len(profile.cells), "batch_sizes": list(grid)}
+              "cells": len(profile.cells), "batch_sizes": list(grid),
+              "serving_windows": len(cells)}
     atomic_write_text(out / "timing.json", json.dumps(timing, indent=2) + "\n")
     summary = _describe_document(doc)
     atomic_write_text(out / "summary.txt", summary + "\n")
     print(summary)
     print(f"tune finished in {timing['total_s']:.0f} s (profile {t_profile:.0f} s, acceptance "
-          f"{t_acceptance:.0f} s); files in {out}")
+          f"and serving {t_acceptance:.0f} s); files in {out}")
     return 0
+
+
+def _describe_calibration(profile: Profile) -> str:
+    """Serving / reject-all per measured cell, one line per batch size."""
+    factors = {(f["batch_size"], f["k"]): f["factor"]
+               for f in profile.meta["serving_calibration"]["factors"]}
+    measured = sorted({m["batch_size"] for m in profile.meta["serving_calibration"]["measured"]})
+    lines = ["serving step time / reject-all profile (measured at "
+             f"B {measured}; interpolated in log B between them):"]
+    for b in measured:
+        lines.append(f"  B={b}: " + ", ".join(f"k={k} {factors[(b, k)]:.3f}"
+                                              for k in profile.lengths))
+    return "\n".join(lines)
 
 
 def _describe_document(doc: TableDocument) -> str:
@@ -476,6 +547,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overlap-startups", action="store_true",
                    help="start the acceptance server beside the profile's (GPU: give each a "
                         "fixed --engine-arg=--kv-cache-memory-bytes=N)")
+    p.add_argument("--serving-batch-sizes", default="auto",
+                   help="batch sizes at which the acceptance run's server also times serving "
+                        "(closed loop, acceptance on) to calibrate the reject-all profile: auto "
+                        "(4 of the grid, spread in log B), all, none, or a list of profiled "
+                        "batch sizes (default: %(default)s)")
+    p.add_argument("--serving-output-tokens", type=int, default=None,
+                   help="mean output length of the serving windows' requests (spread over "
+                        "half to one and a half times it); default: --max-tokens")
+    p.add_argument("--serving-warm-up", type=float, default=2.0,
+                   help="seconds of closed-loop load before a serving window opens "
+                        "(default: %(default)s)")
+    p.add_argument("--serving-window", type=float, default=3.0,
+                   help="seconds a serving window is timed (default: %(default)s)")
     p.add_argument("--out-dir", default="tabletune-out",
                    help="folder for profile, acceptance, table, plots and logs/")
     p.set_defaults(func=cmd_tune)

@@ -22,7 +22,7 @@ from tabletune.core.contracts import load_json, save_json
 from tabletune.core.errors import ContractError
 from tabletune.core.tables import DOCS_TABLE, DraftTable
 from tabletune.engine.client import run_load
-from tabletune.engine.server import VllmServer, speculative_config
+from tabletune.engine.server import EngineError, VllmServer, speculative_config
 from tabletune.engine.spec import EngineSpec, deployment_fingerprint
 from tabletune.engine_args import add_engine_args, engine_spec_from_args
 from tabletune.prompt_args import add_prompt_args, prompts_from_args
@@ -116,12 +116,23 @@ def controller_start_table(text: str) -> DraftTable:
 
 @dataclass(frozen=True)
 class ArmResult:
+    """One measurement of one arm at one concurrency level (``repeat`` counts from 0).
+
+    With a steady window (``--window``) ``tokens_per_s`` is the engine's output rate over the
+    window (vLLM's generation-token counter: no ramp-up, no ramp-down) and ``window`` holds the
+    engine's own counts for it (steps, step time, drafts, acceptance per position); without
+    one it is the client's tokens over the level's wall time.
+    """
+
     arm: str
     concurrency: int
     tokens_per_s: float
     requests: int
     output_tokens: int
     wall_s: float
+    repeat: int = 0
+    window: dict | None = None
+    started_at: float | None = None  # time.time() when the level's clients started
 
 
 def run_arms(spec: EngineSpec, arms: Sequence[Arm], *, concurrency: Sequence[int],
@@ -131,7 +142,10 @@ def run_arms(spec: EngineSpec, arms: Sequence[Arm], *, concurrency: Sequence[int
              one_server: bool = False, parallel_startups: int = 1,
              startup_log: dict | None = None, controller_start: DraftTable | None = None,
              controller_settings: dict | None = None,
-             on_level: Callable[[list[ArmResult]], None] | None = None) -> list[ArmResult]:
+             on_level: Callable[[list[ArmResult]], None] | None = None,
+             repeats: int = 1, window: tuple[float, float] | None = None,
+             target_spread: float | None = None, max_repeats: int | None = None,
+             ) -> list[ArmResult]:
     """Load-test each arm at each concurrency level.
 
     ``one_server``: every arm that serves through a table (``table``, ``fixed-table``) runs on
@@ -148,6 +162,11 @@ def run_arms(spec: EngineSpec, arms: Sequence[Arm], *, concurrency: Sequence[int
     quarter) with ``controller_settings``; on one server it shares the table server, which runs
     the controller whenever the control file pins nothing. ``on_level`` gets the results so far
     after every level (to save partial results).
+
+    Each level runs ``repeats`` rounds (each round every arm once, the order rotating from round
+    to round); with ``target_spread`` more rounds follow, up to ``max_repeats``, while some
+    arm's repeats at that level spread wider than it. ``window=(warm_up_s, length_s)``
+    measures each repeat over a steady window of the engine's own counters (``run_load``).
     """
     max_c = max(concurrency)
     run_spec = spec.with_(max_num_seqs=max(spec.max_num_seqs, max_c))
@@ -178,13 +197,23 @@ def run_arms(spec: EngineSpec, arms: Sequence[Arm], *, concurrency: Sequence[int
             for server, control, arm in pairs:
                 _select(control, arm)
                 _warm_up(server, run_spec, prompts, max_c)
-            for i, c in enumerate(concurrency):
-                turn = i % len(pairs)
-                for server, control, arm in pairs[turn:] + pairs[:turn]:
-                    _select(control, arm)
-                    results.append(_measure_level(server, run_spec, arm, c, prompts,
-                                                  max_tokens, requests_per_client,
-                                                  temperature, min_seconds))
+            turn = 0
+            for c in concurrency:
+                level: list[ArmResult] = []
+                rounds = 0
+                while rounds < repeats or (
+                        target_spread is not None and rounds < (max_repeats or repeats)
+                        and max(level_stats(level)[key]["spread"] for key in
+                                level_stats(level)) > target_spread):
+                    for server, control, arm in pairs[turn:] + pairs[:turn]:
+                        _select(control, arm)
+                        level.append(_measure_level(server, run_spec, arm, c, prompts,
+                                                    max_tokens, requests_per_client,
+                                                    temperature, min_seconds, rounds,
+                                                    window))
+                    turn = (turn + 1) % len(pairs)
+                    rounds += 1
+                results.extend(level)
                 if on_level is not None:
                     on_level(_in_arm_order(results, arms, concurrency))
         finally:
@@ -195,7 +224,8 @@ def run_arms(spec: EngineSpec, arms: Sequence[Arm], *, concurrency: Sequence[int
 
 def _in_arm_order(results, arms, concurrency) -> list[ArmResult]:
     order = {a.name: i for i, a in enumerate(arms)}
-    return sorted(results, key=lambda r: (order[r.arm], list(concurrency).index(r.concurrency)))
+    return sorted(results, key=lambda r: (order[r.arm], list(concurrency).index(r.concurrency),
+                                          r.repeat))
 
 
 def _server_groups(spec, arms, max_c, log_dir, one_server, startup_timeout_s, ctl_env):
@@ -262,19 +292,58 @@ def _warm_up(server, spec, prompts, max_c) -> None:
 
 
 def _measure_level(server, spec, arm, c, prompts, max_tokens, requests_per_client,
-                   temperature, min_seconds) -> ArmResult:
+                   temperature, min_seconds, repeat=0, window=None) -> ArmResult:
+    from tabletune.engine.window import serving_window
+
+    started_at = time.time()
     r = server.guarded(run_load, server.base_url, spec.served_model_name,
                        prompts, concurrency=c, requests_per_worker=requests_per_client,
                        max_tokens=max_tokens, temperature=temperature,
-                       min_seconds=min_seconds)
-    print(f"  {arm.name:>22}  c={c:<4} {r.tokens_per_s:9.1f} tok/s  "
-          f"({r.requests} requests, {r.wall_s:.1f} s)", flush=True)
-    return ArmResult(arm.name, c, r.tokens_per_s, r.requests, r.output_tokens, r.wall_s)
+                       min_seconds=min_seconds, window=window, cut_tail=window is not None,
+                       seed=1000 * repeat + c)
+    steady = serving_window(r, server.spec.max_k) if window is not None else None
+    if window is not None and steady is None:
+        raise EngineError(f"{arm.name} at c={c}: the engine's step counter did not move in the "
+                          "steady window")
+    rate = steady.tokens_per_s if steady is not None else r.tokens_per_s
+    detail = (f"{steady.step_ms:.2f} ms a step, {steady.tokens_per_step:.1f} tokens a step"
+              if steady is not None else f"{r.requests} requests, {r.wall_s:.1f} s")
+    print(f"  {arm.name:>22}  c={c:<4} {rate:9.1f} tok/s  ({detail})", flush=True)
+    return ArmResult(arm.name, c, rate, r.requests, r.output_tokens, r.wall_s, repeat,
+                     steady.to_dict() if steady is not None else None, round(started_at, 3))
+
+
+def level_stats(results: Sequence[ArmResult]) -> dict[tuple[str, int], dict]:
+    """Per (arm, concurrency): the median of its repeats, their spread ((max - min) / median)
+    and, with steady windows, the median step time and acceptance per position."""
+    import statistics
+
+    groups: dict[tuple[str, int], list[ArmResult]] = {}
+    for r in results:
+        groups.setdefault((r.arm, r.concurrency), []).append(r)
+    out = {}
+    for key, rs in groups.items():
+        rates = [r.tokens_per_s for r in rs]
+        med = statistics.median(rates)
+        stats = {"arm": key[0], "concurrency": key[1], "repeats": len(rs),
+                 "median_tokens_per_s": med,
+                 "spread": (max(rates) - min(rates)) / med if med > 0 else float("inf")}
+        windows = [r.window for r in rs if r.window]
+        if windows:
+            stats["median_step_ms"] = statistics.median(w["step_ms"] for w in windows)
+            drafts = sum(w["drafts"] for w in windows)
+            if drafts:
+                stats["rates"] = [sum(w["accepted_per_position"][i] for w in windows) / drafts
+                                  for i in range(len(windows[0]["accepted_per_position"]))]
+                stats["drafts"] = drafts
+        out[key] = stats
+    return out
 
 
 def loss_table(results: Sequence[ArmResult], fixed_arms: Sequence[str]) -> dict:
-    """Per arm: loss vs the best fixed arm at each load, and the worst-load loss."""
-    by = {(r.arm, r.concurrency): r.tokens_per_s for r in results}
+    """Per arm: loss vs the best fixed arm at each load, and the worst-load loss (medians of
+    the repeats)."""
+    by = {key: s["median_tokens_per_s"] for key, s in level_stats(results).items()}
     levels = sorted({r.concurrency for r in results})
     arms = list(dict.fromkeys(r.arm for r in results))
     best = {c: max(by[(a, c)] for a in fixed_arms if (a, c) in by) for c in levels}
@@ -293,15 +362,15 @@ def _write_results(out_dir: Path, kind: str, spec: EngineSpec, results, losses, 
 
     out_dir.mkdir(parents=True, exist_ok=True)
     doc = {"schema": RESULTS_SCHEMA, "kind": kind, "fingerprint": deployment_fingerprint(spec),
-           "complete": complete, "results": [asdict(r) for r in results], "losses": losses,
-           **extra}
+           "complete": complete, "results": [asdict(r) for r in results],
+           "levels": list(level_stats(results).values()), "losses": losses, **extra}
     path = out_dir / f"{kind}.json"
     atomic_write_text(path, json.dumps(doc, indent=2) + "\n")
     if not complete:
         return path
     arms: dict[str, list] = {}
-    for r in results:
-        arms.setdefault(r.arm, []).append((r.concurrency, r.tokens_per_s))
+    for (arm, c), stats in level_stats(results).items():
+        arms.setdefault(arm, []).append((c, stats["median_tokens_per_s"]))
     plots.plot_throughput(arms, out_dir / f"{kind}.png", title=f"tabletune {kind}")
     return path
 
@@ -321,12 +390,39 @@ def _common(args) -> tuple[EngineSpec, list[str], list[int]]:
     return spec, prompts, concurrency
 
 
+def _window(args) -> tuple[float, float] | None:
+    if args.window is None:
+        return None
+    try:
+        warm, length = (float(x) for x in args.window.split(","))
+    except ValueError:
+        raise ContractError(f"--window: {args.window!r} is not WARM_UP_S,LENGTH_S") from None
+    if not (0 <= warm < 3600 and 0 < length < 3600):
+        raise ContractError(f"--window: {args.window!r} needs 0 <= warm-up < 3600 and "
+                            "0 < length < 3600 seconds")
+    return warm, length
+
+
 def cmd_evaluate(args) -> int:
     spec, prompts, concurrency = _common(args)
     arm_texts = args.arms.split(",") if args.arms else (
         ["none"] + [f"fixed:{k}" for k in range(1, spec.max_k + 1)] + ["docs"]
         + ([f"table:{args.table}"] if args.table else []))
     arms = [parse_arm(t.strip(), spec.max_k) for t in arm_texts]
+    window = _window(args)
+    if not 0 <= args.output_spread < 1:
+        raise ContractError(f"--output-spread: {args.output_spread!r} is not in [0, 1)")
+    lengths = args.max_tokens
+    if args.output_spread:
+        lengths = (max(1, round(args.max_tokens * (1 - args.output_spread))),
+                   round(args.max_tokens * (1 + args.output_spread)))
+    if args.repeats < 1:
+        raise ContractError(f"--repeats: {args.repeats!r} must be >= 1")
+    if args.max_repeats is not None and args.max_repeats < args.repeats:
+        raise ContractError(f"--max-repeats: {args.max_repeats!r} is below --repeats "
+                            f"({args.repeats})")
+    if args.target_spread is not None and not 0 < args.target_spread < float("inf"):
+        raise ContractError(f"--target-spread: {args.target_spread!r} is not a positive number")
     controller_start = controller_start_table(args.controller_start)
     try:
         controller_settings = json.loads(args.controller_settings)
@@ -349,9 +445,11 @@ def cmd_evaluate(args) -> int:
 
     def extra() -> dict:
         return {"arms": [a.name for a in arms], "wall_s": round(time.time() - started, 1),
-                "max_tokens": args.max_tokens,
+                "max_tokens": args.max_tokens, "output_spread": args.output_spread,
                 "requests_per_client": args.requests_per_client,
                 "min_seconds_per_level": args.min_seconds,
+                "repeats": args.repeats, "window": args.window,
+                "target_spread": args.target_spread, "max_repeats": args.max_repeats,
                 "one_server": args.one_server, "startup_s": startups,
                 **({"controller": {"prior": controllers[0].prior,
                                    "start_table": controller_start.to_vllm(),
@@ -364,13 +462,15 @@ def cmd_evaluate(args) -> int:
                               complete=complete), losses
 
     results = run_arms(spec, arms, concurrency=concurrency, prompts=prompts,
-                       max_tokens=args.max_tokens, requests_per_client=args.requests_per_client,
+                       max_tokens=lengths, requests_per_client=args.requests_per_client,
                        log_dir=out / "logs", temperature=args.temperature,
                        min_seconds=args.min_seconds, one_server=args.one_server,
                        parallel_startups=args.parallel_startups, startup_log=startups,
                        controller_start=controller_start,
                        controller_settings=controller_settings,
-                       on_level=lambda partial: save(partial, False))
+                       on_level=lambda partial: save(partial, False),
+                       repeats=args.repeats, window=window, target_spread=args.target_spread,
+                       max_repeats=args.max_repeats)
     path, losses = save(results, True)
     if losses is not None:
         _print_losses(losses)
@@ -391,6 +491,23 @@ def add_evaluate_parsers(sub) -> None:
         p.add_argument("--min-seconds", type=float, default=None,
                        help="keep each level's clients sending requests until this long has "
                             "passed (steady loads on fast engines)")
+        p.add_argument("--output-spread", type=float, default=0.0,
+                       help="spread request lengths evenly over --max-tokens x (1 +- this), "
+                            "so requests finish one by one as in real traffic (default: "
+                            "%(default)s: every request --max-tokens long)")
+        p.add_argument("--repeats", type=int, default=1,
+                       help="rounds per level: every arm once a round, the order rotating "
+                            "(default: %(default)s)")
+        p.add_argument("--target-spread", type=float, default=None,
+                       help="add rounds at a level while some arm's repeats spread wider than "
+                            "this ((max - min) / median), up to --max-repeats")
+        p.add_argument("--max-repeats", type=int, default=None,
+                       help="most rounds per level with --target-spread (default: --repeats)")
+        p.add_argument("--window", default=None, metavar="WARM_UP_S,LENGTH_S",
+                       help="measure each repeat over a steady window of vLLM's own counters "
+                            "(step count, generated tokens, drafts): clients busy from the "
+                            "start, the window opens after the warm-up, requests still running "
+                            "at its end are cancelled")
         p.add_argument("--parallel-startups", type=int, default=1,
                        help="start this many servers side by side (GPU; give each a fixed "
                             "--engine-arg=--kv-cache-memory=BYTES)")

@@ -12,11 +12,18 @@ scheduler.py`` and ``vllm/v1/worker/gpu_model_runner.py`` in vLLM 0.32):
 * step n + 1 verifies those drafts: ``scheduled_spec_decode_tokens[req]`` holds the k of step n,
   and each request is scheduled ``1 + k`` tokens.
 
-So step n's work is verify(B, k_{n-1}) plus draft(B, k_n). The profile times steady steps, where
-both are the same k. Labelling a step by what it verifies alone (as the first version did) puts
-the step after every change of k in the wrong cell — the one after each table change, and two
-around every exploration step, which the README's settings take one step in 50. A step counts
-here only when every request verifies exactly the k it drafts again.
+So step n's work is verify(B, k_{n-1}) plus draft(B, k_n). A step is attributed to a length only
+when both are the same k. Labelling a step by what it verifies alone (as the first version did)
+puts the step after every change of k in the wrong cell — the one after each table change, and
+two around every exploration step, which the README's settings take one step in 50.
+
+Which steps count: serving pays for the prefills of arriving requests inside decode steps, and the
+tuner's serving calibration (``tabletune.tuner.serving``) counts every engine step of a closed
+loop, so the clock counts a step that carries prefills too (B is every request scheduled in it,
+as vLLM's lookup counts B). What it leaves out is a step whose lengths are mixed: a request that
+verifies another k than the step drafts, or a running request that drafted nothing for a step
+that drafts k > 0 (the step after a change from k = 0). ``steady_decode_k`` is the stricter rule
+(pure decode steps only), kept for callers that want the reject-all profile's kind of step.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["steady_decode_k", "StepClock"]
+__all__ = ["serving_step_k", "steady_decode_k", "StepClock"]
 
 
 def steady_decode_k(out: Any) -> int:
@@ -48,8 +55,27 @@ def steady_decode_k(out: Any) -> int:
     return k
 
 
+def serving_step_k(out: Any) -> int:
+    """k when every request of step ``out`` that verifies drafts verifies the k the step drafts
+    (prefills and new requests allowed beside them); -1 for a step of mixed lengths or none."""
+    scheduled = out.num_scheduled_tokens
+    if not scheduled:
+        return -1
+    k = out.num_spec_tokens_to_schedule
+    spec = out.scheduled_spec_decode_tokens
+    for req, n in scheduled.items():
+        drafts = spec.get(req)
+        if drafts:
+            if len(drafts) != k:
+                return -1
+        elif k and n == 1:
+            return -1  # a running request that drafted nothing: the step after k = 0
+    return k
+
+
 class StepClock:
-    """The period between two engine outputs, attributed to the step that ended it.
+    """The period between two engine outputs, attributed to the step that ended it (B = the
+    requests scheduled in it, k = its one length; see ``serving_step_k``).
 
     In vLLM's synchronous loop the period from one ``update_from_output`` to the next is the next
     step's scheduling and execution; in the asynchronous loop it is the time the worker took for
@@ -62,8 +88,9 @@ class StepClock:
         self._last = 0.0
 
     def tick(self, out: Any) -> tuple[int, int, float] | None:
-        """(B, k, ms) for a steady decode step, None for any other (the clock restarts)."""
-        k = steady_decode_k(out)
+        """(B, k, ms) for a step of one length (``serving_step_k``), None for any other (the
+        clock restarts)."""
+        k = serving_step_k(out)
         now = self._clock()
         last, self._last = self._last, now
         if k < 0 or not last:

@@ -23,6 +23,7 @@ from tabletune.core.errors import (
     check_dict,
     check_int,
     check_nonnegative,
+    check_positive,
     check_number,
     check_sequence,
     check_step_ms,
@@ -95,20 +96,29 @@ class ProfileCell:
     # physical order of step times beyond its noise, after a re-measure), "drift" (its repeats
     # straddle a move of the profiler's reference cell). Empty in profiles older than these.
     flags: tuple[str, ...] = ()
+    # Serving calibration (``core.calibration``): step_ms and samples_ms are the reject-all
+    # timings times ``serving_factor`` (serving step time / reject-all step time, measured or
+    # interpolated in B); ``reject_all_ms`` is the profile's own value and
+    # ``serving_uncertainty`` the factor's relative standard error. None/0 in an uncalibrated
+    # profile (and in profiles older than the calibration).
+    reject_all_ms: float | None = None
+    serving_factor: float | None = None
+    serving_uncertainty: float = 0.0
 
     @property
     def uncertainty(self) -> float:
-        """Relative standard error of the step time from its repeats (0 with fewer than two).
+        """Relative standard error of the step time: its repeats' (0 with fewer than two) and,
+        in a calibrated profile, the serving factor's, combined.
 
         sample standard deviation / sqrt(n) / step_ms: the noise the builder must see beaten
         before it moves an edge, and the band the in-sample loss is given with.
         """
         n = len(self.samples_ms)
         if n < 2 or not self.step_ms > 0:
-            return 0.0
+            return self.serving_uncertainty
         mean = sum(self.samples_ms) / n
         var = sum((s - mean) ** 2 for s in self.samples_ms) / (n - 1)
-        return math.sqrt(var / n) / self.step_ms
+        return math.hypot(math.sqrt(var / n) / self.step_ms, self.serving_uncertainty)
 
     def validated(self, name: str) -> ProfileCell:
         """This cell with every field checked and normalized; errors name ``name.<field>``."""
@@ -128,6 +138,11 @@ class ProfileCell:
             client_step_ms=_optional_step_ms(self.client_step_ms, f"{name}.client_step_ms"),
             flags=tuple(check_str(f, f"{name}.flags[{j}]")
                         for j, f in enumerate(check_sequence(self.flags, f"{name}.flags"))),
+            reject_all_ms=_optional_step_ms(self.reject_all_ms, f"{name}.reject_all_ms"),
+            serving_factor=(None if self.serving_factor is None else
+                            check_positive(self.serving_factor, f"{name}.serving_factor")),
+            serving_uncertainty=check_nonnegative(self.serving_uncertainty,
+                                                  f"{name}.serving_uncertainty"),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -142,6 +157,9 @@ class ProfileCell:
             "engine_step_ms": self.engine_step_ms,
             "client_step_ms": self.client_step_ms,
             **({"flags": list(self.flags)} if self.flags else {}),
+            **({"reject_all_ms": self.reject_all_ms, "serving_factor": self.serving_factor,
+                "serving_uncertainty": self.serving_uncertainty}
+               if self.serving_factor is not None else {}),
         }
 
     @classmethod
@@ -150,7 +168,7 @@ class ProfileCell:
         required = {"batch_size", "k", "step_ms"}
         optional = {
             "samples_ms", "spread", "source", "flagged", "engine_step_ms", "client_step_ms",
-            "flags",
+            "flags", "reject_all_ms", "serving_factor", "serving_uncertainty",
         }
         _check_keys(d, name, required, optional)
         samples = check_sequence(d.get("samples_ms", []), f"{name}.samples_ms")

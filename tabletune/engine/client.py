@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -18,16 +19,22 @@ class RequestFailed(RuntimeError):
 class BatchResult:
     wall_s: float
     completion_tokens: tuple[int, ...]
+    texts: tuple[str, ...] = ()
 
 
-async def _complete(session: aiohttp.ClientSession, url: str, payload: dict) -> int:
+async def _answer(session: aiohttp.ClientSession, url: str, payload: dict) -> tuple[int, str]:
+    """(completion tokens, text) of one completion request."""
     async with session.post(url, json=payload) as resp:
         body = await resp.text()
         if resp.status != 200:
             raise RequestFailed(f"HTTP {resp.status} from {url}: {body[:300]}")
-    import json
+    doc = json.loads(body)
+    choices = doc.get("choices") or [{}]
+    return int(doc["usage"]["completion_tokens"]), str(choices[0].get("text", ""))
 
-    return int(json.loads(body)["usage"]["completion_tokens"])
+
+async def _complete(session: aiohttp.ClientSession, url: str, payload: dict) -> int:
+    return (await _answer(session, url, payload))[0]
 
 
 def _session(timeout_s: float) -> aiohttp.ClientSession:
@@ -39,9 +46,23 @@ def _session(timeout_s: float) -> aiohttp.ClientSession:
 
 
 def _payload(model: str, prompt: str, max_tokens: int, temperature: float,
-             ignore_eos: bool) -> dict:
+             ignore_eos: bool, seed: int) -> dict:
     return {"model": model, "prompt": prompt, "max_tokens": max_tokens,
-            "temperature": temperature, "ignore_eos": ignore_eos, "seed": 0}
+            "temperature": temperature, "ignore_eos": ignore_eos, "seed": seed}
+
+
+def request_seed(base: int, index: int) -> int:
+    """The sampling seed of the ``index``-th request of a run: distinct for every request.
+
+    vLLM draws a request's random numbers from (its seed, the token position). One seed shared
+    by every request gives every request the same random number at the same position: at a
+    temperature above 0 their samples are correlated, and under vLLM's synthetic acceptance
+    (accept draft i when u(seed, position) < rate_i) every request of a batch follows the same
+    accept/reject sequence, so an acceptance run measures a handful of trajectories instead of
+    thousands of drafts (on the H200 it read a_1 = 0.816 for a configured 0.75). Distinct seeds
+    keep runs reproducible and the requests independent.
+    """
+    return (base * 1_000_003 + index) % (2**31 - 1)
 
 
 # progress(done, total, elapsed_s): called every progress_every_s while a batch runs, and once
@@ -50,16 +71,18 @@ Progress = Callable[[int, int, float], None]
 
 
 async def _batch(base_url, model, prompts, max_tokens, temperature, ignore_eos, timeout_s,
-                 progress: Progress | None = None, progress_every_s: float = 10.0):
+                 progress: Progress | None = None, progress_every_s: float = 10.0,
+                 seed: int = 0):
     url = base_url + "/v1/completions"
     done = 0
 
-    async def one(prompt: str) -> int:
+    async def one(index: int, prompt: str) -> tuple[int, str]:
         nonlocal done
-        tokens = await _complete(session, url,
-                                 _payload(model, prompt, max_tokens, temperature, ignore_eos))
+        answer = await _answer(session, url,
+                               _payload(model, prompt, max_tokens, temperature, ignore_eos,
+                                        request_seed(seed, index)))
         done += 1
-        return tokens
+        return answer
 
     async def report() -> None:
         while True:
@@ -70,24 +93,33 @@ async def _batch(base_url, model, prompts, max_tokens, temperature, ignore_eos, 
         start = time.perf_counter()
         ticker = asyncio.create_task(report()) if progress else None
         try:
-            tokens = await asyncio.gather(*[one(p) for p in prompts])
+            answers = await asyncio.gather(*[one(i, p) for i, p in enumerate(prompts)])
         finally:
             if ticker:
                 ticker.cancel()
         wall = time.perf_counter() - start
     if progress:
         progress(len(prompts), len(prompts), wall)
-    return BatchResult(wall, tuple(tokens))
+    return BatchResult(wall, tuple(t for t, _ in answers), tuple(x for _, x in answers))
 
 
 def run_batch(base_url: str, model: str, prompts: Sequence[str], *, max_tokens: int,
               temperature: float = 0.0, ignore_eos: bool = True,
               timeout_s: float = 600.0, progress: Progress | None = None,
-              progress_every_s: float = 10.0) -> BatchResult:
+              progress_every_s: float = 10.0, seed: int = 0) -> BatchResult:
     """Send all ``prompts`` at once and wait for every answer; ``progress`` hears how many
-    have answered every ``progress_every_s`` and at the end."""
+    have answered every ``progress_every_s`` and at the end. Request i samples with seed
+    ``request_seed(seed, i)``."""
     return asyncio.run(_batch(base_url, model, list(prompts), max_tokens, temperature,
-                              ignore_eos, timeout_s, progress, progress_every_s))
+                              ignore_eos, timeout_s, progress, progress_every_s, seed))
+
+
+@dataclass(frozen=True)
+class MetricsSnapshot:
+    """The server's ``/metrics`` text as read at ``t`` (perf_counter seconds) during a load."""
+
+    t: float
+    text: str
 
 
 @dataclass(frozen=True)
@@ -96,6 +128,9 @@ class LoadResult:
     requests: int
     output_tokens: int
     wall_s: float
+    # With ``window``: /metrics read when the steady window opened, at its middle and when it
+    # closed (every client still had a request in flight at each of them).
+    snapshots: tuple[MetricsSnapshot, ...] = ()
 
     @property
     def tokens_per_s(self) -> float:
@@ -103,38 +138,83 @@ class LoadResult:
 
 
 async def _load(base_url, model, prompts, concurrency, requests_per_worker, max_tokens,
-                temperature, timeout_s, min_seconds):
+                temperature, timeout_s, min_seconds, window, seed, cut_tail):
     url = base_url + "/v1/completions"
-    counter = {"tokens": 0, "requests": 0}
+    counter = {"tokens": 0, "requests": 0, "issued": 0}
+    snapshots: list[MetricsSnapshot] = []
+    stop_at = None if window is None else window[0] + window[1]
 
     def more(i: int) -> bool:
+        if stop_at is not None:  # a window: every client busy until it closes, none after
+            return time.perf_counter() - start < stop_at
         # At least requests_per_worker each; with min_seconds, keep going until it has passed.
         return i < requests_per_worker or (
             min_seconds is not None and time.perf_counter() - start < min_seconds)
+
+    def length(n: int) -> int:
+        # max_tokens may be a (low, high) range: request n asks for a length spread evenly over
+        # it, so requests finish one by one and the batch keeps a steady mix of prefills.
+        if isinstance(max_tokens, tuple):
+            low, high = max_tokens
+            return low + (n * 7919) % (high - low + 1)
+        return max_tokens
 
     async def worker(worker_id: int, session):
         i = 0
         while more(i):
             prompt = prompts[(worker_id * requests_per_worker + i) % len(prompts)]
             i += 1
+            n = counter["issued"]  # the run's request number: its seed and its length
+            counter["issued"] += 1
             # Await first: `counter[...] += await ...` would read the counter before the await
             # and drop every update made by other clients meanwhile.
             tokens = await _complete(session, url,
-                                     _payload(model, prompt, max_tokens, temperature, True))
+                                     _payload(model, prompt, length(n), temperature, True,
+                                              request_seed(seed, n)))
             counter["tokens"] += tokens
             counter["requests"] += 1
 
+    async def read_metrics(session) -> None:
+        # The steady window: opened after the warm-up, read again at its middle and at its end.
+        for at in (window[0], window[0] + window[1] / 2, window[0] + window[1]):
+            await asyncio.sleep(max(0.0, start + at - time.perf_counter()))
+            async with session.get(base_url + "/metrics") as resp:
+                text = await resp.text()
+            snapshots.append(MetricsSnapshot(time.perf_counter(), text))
+
     async with _session(timeout_s) as session:
         start = time.perf_counter()
-        await asyncio.gather(*[worker(w, session) for w in range(concurrency)])
+        workers = [asyncio.ensure_future(worker(w, session)) for w in range(concurrency)]
+        if window is not None:
+            await read_metrics(session)
+            if cut_tail:
+                # The window is what was wanted: cancel what is still in flight (the server
+                # aborts a request whose connection closes) instead of waiting out the ramp-down.
+                for w in workers:
+                    w.cancel()
+        results = await asyncio.gather(*workers, return_exceptions=True)
+        for r in results:
+            if isinstance(r, BaseException) and not isinstance(r, asyncio.CancelledError):
+                raise r
         wall = time.perf_counter() - start
-    return LoadResult(concurrency, counter["requests"], counter["tokens"], wall)
+    return LoadResult(concurrency, counter["requests"], counter["tokens"], wall,
+                      tuple(snapshots))
 
 
 def run_load(base_url: str, model: str, prompts: Sequence[str], *, concurrency: int,
-             requests_per_worker: int, max_tokens: int, temperature: float = 0.0,
-             timeout_s: float = 1800.0, min_seconds: float | None = None) -> LoadResult:
+             requests_per_worker: int, max_tokens: int | tuple[int, int],
+             temperature: float = 0.0, timeout_s: float = 1800.0,
+             min_seconds: float | None = None, window: tuple[float, float] | None = None,
+             seed: int = 0, cut_tail: bool = False) -> LoadResult:
     """Closed loop: ``concurrency`` clients each send ``requests_per_worker`` requests in turn,
-    and with ``min_seconds`` go on starting requests until that much time has passed."""
+    and with ``min_seconds`` go on starting requests until that much time has passed.
+
+    ``window=(warm_up_s, length_s)``: read the server's /metrics after ``warm_up_s`` (every
+    client busy by then), again at the window's middle and at its end, and start no request
+    after it; ``cut_tail`` then cancels the requests still running instead of waiting for them.
+    ``max_tokens`` may be a (low, high) range of output lengths, spread over the requests.
+    Every request gets its own sampling seed (``request_seed``).
+    """
     return asyncio.run(_load(base_url, model, list(prompts), concurrency, requests_per_worker,
-                             max_tokens, temperature, timeout_s, min_seconds))
+                             max_tokens, temperature, timeout_s, min_seconds, window, seed,
+                             cut_tail))

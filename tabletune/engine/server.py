@@ -117,6 +117,32 @@ class SpecDecodeCounters:
         )
 
 
+@dataclass(frozen=True)
+class EngineCounters:
+    """vLLM's cumulative step and token counters at one moment (its /metrics)."""
+
+    # Engine steps that produced output: vLLM observes its iteration-tokens histogram once per
+    # step, so the histogram's count is the step count.
+    steps: float
+    generation_tokens: float
+    spec: SpecDecodeCounters
+
+    @classmethod
+    def from_metrics(cls, samples, max_k: int) -> "EngineCounters":
+        steps = generated = 0.0
+        for name, _, value in samples:
+            if name == "vllm:iteration_tokens_total_count":
+                steps += value
+            elif name == "vllm:generation_tokens_total":
+                generated += value
+        return cls(steps, generated, SpecDecodeCounters.from_metrics(samples, max_k))
+
+    def minus(self, before: "EngineCounters") -> "EngineCounters":
+        return EngineCounters(self.steps - before.steps,
+                              self.generation_tokens - before.generation_tokens,
+                              self.spec.minus(before.spec))
+
+
 def speculative_config(spec: EngineSpec, table: list[list[int]] | None, *,
                        reject_all: bool = False) -> dict | None:
     """The ``--speculative-config`` JSON for ``spec`` with an optional per-B table.

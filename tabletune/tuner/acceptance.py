@@ -71,9 +71,11 @@ def measure_acceptance_on(server: VllmServer, prompts: Sequence[str], *, max_k: 
     def progress(done: int, total: int, elapsed_s: float) -> None:
         log.info("acceptance: %d/%d prompts answered after %.0f s", done, total, elapsed_s)
 
+    # Every request its own sampling seed (run_batch does that): with one seed for all, their
+    # random accept/reject draws coincide position by position (see client.request_seed).
     result = server.guarded(run_batch, server.base_url, server.spec.served_model_name, prompts,
                             max_tokens=max_tokens, temperature=temperature, ignore_eos=True,
-                            progress=progress)
+                            progress=progress, seed=1)
     after = server.spec_decode_counters()
     delta = after.minus(before)
     rates = rates_from_counters(delta.num_drafts, delta.accepted_per_position[:max_k])
@@ -115,6 +117,11 @@ def acceptance_from(server: VllmServer, prompts: Sequence[str], *,
         server.stop()
     log.info("acceptance: a_1..a_%d = %s from %d drafts; server stopped", len(acc.rates),
              ", ".join(f"{a:.3f}" for a in acc.rates), acc.num_drafts)
+    return with_provenance(acc, spec)
+
+
+def with_provenance(acc: Acceptance, spec: EngineSpec) -> Acceptance:
+    """``acc`` with the deployment it was measured on in its meta."""
     meta = dict(acc.meta)
     meta["fingerprint"] = deployment_fingerprint(spec)
     if spec.synthetic_acceptance is not None:

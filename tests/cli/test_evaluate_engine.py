@@ -20,15 +20,19 @@ def test_evaluate_counts_every_token_and_switches_arms_on_one_server(tmp_path, c
     rc = main(["evaluate", "--max-k", "3", "--arms",
                f"table:{CPU_TABLE},fixed-table:1,controller:{PRIOR}", "--one-server",
                "--controller-settings", '{"rebuild_every_steps": 10}',
-               "--concurrency", "1,3", "--requests-per-client", "2",
+               "--concurrency", "1,3", "--requests-per-client", "2", "--repeats", "2",
                "--max-tokens", "12", "--num-prompts", "8", "--out-dir", str(tmp_path)])
     out, err = capsys.readouterr()
     assert rc == 0, err
     doc = json.loads((tmp_path / "evaluate.json").read_text())
     assert doc["schema"] == "tabletune.evaluation/v1" and doc["complete"] is True
-    assert [(r["arm"], r["concurrency"]) for r in doc["results"]] == [
-        ("table table.json", 1), ("table table.json", 3), ("k=1 via table", 1),
-        ("k=1 via table", 3), ("controller", 1), ("controller", 3)]
+    arms = ["table table.json", "k=1 via table", "controller"]
+    assert [(r["arm"], r["concurrency"], r["repeat"]) for r in doc["results"]] == [
+        (a, c, rep) for a in arms for c in (1, 3) for rep in (0, 1)]
+    # Each (arm, level) is summarised by the median of its repeats and their spread.
+    assert {(lv["arm"], lv["concurrency"]) for lv in doc["levels"]} == {
+        (a, c) for a in arms for c in (1, 3)}
+    assert all(lv["repeats"] == 2 and lv["spread"] >= 0 for lv in doc["levels"])
     for r in doc["results"]:
         # Every request's tokens are counted, also when clients finish concurrently.
         assert r["requests"] == r["concurrency"] * 2
@@ -37,7 +41,10 @@ def test_evaluate_counts_every_token_and_switches_arms_on_one_server(tmp_path, c
     # Level by level: every arm ran at c=1 before any arm ran at c=3.
     measured = [re.search(r" c=(\d+) ", line).group(1) for line in out.splitlines()
                 if " tok/s " in line]
-    assert measured == ["1"] * 3 + ["3"] * 3, out
+    assert measured == ["1"] * 6 + ["3"] * 6, out
+    # The order of the arms rotates from round to round.
+    names = [line.split("  c=")[0].strip() for line in out.splitlines() if " tok/s " in line]
+    assert names[:3] != names[3:6] and sorted(names[:3]) == sorted(names[3:6]), names
     # All arms ran on one server (one start-up), switched through the control file; the
     # pinned length is the baseline there.
     assert list(doc["startup_s"]) == ["shared-table-server.log"]

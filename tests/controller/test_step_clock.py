@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 from fake_vllm import install_fake_schedulers
 
-from tabletune.controller.step_clock import StepClock, steady_decode_k
+from tabletune.controller.step_clock import StepClock, serving_step_k, steady_decode_k
 
 
 def _output(batch, verified, drafted, *, new=0):
@@ -64,6 +64,24 @@ def test_prefills_new_requests_mixed_lengths_and_empty_steps_are_not_profile_ste
     resumed.num_scheduled_tokens["r0"] += 30
     resumed.total_num_scheduled_tokens += 30
     assert steady_decode_k(resumed) == -1
+
+
+def test_serving_steps_carry_prefills_but_never_two_lengths():
+    """The clock's rule: what serving pays at B includes the prefills of arriving requests."""
+    assert serving_step_k(_output(3, 2, 2, new=1)) == 2  # a request joins with its prefill
+    assert len(_output(3, 2, 2, new=1).num_scheduled_tokens) == 4  # ... counted at B = 4
+    assert serving_step_k(_output(4, 2, 2)) == 2
+    assert serving_step_k(_output(4, 0, 0, new=2)) == 0
+    assert serving_step_k(_output(0, 0, 2)) == -1  # nothing scheduled
+    assert serving_step_k(_output(4, 3, 1)) == -1  # verifies 3, drafts 1
+    assert serving_step_k(_output(2, [1, 3], 2)) == -1  # two lengths verified
+    assert serving_step_k(_output(3, [2, 2, 1], 2)) == -1  # one request's drafts were cut
+    # The step after k = 0: running requests verify nothing while the step drafts 2.
+    assert serving_step_k(_output(4, 0, 2)) == -1
+    # A resumed request recomputing its tokens beside requests that verify k.
+    resumed = _output(2, 1, 1)
+    resumed.num_scheduled_tokens["r0"] += 30
+    assert serving_step_k(resumed) == 1
 
 
 def test_the_clock_times_each_step_from_the_previous_output_and_restarts_on_every_step():

@@ -88,7 +88,8 @@ def test_acceptance_logs_start_up_progress_and_result(completions_url, caplog, m
 
     # Report every 0.1 s instead of every 10 s, so a 0.6 s batch reports mid-way.
     real_batch = client._batch
-    monkeypatch.setattr(client, "_batch", lambda *args: real_batch(*args[:-1], 0.1))
+    monkeypatch.setattr(client, "_batch",
+                        lambda *args: real_batch(*args[:8], 0.1, *args[9:]))  # progress_every_s
     server = _StandInServer(completions_url)
     with caplog.at_level(logging.INFO, logger="tabletune.acceptance"):
         acc = acceptance_from(server, ["a", "b"], max_tokens=4)

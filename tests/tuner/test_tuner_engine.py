@@ -22,15 +22,49 @@ from tabletune.tuner import measure_acceptance
 pytestmark = pytest.mark.engine
 
 
-def test_acceptance_matches_the_pairs_designed_agreement(pair_spec, engine_out):
+def test_the_serving_server_measures_acceptance_independent_requests_and_serving_steps(
+        pair_spec, engine_out):
+    """One server for the tune's second half: acceptance at K (pinned through the control
+    file), then closed-loop serving windows per (B, k) with acceptance on."""
+    from tabletune.core.vllm_contract import write_control
+    from tabletune.engine.client import run_batch
+    from tabletune.tuner.acceptance import measure_acceptance_on
+    from tabletune.tuner.serving import launch_serving_server, measure_serving
+
     designed = greedy_agreement(build_pair())
-    acc = measure_acceptance(pair_spec, synthetic_prompts(48, seed=21), temperature=0.0,
-                             max_tokens=32, log_dir=engine_out / "acc-logs")
-    assert acc.num_drafts > 0
-    assert len(acc.rates) == pair_spec.max_k
-    assert abs(acc.rates[0] - designed) <= 0.1, (acc.rates, designed)
-    assert acc.rates[1] <= acc.rates[0]
-    assert acc.accepted_per_position[0] == round(acc.rates[0] * acc.num_drafts)
+    server, control = launch_serving_server(pair_spec, max_batch_size=4,
+                                            log_dir=engine_out / "serving-logs")
+    try:
+        server.wait_ready()
+        write_control(control, force_k=pair_spec.max_k)
+        acc = measure_acceptance_on(server, synthetic_prompts(48, seed=21), max_k=pair_spec.max_k,
+                                    temperature=0.0, max_tokens=32)
+        assert acc.num_drafts > 0
+        assert len(acc.rates) == pair_spec.max_k
+        assert abs(acc.rates[0] - designed) <= 0.1, (acc.rates, designed)
+        assert acc.rates[1] <= acc.rates[0]
+        assert acc.accepted_per_position[0] == round(acc.rates[0] * acc.num_drafts)
+        # The bias the H200 showed (a_1 0.816 read for 0.75): one seed for every request made
+        # their random draws coincide position by position. Four copies of one prompt sampled
+        # at temperature 1 must answer four different ways, as independent requests do.
+        same = run_batch(server.base_url, server.spec.served_model_name, ["the cat"] * 4,
+                         max_tokens=12, temperature=1.0)
+        assert len(set(same.texts)) > 1, same.texts
+        cells = measure_serving(server, control, synthetic_prompts(8, seed=5),
+                                batch_sizes=(1, 4), lengths=(0, pair_spec.max_k),
+                                output_tokens=24, warm_up_s=1.5, window_s=2.0)
+    finally:
+        server.stop()
+    assert [(c.batch_size, c.k) for c in cells] == [(1, 0), (4, 0), (1, 2), (4, 2)]
+    for c in cells:
+        w = c.window
+        assert w.steps >= 3 and 1.0 < w.step_ms < 2000.0, c
+        # The batch held at B: every step produced about B (1 + accepted) tokens.
+        assert 0.5 * c.batch_size <= w.tokens_per_step <= c.batch_size * (1 + c.k), c
+        if c.k:
+            assert 0.4 * c.batch_size <= w.verifying_batch <= c.batch_size, c
+            # The window's own counters agree with the acceptance run at K.
+            assert abs(w.rates[0] - acc.rates[0]) <= 0.15, (w.rates, acc.rates)
 
 
 def _server_pid(cli: subprocess.Popen) -> int | None:

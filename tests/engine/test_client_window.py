@@ -1,0 +1,54 @@
+"""The load client against a real local HTTP server standing in for vLLM: every request its own
+sampling seed, and a steady window read from /metrics while every client is busy."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from fake_engine import ANSWER_S, STEP_S, FakeEngine, engine_url  # noqa: F401 - the fixture
+
+from tabletune.engine.client import request_seed, run_batch, run_load
+from tabletune.engine.window import serving_window
+
+def test_every_request_of_a_batch_samples_with_its_own_seed_and_runs_repeat(engine_url):
+    first = run_batch(engine_url, "m", ["same prompt"] * 6, max_tokens=3, temperature=1.0)
+    seeds = [r["seed"] for r in FakeEngine.seen]
+    assert len(set(seeds)) == 6  # one seed shared by all would correlate their random draws
+    assert sorted(seeds) == sorted(request_seed(0, i) for i in range(6))
+    FakeEngine.seen = []
+    run_batch(engine_url, "m", ["same prompt"] * 6, max_tokens=3, temperature=1.0)
+    assert sorted(r["seed"] for r in FakeEngine.seen) == sorted(seeds)  # reproducible
+    assert len(set(first.texts)) == 6
+
+
+def test_a_load_window_is_read_while_every_client_is_busy_and_cut_at_its_end(engine_url):
+    begun = time.perf_counter()
+    result = run_load(engine_url, "m", ["p"], concurrency=4, requests_per_worker=1,
+                      max_tokens=(8, 24), window=(0.3, 0.6), cut_tail=True, seed=5)
+    wall = time.perf_counter() - begun
+    assert len(result.snapshots) == 3
+    window = serving_window(result, max_k=1)
+    assert window is not None
+    assert window.seconds == pytest.approx(0.6, abs=0.1)
+    assert window.step_ms == pytest.approx(STEP_S * 1000, rel=0.1)
+    assert window.rates == pytest.approx((0.75,))
+    assert window.tokens_per_step == pytest.approx(2.5)
+    assert window.noise < 0.1
+    # No request starts after the window closes and the ones in flight are cancelled, not
+    # waited for: the load ends right after the window (0.9 s), not a request later.
+    assert wall < 0.9 + ANSWER_S * 0.9
+    lengths = [r["max_tokens"] for r in FakeEngine.seen]
+    assert all(8 <= n <= 24 for n in lengths) and len(set(lengths)) > 1
+    assert len({r["seed"] for r in FakeEngine.seen}) == len(FakeEngine.seen)
+    # Clients kept a request in flight through the window (4 clients, 0.15 s answers).
+    assert len(FakeEngine.seen) >= 4 * int(0.9 / ANSWER_S) - 4
+
+
+def test_a_window_without_engine_steps_is_none():
+    from tabletune.engine.client import LoadResult, MetricsSnapshot
+
+    flat = "vllm:iteration_tokens_total_count 10\n"
+    result = LoadResult(1, 1, 1, 1.0, tuple(MetricsSnapshot(t, flat) for t in (0.0, 0.5, 1.0)))
+    assert serving_window(result, max_k=1) is None
+    assert serving_window(LoadResult(1, 1, 1, 1.0), max_k=1) is None
