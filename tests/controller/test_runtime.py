@@ -312,7 +312,7 @@ def test_the_controller_starts_from_the_start_table_given_in_its_environment(tmp
 
 
 @pytest.mark.parametrize("raw, message", [
-    ("[[1, 16, 3", "TABLETUNE_CONTROLLER_START_TABLE: not JSON"),
+    ("[[1, 16, 3", "TABLETUNE_CONTROLLER_START_TABLE: cannot read ranges JSON"),
     ("[[1, 64, 4]]", "TABLETUNE_CONTROLLER_START_TABLE: k=4 but the engine drafts up to"),
     ("[[2, 64, 1]]", "TABLETUNE_CONTROLLER_START_TABLE"),
 ])
