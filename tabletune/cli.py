@@ -165,7 +165,8 @@ def _check_out(out, **inputs) -> None:
     for option, path in inputs.items():
         if path is None:
             continue
-        same = out.resolve() == Path(path).resolve()
+        # realpath, not Path.resolve: a symlink loop is for the reader to report, not a crash
+        same = os.path.realpath(out) == os.path.realpath(path)
         try:
             same = same or out.samefile(path)  # a hard link or another name for the file
         except OSError:

@@ -34,6 +34,17 @@ def add_prompt_args(p: argparse.ArgumentParser) -> None:
 _READ = "_tabletune_prompts"
 
 
+def _kind(path) -> str | None:
+    import os
+
+    from tabletune.core.files import file_kind
+
+    try:
+        return file_kind(os.stat(path).st_mode)
+    except OSError:
+        return None
+
+
 def prompts_from_args(args: argparse.Namespace) -> list[str]:
     """``--num-prompts`` prompts: sampled (``--seed``) from ``--prompts``, or synthetic.
 
@@ -52,7 +63,9 @@ def prompts_from_args(args: argparse.Namespace) -> list[str]:
         prompts = synthetic_prompts(args.num_prompts, seed=1000 + args.seed)
     else:
         if not Path(args.prompts).is_file():  # stat only: a FIFO is never opened
-            raise ContractError(f"--prompts: {args.prompts} is not a file")
+            kind = _kind(args.prompts)
+            raise ContractError(f"--prompts: {args.prompts} is not a file"
+                                + (f" ({kind})" if kind else ""))
         prompts = load_prompts(args.prompts)
         if len(prompts) > args.num_prompts:
             prompts = random.Random(args.seed).sample(prompts, args.num_prompts)

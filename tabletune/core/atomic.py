@@ -48,11 +48,14 @@ def atomic_write_text(path: str | os.PathLike[str], text: str, *, encoding: str 
             os.fsync(f.fileno())
         _refuse_special(target)  # again: the path may have become a FIFO meanwhile
         os.replace(tmp, target)
-    except BaseException:
+    except BaseException as exc:
         try:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
+        if isinstance(exc, OSError) and exc.filename is None and exc.errno is not None:
+            # A full disk fails write() or fsync() with no path: name the file being replaced.
+            raise OSError(exc.errno, exc.strerror, os.fspath(target)) from exc
         raise
 
 

@@ -88,9 +88,12 @@ class IntList(Checked):
                 f"{text!r} is not a comma-separated list of integers") from None
 
     def check(self, value, option: str) -> None:
-        if value is not None and not value:
+        if value is None:
+            return
+        if not value:
             raise ContractError(f"{option}: {value!r} is empty")
-        super().check(value, option)
+        for item in value:
+            Checked.check(self, item, option)
 
 
 def int_list(minimum: int | None = None, maximum: int | None = None) -> IntList:
