@@ -508,3 +508,25 @@ def test_an_out_folder_that_is_a_file_keeps_the_prior_and_writes_nothing(tmp_pat
     assert out.read_text() == "a file"
     assert any(f"TABLETUNE_CONTROLLER_OUT: {out}: {out} is a file, not a directory" in
                r.getMessage() for r in caplog.records)
+
+
+def test_a_control_file_that_is_a_fifo_never_stalls_a_step(tmp_path):
+    import os
+    import threading
+
+    fifo = tmp_path / "control.json"
+    os.mkfifo(fifo)
+    lookup = StepLookup([0] + [2] * 8, 3, ControlFile(str(fifo)))
+    box = {}
+    t = threading.Thread(target=lambda: box.setdefault("k", lookup[4]), daemon=True)
+    t.start()
+    t.join(5)
+    assert not t.is_alive(), "the step blocked opening the FIFO"
+    assert box["k"] == 2  # the static table is served
+
+
+def test_a_control_file_with_duplicate_keys_is_not_half_applied(tmp_path):
+    path = tmp_path / "control.json"
+    path.write_text('{"force_k": 1, "force_k": 3}')
+    lookup = StepLookup([0] + [2] * 8, 3, ControlFile(str(path)))
+    assert lookup[4] == 2
