@@ -84,15 +84,18 @@ def add_profile_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-spread", type=number(positive=True), default=DEFAULT_MAX_SPREAD,
                    help="repeat a cell (up to 2 more times), then flag it, while the relative "
                         "spread of its repeats exceeds this")
-    p.add_argument("--reference-every", type=integer(0), default=DEFAULT_REFERENCE_EVERY, metavar="N",
+    p.add_argument("--reference-every", type=integer(0), default=DEFAULT_REFERENCE_EVERY,
+                   metavar="N",
                    help="re-time the reference cell after every N repeats and hold those "
                         "repeats back from the checkpoint until it has (0: no drift guard)")
-    p.add_argument("--drift-bound", type=number(positive=True), default=DEFAULT_REFERENCE_DRIFT_BOUND,
+    p.add_argument("--drift-bound", type=number(positive=True),
+                   default=DEFAULT_REFERENCE_DRIFT_BOUND,
                    help="relative move of the reference cell that drops the repeats since "
                         "its last good check")
     p.add_argument("--mode", choices=("one-launch", "per-k"), default="one-launch",
                    help="one server with k pinned per phase (default), or one server per k")
-    p.add_argument("--startup-timeout", type=number(positive=True), default=DEFAULT_STARTUP_TIMEOUT_S,
+    p.add_argument("--startup-timeout", type=number(positive=True),
+                   default=DEFAULT_STARTUP_TIMEOUT_S,
                    help="seconds a vLLM server may take to become healthy")
     p.add_argument("--output-tokens", type=integer(2), default=None,
                    help="tokens per request in a timing window; step = (t_N - t_1)/(N - 1) "
@@ -135,7 +138,8 @@ def add_build_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tie-margin", type=number(0), default=DEFAULT_TIE_MARGIN,
                    help="relative goodput within which a shorter length counts as a tie and "
                         "wins (fewer wasted drafts, fewer ranges)")
-    p.add_argument("--table-max-batch-size", dest="table_max_batch_size", type=integer(1, MAX_BATCH_SIZE), default=None,
+    p.add_argument("--table-max-batch-size", dest="table_max_batch_size",
+                   type=integer(1, MAX_BATCH_SIZE), default=None,
                    help="build the table up to this B (default: the largest profiled B)")
 
 

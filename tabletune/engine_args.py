@@ -26,7 +26,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-k", type=integer(1, 64), default=3, help="longest draft length K")
     g.add_argument("--device", choices=("cpu", "cuda"), default=None,
                    help="default: cpu for the embedded pair, cuda for a given model")
-    g.add_argument("--tensor-parallel-size", type=integer(1, 1024), default=1, help="GPUs per server")
+    g.add_argument("--tensor-parallel-size", type=integer(1, 1024), default=1,
+                   help="GPUs per server")
     g.add_argument("--max-num-seqs", type=integer(1, MAX_BATCH_SIZE), default=None,
                    help="vLLM's largest batch (default: the largest batch size the command uses)")
     g.add_argument("--max-model-len", type=integer(1), default=512,

@@ -385,7 +385,8 @@ def add_evaluate_parsers(sub) -> None:
     def load_args(p, default_concurrency):
         add_engine_args(p)
         add_prompt_args(p)
-        p.add_argument("--concurrency", default=default_concurrency, type=int_list(1, MAX_BATCH_SIZE),
+        p.add_argument("--concurrency", default=default_concurrency,
+                       type=int_list(1, MAX_BATCH_SIZE),
                        help="comma-separated concurrency levels")
         p.add_argument("--requests-per-client", type=integer(1), default=4,
                        help="requests each client sends in turn at every level")

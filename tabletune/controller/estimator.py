@@ -159,7 +159,8 @@ class ControllerSettings:
 
     def __post_init__(self) -> None:
         p = "settings"
-        check_int(self.rebuild_every_steps, f"{p}.rebuild_every_steps", minimum=1, maximum=MAX_COUNT)
+        check_int(self.rebuild_every_steps, f"{p}.rebuild_every_steps", minimum=1,
+                  maximum=MAX_COUNT)
         object.__setattr__(
             self, "prior_weight", check_positive(self.prior_weight, f"{p}.prior_weight")
         )
@@ -168,7 +169,8 @@ class ControllerSettings:
         )
         if self.exploration_every is not None:
             # Every step at the longest length would not be exploration but a fixed length.
-            check_int(self.exploration_every, f"{p}.exploration_every", minimum=2, maximum=MAX_COUNT)
+            check_int(self.exploration_every, f"{p}.exploration_every", minimum=2,
+                      maximum=MAX_COUNT)
         check_bool(self.prior_decay, f"{p}.prior_decay")
         check_int(self.hysteresis, f"{p}.hysteresis", minimum=0, maximum=MAX_COUNT)
         if self.allowed_lengths is not None:
