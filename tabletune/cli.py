@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import time
@@ -11,12 +12,15 @@ from pathlib import Path
 from typing import Sequence
 
 from tabletune.core.atomic import atomic_write_text
-from tabletune.core.builder import DEFAULT_TIE_MARGIN, goodput_loss
+from tabletune.core.builder import DEFAULT_TIE_MARGIN, MAX_BATCH_SIZE, goodput_loss
 from tabletune.core.contracts import Acceptance, Profile, TableDocument, load_json, save_json
 from tabletune.core.document import build_document
-from tabletune.core.errors import ContractError
+from tabletune.core.errors import (ContractError, check_dict, check_int, check_number,
+                                   check_sequence)
+from tabletune.core.files import check_output_dir, check_output_path, describe_os_error
 from tabletune.core.tables import DOCS_TABLE, DraftTable
-from tabletune.engine_args import add_engine_args, engine_spec_from_args
+from tabletune.engine_args import add_engine_args, check_engine_options, engine_spec_from_args
+from tabletune.core.options import check_options, integer, number
 from tabletune.prompt_args import add_prompt_args, prompts_from_args
 from tabletune.tuner.profiler import (
     DEFAULT_REFERENCE_DRIFT_BOUND,
@@ -73,24 +77,27 @@ def _grid(args: argparse.Namespace) -> tuple[int, ...]:
 def add_profile_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-sizes", help="grid, e.g. '1-16,20-64:4,72-256:8' (default: every B "
                    f"to 16, every 4 to 64, every 8 to --max-batch-size; embedded: {EMBEDDED_GRID})")
-    p.add_argument("--max-batch-size", type=int, default=None,
+    p.add_argument("--max-batch-size", type=integer(1, MAX_BATCH_SIZE), default=None,
                    help="profile batch sizes up to this B (default: 256; embedded: 16)")
-    p.add_argument("--repeats", type=int, default=DEFAULT_REPEATS,
+    p.add_argument("--repeats", type=integer(1), default=DEFAULT_REPEATS,
                    help="timing windows per (B, k) cell")
-    p.add_argument("--max-spread", type=float, default=DEFAULT_MAX_SPREAD,
+    p.add_argument("--max-spread", type=number(positive=True), default=DEFAULT_MAX_SPREAD,
                    help="repeat a cell (up to 2 more times), then flag it, while the relative "
                         "spread of its repeats exceeds this")
-    p.add_argument("--reference-every", type=int, default=DEFAULT_REFERENCE_EVERY, metavar="N",
+    p.add_argument("--reference-every", type=integer(0), default=DEFAULT_REFERENCE_EVERY,
+                   metavar="N",
                    help="re-time the reference cell after every N repeats and hold those "
                         "repeats back from the checkpoint until it has (0: no drift guard)")
-    p.add_argument("--drift-bound", type=float, default=DEFAULT_REFERENCE_DRIFT_BOUND,
+    p.add_argument("--drift-bound", type=number(positive=True),
+                   default=DEFAULT_REFERENCE_DRIFT_BOUND,
                    help="relative move of the reference cell that drops the repeats since "
                         "its last good check")
     p.add_argument("--mode", choices=("one-launch", "per-k"), default="one-launch",
                    help="one server with k pinned per phase (default), or one server per k")
-    p.add_argument("--startup-timeout", type=float, default=DEFAULT_STARTUP_TIMEOUT_S,
+    p.add_argument("--startup-timeout", type=number(positive=True),
+                   default=DEFAULT_STARTUP_TIMEOUT_S,
                    help="seconds a vLLM server may take to become healthy")
-    p.add_argument("--output-tokens", type=int, default=None,
+    p.add_argument("--output-tokens", type=integer(2), default=None,
                    help="tokens per request in a timing window; step = (t_N - t_1)/(N - 1) "
                         "(default: 65 on cpu, 129 on cuda, where steps are short and noisy)")
 
@@ -128,10 +135,11 @@ def _run_acceptance(args, spec, out_dir: Path) -> Acceptance:
 def add_build_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lengths", type=_int_list, default=None,
                    help="allowed draft lengths, e.g. 0,1,3 (default: all profiled)")
-    p.add_argument("--tie-margin", type=float, default=DEFAULT_TIE_MARGIN,
+    p.add_argument("--tie-margin", type=number(0), default=DEFAULT_TIE_MARGIN,
                    help="relative goodput within which a shorter length counts as a tie and "
                         "wins (fewer wasted drafts, fewer ranges)")
-    p.add_argument("--table-max-batch-size", dest="table_max_batch_size", type=int, default=None,
+    p.add_argument("--table-max-batch-size", dest="table_max_batch_size",
+                   type=integer(1, MAX_BATCH_SIZE), default=None,
                    help="build the table up to this B (default: the largest profiled B)")
 
 
@@ -152,14 +160,17 @@ def _write_plots(d: Path, profile: Profile, result) -> list[Path]:
 
 
 def _check_out(out, **inputs) -> None:
-    """Refuse an --out that is a directory or the same file as an input (by resolved path)."""
+    """Refuse an --out that is a directory, a special file, in no writable folder
+    (``check_output_path``) or the same file as an input (by resolved path)."""
     out = Path(out)
     if out.is_dir():
         raise ContractError(f"--out: {out} is a directory")
+    check_output_path(out, "--out")
     for option, path in inputs.items():
         if path is None:
             continue
-        same = out.resolve() == Path(path).resolve()
+        # realpath, not Path.resolve: a symlink loop is for the reader to report, not a crash
+        same = os.path.realpath(out) == os.path.realpath(path)
         try:
             same = same or out.samefile(path)  # a hard link or another name for the file
         except OSError:
@@ -178,6 +189,8 @@ def _check_min(value, option: str, minimum: int | float) -> None:
 
 def cmd_profile(args) -> int:
     _check_out(args.out, checkpoint=args.checkpoint)
+    if args.checkpoint is not None:
+        check_output_path(args.checkpoint, "--checkpoint")
     out = Path(args.out)
     spec = engine_spec_from_args(args, max_batch_size=max(_grid(args)))
     profile = _run_profile(args, spec, out.parent, checkpoint=args.checkpoint)
@@ -196,6 +209,7 @@ def cmd_profile(args) -> int:
 def cmd_acceptance(args) -> int:
     _check_out(args.out, prompts=args.prompts)
     out = Path(args.out)
+    prompts_from_args(args)  # read and checked now, not after the engine started
     spec = engine_spec_from_args(args)
     acc = _run_acceptance(args, spec, out.parent)
     save_json(out, acc)
@@ -226,7 +240,8 @@ def cmd_build(args) -> int:
 
 
 def _validate_tune_args(args) -> None:
-    """Every cheap check of ``tune``'s options, before any engine starts or file is written."""
+    """Every check of ``tune``'s options and input files, before any engine starts or file is
+    written (the prompts file is read here, once: ``prompts_from_args`` keeps what it read)."""
     for value, option, minimum in (
             (args.max_k, "--max-k", 1), (args.max_batch_size, "--max-batch-size", 1),
             (args.max_num_seqs, "--max-num-seqs", 1),
@@ -259,13 +274,15 @@ def _validate_tune_args(args) -> None:
     out = Path(args.out_dir)
     if out.exists() and not out.is_dir():
         raise ContractError(f"--out-dir: {out} is not a directory")
+    check_output_dir(out, "--out-dir")
+    check_engine_options(args)
     if args.acceptance is not None:
         acc = load_json(args.acceptance, "acceptance")
         if acc.max_k < args.max_k:
             raise ContractError(f"--acceptance: {args.acceptance} has {acc.max_k} rates but "
                                 f"--max-k is {args.max_k} (K mismatch)")
-    elif args.prompts is not None and not args.prompts.is_file():
-        raise ContractError(f"--prompts: {args.prompts} is not a file")
+    else:
+        prompts_from_args(args)
 
 
 def _serving_plan(args, grid: tuple[int, ...]):
@@ -433,15 +450,18 @@ def _describe_document(doc: TableDocument) -> str:
             lines.append("  (T(B,k) interpolated linearly between profiled batch sizes)")
         oos = g.get("out_of_sample")
         if isinstance(oos, dict) and "worst_loss_mean" in oos:
+            p = "table.goodput.out_of_sample"
+            mean = check_number(oos["worst_loss_mean"], f"{p}.worst_loss_mean")
+            worst_fold = check_number(oos.get("worst_loss_max"), f"{p}.worst_loss_max")
             lines.append(f"  this table, out-of-sample (built from all repeats but one, scored "
                          f"on the one left out; {oos.get('folds')} folds): worst loss "
-                         f"{float(oos['worst_loss_mean']):.1%} on average, "
-                         f"{float(oos['worst_loss_max']):.1%} in the worst fold")
+                         f"{mean:.1%} on average, {worst_fold:.1%} in the worst fold")
     lines += _describe_edges(g) + _describe_profile_trust(doc.provenance)
     return "\n".join(lines)
 
 
 def _describe_edges(g: dict) -> list[str]:
+
     edges = g.get("edges")
     if not isinstance(edges, list) or not edges:
         return []
@@ -453,7 +473,8 @@ def _describe_edges(g: dict) -> list[str]:
                        f"{float(e['gain']):.1%} (uncertainty {float(e['uncertainty']):.1%})")
         except (KeyError, TypeError, ValueError):
             out.append(f"  {e!r}")
-    held = g.get("held_by_noise_batch_sizes") or []
+    held = check_sequence(g.get("held_by_noise_batch_sizes") or [],
+                          "table.goodput.held_by_noise_batch_sizes")
     if held:
         out.append(f"  kept the previous length within the noise at {len(held)} batch sizes "
                    f"({held[0]}–{held[-1]})")
@@ -461,16 +482,25 @@ def _describe_edges(g: dict) -> list[str]:
 
 
 def _describe_profile_trust(prov: dict) -> list[str]:
+    """The provenance's trust notes; a field of the wrong type is named, not a TypeError."""
+    p = "table.provenance"
     out = []
-    flagged = prov.get("profile_flagged_cells") or []
+    flagged = check_sequence(prov.get("profile_flagged_cells") or [],
+                             f"{p}.profile_flagged_cells")
     if flagged:
-        named = ", ".join(f"B={c.get('batch_size')} k={c.get('k')} "
-                          f"({'/'.join(c.get('why') or ['flagged'])})"
-                          for c in flagged if isinstance(c, dict))
-        out.append(f"warning: {len(flagged)} profile cells are flagged: {named}")
-    for text in prov.get("profile_inconsistent") or []:
+        named = []
+        for i, c in enumerate(flagged):
+            c = check_dict(c, f"{p}.profile_flagged_cells[{i}]")
+            why = check_sequence(c.get("why") or ["flagged"],
+                                 f"{p}.profile_flagged_cells[{i}].why")
+            named.append(f"B={c.get('batch_size')} k={c.get('k')} "
+                         f"({'/'.join(str(w) for w in why)})")
+        out.append(f"warning: {len(flagged)} profile cells are flagged: {', '.join(named)}")
+    for text in check_sequence(prov.get("profile_inconsistent") or [],
+                               f"{p}.profile_inconsistent"):
         out.append(f"  inconsistent after a re-measure: {text}")
     if prov.get("profile_drift_events"):
+        check_int(prov["profile_drift_events"], f"{p}.profile_drift_events", minimum=0)
         out.append(f"note: the profiler's reference cell moved {prov['profile_drift_events']} "
                    "times while profiling (repeats timed then were dropped and timed again; "
                    "see profile.json meta.drift_guard)")
@@ -526,6 +556,7 @@ def cmd_show(args) -> int:
 
 
 def cmd_plot(args) -> int:
+    check_output_dir(args.out_dir, "--out-dir")
     profile = load_json(args.profile, "profile")
     acceptance = load_json(args.acceptance, "acceptance")
     result = build_document(profile, acceptance).build
@@ -552,13 +583,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "(closed loop, acceptance on) to calibrate the reject-all profile: auto "
                         "(4 of the grid, spread in log B), all, none, or a list of profiled "
                         "batch sizes (default: %(default)s)")
-    p.add_argument("--serving-output-tokens", type=int, default=None,
+    p.add_argument("--serving-output-tokens", type=integer(2, 100_000), default=None,
                    help="mean output length of the serving windows' requests (spread over "
                         "half to one and a half times it); default: --max-tokens")
-    p.add_argument("--serving-warm-up", type=float, default=2.0,
+    p.add_argument("--serving-warm-up", type=number(positive=True, below=3600), default=2.0,
                    help="seconds of closed-loop load before a serving window opens "
                         "(default: %(default)s)")
-    p.add_argument("--serving-window", type=float, default=3.0,
+    p.add_argument("--serving-window", type=number(positive=True, below=3600), default=3.0,
                    help="seconds a serving window is timed (default: %(default)s)")
     p.add_argument("--out-dir", default="tabletune-out",
                    help="folder for profile, acceptance, table, plots and logs/")
@@ -582,7 +613,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--acceptance", required=True, type=Path,
                    help="acceptance file (tabletune acceptance)")
     add_build_args(p)
-    p.add_argument("--max-batch-size", type=int, default=None,
+    p.add_argument("--max-batch-size", type=integer(1, MAX_BATCH_SIZE), default=None,
                    help="same as --table-max-batch-size (give one)")
     p.add_argument("--plots", action="store_true", help="also write plots next to --out")
     p.add_argument("--out", required=True, type=Path, help="table file to write")
@@ -640,7 +671,37 @@ def _raise_terminated(signum, frame):
     raise Terminated(signum)
 
 
+# What an interrupted command leaves behind, beyond its engines being stopped.
+_INTERRUPTED_KEEPS = {
+    "tune": "finished profile cells are kept in the checkpoint (rerun the same command to "
+            "resume)",
+    "profile": "finished profile cells are kept in the checkpoint (rerun the same command to "
+               "resume)",
+    "evaluate": "the levels measured so far are in --out-dir's evaluate.json (complete: false)",
+}
+_ENGINE_COMMANDS = ("tune", "profile", "acceptance", "evaluate", "doctor")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """The ``tabletune`` command. A closed stdout (``tabletune show t.json | head``) ends it
+    quietly, as SIGPIPE ends a Unix tool: exit 141, no traceback, engines stopped."""
+    try:
+        rc = _main(argv)
+        sys.stdout.flush()  # inside the handler: a pipe closed early fails here, not at exit
+        return rc
+    except BrokenPipeError:
+        from tabletune.engine.server import stop_all_servers
+
+        stop_all_servers()
+        # Python would flush stdout again at exit and print "Exception ignored"; point it at
+        # /dev/null first.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return 128 + signal.SIGPIPE
+
+
+def _main(argv: Sequence[str] | None) -> int:
     from tabletune.engine.server import EngineError, stop_all_servers
 
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -660,16 +721,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ValueError:  # not the main thread (e.g. called from a worker thread)
             pass
     try:
+        check_options(parser, args)  # every option's range, before any engine or file
         return int(args.func(args) or 0)
-    except (ContractError, ValueError, EngineError, FileNotFoundError) as e:
+    except (ContractError, ValueError, EngineError) as e:
         print(f"tabletune {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        raise
+    except OSError as e:
+        # The one place an OS refusal (full disk, read-only file system, a folder that is a
+        # file, permissions) becomes the command's one-line error: the path and the reason.
+        print(f"tabletune {args.command}: error: {describe_os_error(e)}", file=sys.stderr)
         return 2
     except (KeyboardInterrupt, Terminated) as e:
         stop_all_servers()
         why = e.args[0] if isinstance(e, Terminated) else "SIGINT"
-        print(f"tabletune {args.command}: interrupted ({why}); engines stopped; finished "
-              "profile cells are kept in the checkpoint (rerun the same command to resume)",
-              file=sys.stderr)
+        parts = [f"tabletune {args.command}: interrupted ({why})"]
+        if args.command in _ENGINE_COMMANDS:
+            parts.append("engines stopped")
+        if args.command in _INTERRUPTED_KEEPS:
+            parts.append(_INTERRUPTED_KEEPS[args.command])
+        print("; ".join(parts), file=sys.stderr)
         return 128 + (e.signum if isinstance(e, Terminated) else signal.SIGINT)
     finally:
         for signum, handler in previous.items():

@@ -26,12 +26,15 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from tabletune.core.atomic import atomic_write_text
-from tabletune.core.contracts import load_json
+from tabletune.core.builder import MAX_BATCH_SIZE
+from tabletune.core.contracts import TableDocument, read_json_file
+from tabletune.core.files import check_output_dir
 from tabletune.core.errors import ContractError
 from tabletune.core.tables import DraftTable
 from tabletune.engine.server import EngineError, VllmServer, speculative_config
 from tabletune.engine.spec import EngineSpec, deployment_fingerprint
 from tabletune.engine_args import add_engine_args, engine_spec_from_args
+from tabletune.core.options import integer, number
 from tabletune.prompt_args import add_prompt_args, prompts_from_args
 
 DOCTOR_SCHEMA = "tabletune.doctor/v1"
@@ -257,13 +260,13 @@ def examine_runner(spec: EngineSpec, table: DraftTable, probe: Probe, *, runner:
 
 def _candidate_table(path: Path) -> DraftTable:
     """A ``tabletune.table/v1`` document, or bare ranges ``[[start, end, k], ...]``."""
-    try:
-        raw = json.loads(path.read_text())
-    except (OSError, ValueError, RecursionError) as e:
-        raise ContractError(f"{path}: not a readable JSON file ({type(e).__name__})") from None
+    raw = read_json_file(path, "table")  # a FIFO is refused, never waited on
     if isinstance(raw, list):
         return DraftTable.from_ranges(raw, f"{path}")
-    return load_json(path, "table").table
+    try:
+        return TableDocument.from_dict(raw).table
+    except ContractError as exc:
+        raise ContractError(f"{path}: {exc}") from None
 
 
 def runners_for(spec: EngineSpec, asked: str | None) -> list[str]:
@@ -277,6 +280,7 @@ def runners_for(spec: EngineSpec, asked: str | None) -> list[str]:
 
 
 def cmd_doctor(args) -> int:
+    check_output_dir(args.out_dir, "--out-dir")
     if args.table:
         table = _candidate_table(Path(args.table))
     else:
@@ -343,17 +347,17 @@ def add_doctor_parser(sub) -> None:
                                    "[[start, end, k], ...] (default: vLLM's docs table)")
     p.add_argument("--runners", default=None,
                    help="cuda: comma-separated v1,v2 (default both); cpu has one runner")
-    p.add_argument("--max-batch-size", type=int, default=64,
+    p.add_argument("--max-batch-size", type=integer(1, MAX_BATCH_SIZE), default=64,
                    help="largest batch the probes use")
-    p.add_argument("--output-tokens", type=int, default=33,
+    p.add_argument("--output-tokens", type=integer(2), default=33,
                    help="tokens per timing window (step = (t_N - t_1)/(N - 1))")
-    p.add_argument("--repeats", type=int, default=2, help="windows per measurement")
-    p.add_argument("--tolerance", type=float, default=0.03,
+    p.add_argument("--repeats", type=integer(1), default=2, help="windows per measurement")
+    p.add_argument("--tolerance", type=number(0, below=1), default=0.03,
                    help="largest cost still fit to deploy (raised to twice the measured noise)")
-    p.add_argument("--max-noise", type=float, default=DEFAULT_MAX_NOISE,
+    p.add_argument("--max-noise", type=number(positive=True, below=1), default=DEFAULT_MAX_NOISE,
                    help="largest measured noise (max-min over median of the repeats) at which "
                         "a runner can still be judged fit (default: %(default)s)")
-    p.add_argument("--startup-timeout", type=float, default=600.0,
+    p.add_argument("--startup-timeout", type=number(positive=True), default=600.0,
                    help="seconds a vLLM server may take to become healthy")
     p.add_argument("--side-by-side", action="store_true",
                    help="start a runner's servers (the table's and one per length) at once, "

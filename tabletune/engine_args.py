@@ -9,6 +9,12 @@ line. Nothing else assembles engine settings from the command line.
 from __future__ import annotations
 
 import argparse
+import os
+
+from tabletune.core.errors import ContractError
+from tabletune.core.files import check_output_dir
+from tabletune.core.builder import MAX_BATCH_SIZE
+from tabletune.core.options import integer
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
@@ -17,13 +23,14 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--drafter", help="drafter model path (method draft_model / eagle / eagle3)")
     g.add_argument("--method", default="draft_model",
                    help="speculative method with --drafter: draft_model, eagle, eagle3, ...")
-    g.add_argument("--max-k", type=int, default=3, help="longest draft length K")
+    g.add_argument("--max-k", type=integer(1, 64), default=3, help="longest draft length K")
     g.add_argument("--device", choices=("cpu", "cuda"), default=None,
                    help="default: cpu for the embedded pair, cuda for a given model")
-    g.add_argument("--tensor-parallel-size", type=int, default=1, help="GPUs per server")
-    g.add_argument("--max-num-seqs", type=int, default=None,
+    g.add_argument("--tensor-parallel-size", type=integer(1, 1024), default=1,
+                   help="GPUs per server")
+    g.add_argument("--max-num-seqs", type=integer(1, MAX_BATCH_SIZE), default=None,
                    help="vLLM's largest batch (default: the largest batch size the command uses)")
-    g.add_argument("--max-model-len", type=int, default=512,
+    g.add_argument("--max-model-len", type=integer(1), default=512,
                    help="vLLM's context length per request")
     g.add_argument("--dtype", default=None,
                    help="weights' dtype (default: float32 for the embedded pair, else vLLM's auto)")
@@ -46,10 +53,53 @@ def float_list(text: str) -> tuple[float, ...]:
         raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of numbers")
 
 
+# Flags TableTune sets on every vLLM server it starts (``tabletune.engine.server``); an
+# --engine-arg giving one again would silently change what is measured (a second --port, a
+# --max-num-seqs below the profiled batch sizes), so it is refused with the option to use.
+MANAGED_FLAGS = {
+    "--model": "--model", "--served-model-name": None, "--host": None, "--port": None,
+    "--max-num-seqs": "--max-num-seqs", "--max-model-len": "--max-model-len",
+    "--dtype": "--dtype", "--tensor-parallel-size": "--tensor-parallel-size",
+    "-tp": "--tensor-parallel-size",
+    "--seed": None, "--speculative-config": "--max-k / --drafter / --method",
+    "--scheduler-cls": None,
+}
+
+
+def check_engine_args(extra: list[str]) -> None:
+    """Refuse an --engine-arg that repeats a flag TableTune sets itself."""
+    for item in extra:
+        flag = item.split("=", 1)[0].strip()
+        if flag.startswith("--"):
+            flag = "--" + flag[2:].replace("_", "-")
+        if flag in MANAGED_FLAGS:
+            use = MANAGED_FLAGS[flag]
+            hint = f"use TableTune's {use}" if use else "TableTune sets it for every server"
+            raise ContractError(f"--engine-arg: {item!r} sets {flag}, which TableTune sets "
+                                f"itself ({hint})")
+
+
+def check_engine_options(args: argparse.Namespace) -> None:
+    """The engine options' checks that no range can express: --engine-arg flags TableTune
+    sets itself, and the cache folders vLLM or the embedded pair will write into (checked
+    before minutes of work, not after)."""
+    check_engine_args(list(args.engine_arg))
+    cache_root = getattr(args, "cache_root", None)
+    if cache_root:
+        check_output_dir(cache_root, "--cache-root")
+    if args.model is None:
+        from tabletune.engine.model_pair import default_cache_dir
+
+        where = "TABLETUNE_CACHE" if os.environ.get("TABLETUNE_CACHE") else "the model cache"
+        check_output_dir(default_cache_dir(), where)
+
+
 def engine_spec_from_args(args: argparse.Namespace, *, max_batch_size: int | None = None):
     """The deployment the options describe; ``max_batch_size`` (the largest batch the command
-    sends) raises ``max_num_seqs`` to it."""
+    sends) raises ``max_num_seqs`` to it. Engine arguments and cache folders are checked first."""
     from tabletune.engine.spec import EngineSpec
+
+    check_engine_options(args)
 
     common = dict(max_k=args.max_k, tensor_parallel_size=args.tensor_parallel_size,
                   max_model_len=args.max_model_len, extra_args=tuple(args.engine_arg),

@@ -18,13 +18,16 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from tabletune.core.atomic import atomic_write_text
+from tabletune.core.builder import MAX_BATCH_SIZE
 from tabletune.core.contracts import load_json, save_json
 from tabletune.core.errors import ContractError
+from tabletune.core.files import check_output_dir, parse_json
 from tabletune.core.tables import DOCS_TABLE, DraftTable
 from tabletune.engine.client import run_load
 from tabletune.engine.server import EngineError, VllmServer, speculative_config
 from tabletune.engine.spec import EngineSpec, deployment_fingerprint
 from tabletune.engine_args import add_engine_args, engine_spec_from_args
+from tabletune.core.options import int_list, integer, number
 from tabletune.prompt_args import add_prompt_args, prompts_from_args
 
 RESULTS_SCHEMA = "tabletune.evaluation/v1"
@@ -107,10 +110,8 @@ def controller_start_table(text: str) -> DraftTable:
 
         return shrink_table(DOCS_TABLE, 4)
     if text.lstrip().startswith("["):
-        try:
-            return DraftTable.from_ranges(json.loads(text), "--controller-start")
-        except json.JSONDecodeError:
-            raise ContractError(f"--controller-start: {text!r} is not JSON ranges") from None
+        return DraftTable.from_ranges(parse_json(text, "--controller-start", "ranges"),
+                                      "--controller-start")
     return load_json(text, "table").table
 
 
@@ -382,9 +383,11 @@ def _print_losses(losses: dict) -> None:
 
 
 def _common(args) -> tuple[EngineSpec, list[str], list[int]]:
-    concurrency = [int(x) for x in args.concurrency.split(",") if x.strip()]
-    if not concurrency or min(concurrency) < 1:
+    """The checks and inputs every load command shares, before any engine starts."""
+    concurrency = list(args.concurrency)  # parsed and range-checked with the other options
+    if not concurrency:
         raise ContractError(f"--concurrency: {args.concurrency!r} must list levels >= 1")
+    check_output_dir(args.out_dir, "--out-dir")
     spec = engine_spec_from_args(args, max_batch_size=max(concurrency))
     prompts = prompts_from_args(args)
     return spec, prompts, concurrency
@@ -424,10 +427,8 @@ def cmd_evaluate(args) -> int:
     if args.target_spread is not None and not 0 < args.target_spread < float("inf"):
         raise ContractError(f"--target-spread: {args.target_spread!r} is not a positive number")
     controller_start = controller_start_table(args.controller_start)
-    try:
-        controller_settings = json.loads(args.controller_settings)
-    except json.JSONDecodeError as e:
-        raise ContractError(f"--controller-settings: not JSON ({e})") from None
+    controller_settings = parse_json(args.controller_settings, "--controller-settings",
+                                     "settings")
     if not isinstance(controller_settings, dict):
         raise ContractError(f"--controller-settings: {args.controller_settings!r} is not a "
                             "JSON object")
@@ -485,30 +486,31 @@ def add_evaluate_parsers(sub) -> None:
         add_engine_args(p)
         add_prompt_args(p)
         p.add_argument("--concurrency", default=default_concurrency,
+                       type=int_list(1, MAX_BATCH_SIZE),
                        help="comma-separated concurrency levels")
-        p.add_argument("--requests-per-client", type=int, default=4,
+        p.add_argument("--requests-per-client", type=integer(1), default=4,
                        help="requests each client sends in turn at every level")
-        p.add_argument("--min-seconds", type=float, default=None,
+        p.add_argument("--min-seconds", type=number(positive=True), default=None,
                        help="keep each level's clients sending requests until this long has "
                             "passed (steady loads on fast engines)")
-        p.add_argument("--output-spread", type=float, default=0.0,
+        p.add_argument("--output-spread", type=number(0.0, below=1.0), default=0.0,
                        help="spread request lengths evenly over --max-tokens x (1 +- this), "
                             "so requests finish one by one as in real traffic (default: "
                             "%(default)s: every request --max-tokens long)")
-        p.add_argument("--repeats", type=int, default=1,
+        p.add_argument("--repeats", type=integer(1, 1000), default=1,
                        help="rounds per level: every arm once a round, the order rotating "
                             "(default: %(default)s)")
-        p.add_argument("--target-spread", type=float, default=None,
+        p.add_argument("--target-spread", type=number(positive=True), default=None,
                        help="add rounds at a level while some arm's repeats spread wider than "
                             "this ((max - min) / median), up to --max-repeats")
-        p.add_argument("--max-repeats", type=int, default=None,
+        p.add_argument("--max-repeats", type=integer(1, 1000), default=None,
                        help="most rounds per level with --target-spread (default: --repeats)")
         p.add_argument("--window", default=None, metavar="WARM_UP_S,LENGTH_S",
                        help="measure each repeat over a steady window of vLLM's own counters "
                             "(step count, generated tokens, drafts): clients busy from the "
                             "start, the window opens after the warm-up, requests still running "
                             "at its end are cancelled")
-        p.add_argument("--parallel-startups", type=int, default=1,
+        p.add_argument("--parallel-startups", type=integer(1, 64), default=1,
                        help="start this many servers side by side (GPU; give each a fixed "
                             "--engine-arg=--kv-cache-memory=BYTES)")
         p.add_argument("--out-dir", default="tabletune-eval",

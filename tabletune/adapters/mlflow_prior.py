@@ -31,7 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from tabletune.core.atomic import atomic_replace
-from tabletune.core.contracts import MAX_JSON_BYTES, read_regular_file, save_json
+from tabletune.core.contracts import save_json
+from tabletune.core.files import MAX_JSON_BYTES, parse_json, read_regular_file
 from tabletune.core.errors import ContractError
 from tabletune.core.pipeline_errors import PriorUnavailable, RegistryStateError
 from tabletune.core.prior import DOCUMENT_FILES, Prior
@@ -106,11 +107,10 @@ def _rest_get(url: str, timeout_s: float, *, attempts: int = 2, backoff_s: float
 def _json_answer(body: bytes, what: str) -> Any:
     """A registry answer as JSON; anything else means the registry is not answering properly."""
     try:
-        return json.loads(body)
-    except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError
+        return parse_json(body, what, "registry answer")  # strict: no duplicate keys, no NaN
+    except ContractError as exc:
         start = body[:60].decode("utf-8", "replace").strip()
-        raise _RegistryDown(f"{what} is not JSON (starts {start!r}): "
-                            f"{type(exc).__name__}") from None
+        raise _RegistryDown(f"{what} is not JSON (starts {start!r}): {exc}") from None
 
 
 def _fetch_production(model_name: str, tracking_uri: str, timeout_s: float) -> tuple[str, dict]:
@@ -196,7 +196,8 @@ def _read_cache(cache_dir: Path, model_name: str) -> tuple[str, dict[str, Any]] 
     if not pointer_path.exists() and not pointer_path.is_symlink():
         return None
     try:
-        pointer = json.loads(read_regular_file(pointer_path, "prior cache pointer"))
+        pointer = parse_json(read_regular_file(pointer_path, "prior cache pointer"),
+                             str(pointer_path), "prior cache pointer")
         version = str(pointer["version"])
         digests = pointer["sha256"]
     except (ContractError, ValueError, KeyError, TypeError) as exc:
@@ -217,17 +218,51 @@ def _read_cache(cache_dir: Path, model_name: str) -> tuple[str, dict[str, Any]] 
                 f"for registry version {version} (the cached file changed after it was written)"
             )
         try:
-            raw[kind] = json.loads(data)
-        except (ValueError, RecursionError) as exc:
+            raw[kind] = parse_json(data, str(path), f"cached {kind}")
+        except ContractError as exc:
             raise _CacheRefused(f"{path}: not JSON ({exc})") from None
     return version, raw
 
 
+# The whole registry read (alias, three artifacts, retries) within this many seconds: it sits on
+# the engine's start-up, and a registry that drips one byte at a time resets every per-read
+# timeout. Past it the cache is served.
+DEFAULT_DEADLINE_S = 20.0
+
+
+def _within_deadline(deadline_s: float, fetch, *args):
+    """``fetch(*args)`` if it returns within ``deadline_s`` seconds; else _RegistryDown.
+
+    The call runs in a daemon thread, so nothing it waits on (DNS, a connect, a slow body)
+    can hold the caller past the deadline; a late answer is dropped unused."""
+    import threading
+
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["value"] = fetch(*args)
+        except BaseException as exc:  # handed to the caller's thread
+            outcome["error"] = exc
+
+    worker = threading.Thread(target=run, name="tabletune-registry-read", daemon=True)
+    worker.start()
+    worker.join(deadline_s)
+    if worker.is_alive():
+        raise _RegistryDown(f"no complete answer within the {deadline_s:g} s deadline")
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
+
+
 def load_production_prior(
-    model_name: str, *, tracking_uri: str, cache_dir: Path, timeout_s: float = 10.0
+    model_name: str, *, tracking_uri: str, cache_dir: Path, timeout_s: float = 10.0,
+    deadline_s: float = DEFAULT_DEADLINE_S,
 ) -> Prior:
-    """The ``production`` version's prior, from the registry or, if it is down or answers with
-    anything but valid documents, from the checksummed cache (``from_cache`` says which).
+    """The ``production`` version's prior, from the registry or, if it is down, answers with
+    anything but valid documents, or does not finish within ``deadline_s`` seconds in all (each
+    read also times out after ``timeout_s``), from the checksummed cache (``from_cache`` says
+    which).
 
     Raises PriorUnavailable when the registry is down and nothing usable is cached, or when the
     registry is up but has no production version of ``model_name``.
@@ -235,7 +270,8 @@ def load_production_prior(
     cache_dir = Path(cache_dir)
     source = f"models:/{model_name}@{PRODUCTION}"
     try:
-        version, raw = _fetch_production(model_name, tracking_uri, timeout_s)
+        version, raw = _within_deadline(deadline_s, _fetch_production, model_name,
+                                        tracking_uri, min(timeout_s, deadline_s))
         prior = parse_prior(raw, f"{model_name} version {version}", source=source,
                             version=version)
     except (_RegistryDown, RegistryStateError) as exc:

@@ -35,7 +35,9 @@ from typing import Any, Literal, TypeVar
 
 from tabletune.adapters.mlflow_lock import PromotionLease, promotion_lock
 from tabletune.adapters.mlflow_prior import parse_prior
-from tabletune.core.contracts import save_json
+from tabletune.core.contracts import read_json_file, save_json
+from tabletune.core.errors import ContractError
+from tabletune.core.files import parse_json
 from tabletune.core.pipeline_errors import RegistryStateError, RegistryUnavailable
 from tabletune.core.prior import DOCUMENT_FILES, Prior
 from tabletune.core.promotion import (
@@ -373,7 +375,7 @@ class MlflowRegistry:
                 f"downloading {artifact_path} from run {run_id}",
                 lambda: self._client.download_artifacts(run_id, artifact_path, tmp),
             )
-            return json.loads(Path(local).read_text(encoding="utf-8"))
+            return read_json_file(local, artifact_path)
 
     def run_url(self, run_id: str) -> str:
         # MLflow 3.17's UI picks its GenAI or "Model training" view from this URL parameter
@@ -516,8 +518,8 @@ class MlflowRegistry:
             for kind, filename in DOCUMENT_FILES.items():
                 path = Path(local) / filename
                 try:
-                    raw[kind] = json.loads(path.read_text(encoding="utf-8"))
-                except (OSError, json.JSONDecodeError) as exc:
+                    raw[kind] = read_json_file(path, kind)
+                except ContractError as exc:
                     raise RegistryStateError(
                         f"{name} version {version}: {filename} unreadable in {mv.source}: {exc}"
                     ) from exc
@@ -568,7 +570,7 @@ class MlflowRegistry:
         for key, value in tags.items():
             if key.startswith(HISTORY_TAG_PREFIX):
                 try:
-                    entries.append(HistoryEntry.from_dict(json.loads(value)))
+                    entries.append(HistoryEntry.from_dict(parse_json(value, key, "history")))
                 except ValueError as exc:
                     raise RegistryStateError(f"{name}: tag {key}: not a history entry ({exc})"
                                              ) from None

@@ -159,7 +159,8 @@ class ControllerSettings:
 
     def __post_init__(self) -> None:
         p = "settings"
-        check_int(self.rebuild_every_steps, f"{p}.rebuild_every_steps", minimum=1)
+        check_int(self.rebuild_every_steps, f"{p}.rebuild_every_steps", minimum=1,
+                  maximum=MAX_COUNT)
         object.__setattr__(
             self, "prior_weight", check_positive(self.prior_weight, f"{p}.prior_weight")
         )
@@ -168,9 +169,10 @@ class ControllerSettings:
         )
         if self.exploration_every is not None:
             # Every step at the longest length would not be exploration but a fixed length.
-            check_int(self.exploration_every, f"{p}.exploration_every", minimum=2)
+            check_int(self.exploration_every, f"{p}.exploration_every", minimum=2,
+                      maximum=MAX_COUNT)
         check_bool(self.prior_decay, f"{p}.prior_decay")
-        check_int(self.hysteresis, f"{p}.hysteresis", minimum=0)
+        check_int(self.hysteresis, f"{p}.hysteresis", minimum=0, maximum=MAX_COUNT)
         if self.allowed_lengths is not None:
             raw = check_sequence(self.allowed_lengths, f"{p}.allowed_lengths")
             if not raw:
@@ -189,8 +191,8 @@ class ControllerSettings:
         if not bound > 1.0:
             fail(f"{p}.drift_bound", self.drift_bound, "is not a ratio above 1")
         object.__setattr__(self, "drift_bound", float(bound))
-        check_int(self.drift_rebuilds, f"{p}.drift_rebuilds", minimum=1)
-        check_int(self.drift_min_steps, f"{p}.drift_min_steps", minimum=1)
+        check_int(self.drift_rebuilds, f"{p}.drift_rebuilds", minimum=1, maximum=MAX_COUNT)
+        check_int(self.drift_min_steps, f"{p}.drift_min_steps", minimum=1, maximum=MAX_COUNT)
 
     @classmethod
     def recommended(cls, **overrides: Any) -> ControllerSettings:

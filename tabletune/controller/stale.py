@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from tabletune.core.atomic import atomic_write_text
-from tabletune.core.contracts import Profile
+from tabletune.core.contracts import Profile, read_json_file
+from tabletune.core.errors import ContractError
 
 logger = logging.getLogger("tabletune.controller.stale")
 
@@ -50,11 +51,11 @@ def read_stale_mark(out_dir: str | Path | None) -> dict[str, Any] | None:
     if not out_dir:
         return None
     path = Path(out_dir) / STALE_MARK_FILE
-    try:
-        mark = json.loads(path.read_text())
-    except FileNotFoundError:
+    if not path.exists() and not path.is_symlink():
         return None
-    except (OSError, ValueError) as exc:
+    try:
+        mark = read_json_file(path, "stale mark")  # strict, and a FIFO never blocks
+    except ContractError as exc:
         logger.warning("%s: unreadable stale mark ignored (%s)", path, exc)
         return None
     if (not isinstance(mark, dict) or mark.get("schema") != STALE_MARK_SCHEMA

@@ -15,8 +15,11 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 import tempfile
 from pathlib import Path
+
+from tabletune.core.files import file_kind
 
 __all__ = ["atomic_write_text", "atomic_replace"]
 
@@ -30,6 +33,7 @@ def atomic_write_text(path: str | os.PathLike[str], text: str, *, encoding: str 
     nothing. On any failure the temp file is removed and the exception propagates."""
     target = Path(path)
     data = text.encode(encoding)
+    _refuse_special(target)
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     except FileNotFoundError:
@@ -42,13 +46,29 @@ def atomic_write_text(path: str | os.PathLike[str], text: str, *, encoding: str 
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        _refuse_special(target)  # again: the path may have become a FIFO meanwhile
         os.replace(tmp, target)
-    except BaseException:
+    except BaseException as exc:
         try:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
+        if isinstance(exc, OSError) and exc.filename is None and exc.errno is not None:
+            # A full disk fails write() or fsync() with no path: name the file being replaced.
+            raise OSError(exc.errno, exc.strerror, os.fspath(target)) from exc
         raise
+
+
+def _refuse_special(target: Path) -> None:
+    """os.replace would swap a device, FIFO, socket or directory for a regular file (as root,
+    ``/dev/null``); such a target is an error, not something to overwrite."""
+    try:
+        mode = os.stat(target).st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISREG(mode):
+        raise OSError(errno.EINVAL, f"{file_kind(mode)}, not a regular file (not replaced)",
+                      os.fspath(target))
 
 
 def atomic_replace(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:

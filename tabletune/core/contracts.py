@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -30,6 +29,7 @@ from tabletune.core.errors import (
     check_str,
     fail,
 )
+from tabletune.core.files import MAX_JSON_BYTES, parse_json, read_regular_file
 from tabletune.core.goodput import validate_rates
 from tabletune.core.tables import DraftTable
 
@@ -402,71 +402,13 @@ def check_compatible(profile: Profile, acceptance: Acceptance) -> None:
 _READERS = {"profile": Profile, "acceptance": Acceptance, "table": TableDocument}
 
 
-# Profiles of a few thousand cells and tables are kilobytes to a few MiB; anything far larger is
-# the wrong file, and reading it whole would only exhaust memory.
-MAX_JSON_BYTES = 64 * 1024 * 1024
-
-
-def read_regular_file(path: str | os.PathLike[str], what: str = "document",
-                      limit: int = MAX_JSON_BYTES) -> bytes:
-    """The bytes of a regular file of at most ``limit`` bytes; anything else is a ContractError.
-
-    A FIFO, socket or device is refused before it is opened: opening a FIFO for reading waits
-    for a writer, so a ``table.json`` that is a pipe would hang whoever reads it (an engine at
-    start-up). The open itself is non-blocking and re-checked, in case the path was swapped
-    between the two looks.
-    """
-    name = os.fspath(path)
-    try:
-        before = os.stat(path)
-    except OSError as exc:
-        raise ContractError(f"{name}: cannot read {what}: {exc}") from exc
-    if not stat.S_ISREG(before.st_mode):
-        raise ContractError(f"{name}: cannot read {what}: not a regular file "
-                            f"({_file_kind(before.st_mode)})")
-    if before.st_size > limit:
-        raise ContractError(f"{name}: cannot read {what}: the file is larger than "
-                            f"{limit // (1024 * 1024)} MiB")
-    try:
-        flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
-        fd = os.open(path, flags)
-        with os.fdopen(fd, "rb") as f:
-            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-                raise ContractError(f"{name}: cannot read {what}: not a regular file")
-            raw = f.read(limit + 1)  # bounded even if the file grew since the stat
-    except OSError as exc:
-        raise ContractError(f"{name}: cannot read {what}: {exc}") from exc
-    if len(raw) > limit:
-        raise ContractError(f"{name}: cannot read {what}: the file is larger than "
-                            f"{limit // (1024 * 1024)} MiB")
-    return raw
-
-
-def _file_kind(mode: int) -> str:
-    for test, label in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISDIR, "a directory"),
-                        (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
-                        (stat.S_ISBLK, "a block device")):
-        if test(mode):
-            return label
-    return "not a plain file"
-
-
 def read_json_file(path: str | os.PathLike[str], what: str = "document") -> Any:
     """Parse a JSON file; every failure is a ContractError that starts with the file path.
 
-    Reads regular files only (see ``read_regular_file``), refuses files above
-    ``MAX_JSON_BYTES`` and nesting too deep for the parser (a RecursionError from ``json.loads``
-    would otherwise escape as a traceback).
+    Reads regular files only, at most ``MAX_JSON_BYTES``, as strict JSON (no duplicate keys, no
+    NaN/Infinity, nesting the parser can take): ``tabletune.core.files``.
     """
-    name = os.fspath(path)
-    raw = read_regular_file(path, f"{what} JSON")
-    try:
-        return json.loads(raw.decode("utf-8"))
-    except RecursionError:
-        raise ContractError(f"{name}: cannot read {what} JSON: nested too deeply") from None
-    except ValueError as exc:
-        # JSONDecodeError, UnicodeDecodeError, or an integer literal beyond Python's digit limit.
-        raise ContractError(f"{name}: cannot read {what} JSON: {exc}") from exc
+    return parse_json(read_regular_file(path, f"{what} JSON"), os.fspath(path), what)
 
 
 def load_json(path: str | os.PathLike[str], kind: Kind) -> Profile | Acceptance | TableDocument:

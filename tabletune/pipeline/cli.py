@@ -19,6 +19,9 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from tabletune.core.builder import MAX_BATCH_SIZE
+from tabletune.core.options import check_options, integer
+
 __all__ = ["build_registry_parser", "registry_main", "main"]
 
 
@@ -46,6 +49,30 @@ def _model_name(args: argparse.Namespace) -> str:
     from tabletune.engine.spec import EngineSpec
 
     return registered_model_name(deployment_key(EngineSpec.embedded_default()))
+
+
+# Where MLflow keeps a registry; anything else (ftp://, a typo'd scheme) is refused up front
+# instead of failing deep inside the MLflow client with a traceback.
+TRACKING_SCHEMES = ("http", "https", "file", "databricks", "sqlite", "postgresql", "mysql",
+                    "mssql")
+
+
+def _check_arguments(args: argparse.Namespace) -> None:
+    """Every argument, before any MLflow call (bad ones exit 2 naming the option)."""
+    import re
+    from urllib.parse import urlparse
+
+    from tabletune.core.errors import ContractError
+
+    scheme = urlparse(args.tracking_uri).scheme.split("+")[0]
+    if scheme and scheme not in TRACKING_SCHEMES and not re.fullmatch(r"[A-Za-z]", scheme):
+        raise ContractError(f"--tracking-uri: {args.tracking_uri!r} has the scheme {scheme!r}; "
+                            f"a tracking server is one of {', '.join(TRACKING_SCHEMES)}")
+    for option in ("version", "expected_production"):
+        value = getattr(args, option, None)
+        if value is not None and not re.fullmatch(r"[1-9][0-9]{0,17}", value):
+            raise ContractError(f"--{option.replace('_', '-')}: {value!r} is not a model "
+                                "version number (1, 2, ...)")
 
 
 def _cli_owner() -> str:
@@ -77,7 +104,7 @@ def build_registry_parser() -> argparse.ArgumentParser:
     seed.add_argument("--profile", required=True, help="profile file (tabletune profile)")
     seed.add_argument("--acceptance", required=True,
                       help="acceptance file (tabletune acceptance)")
-    seed.add_argument("--max-batch-size", type=int,
+    seed.add_argument("--max-batch-size", type=integer(1, MAX_BATCH_SIZE),
                       help="build the table up to this B (default: the largest profiled B)")
     show = sub.add_parser("show", help="aliases and the production table")
     common(show)
@@ -106,11 +133,24 @@ def registry_main(argv: Sequence[str] | None = None) -> int:
                          f"deployment key (letters, digits, '.', '_' and '-', starting with a "
                          f"letter or digit)")
 
-    from tabletune.adapters.mlflow_registry import MlflowRegistry, apply_mlflow_http_defaults
     from tabletune.core.contracts import load_json
     from tabletune.core.errors import ContractError
-    from tabletune.pipeline import flows
+    from tabletune.core.files import describe_os_error
+
+    where = f"tabletune registry {args.command}"
+    try:
+        check_options(parser, args)
+        _check_arguments(args)
+        if args.command == "seed":  # the documents are read before any registry call
+            profile = load_json(args.profile, "profile")
+            acceptance = load_json(args.acceptance, "acceptance")
+    except ContractError as exc:
+        print(f"{where}: error: {exc}", file=sys.stderr)
+        return 2
+
+    from tabletune.adapters.mlflow_registry import MlflowRegistry, apply_mlflow_http_defaults
     from tabletune.core.pipeline_errors import PipelineError
+    from tabletune.pipeline import flows
 
     # A process entry point: bound MLflow's HTTP calls unless the user set MLflow's variables.
     apply_mlflow_http_defaults()
@@ -120,8 +160,7 @@ def registry_main(argv: Sequence[str] | None = None) -> int:
         if args.command == "seed":
             out = flows.seed_registry(
                 registry, model_name=model_name,
-                profile=load_json(args.profile, "profile"),
-                acceptance=load_json(args.acceptance, "acceptance"),
+                profile=profile, acceptance=acceptance,
                 max_batch_size=args.max_batch_size,
             )
         elif args.command == "show":
@@ -143,8 +182,21 @@ def registry_main(argv: Sequence[str] | None = None) -> int:
         else:
             out = flows.promote_version(registry, model_name=model_name, action="rollback",
                                         version=None, owner=_cli_owner(), via="cli")
-    except (PipelineError, ContractError) as exc:
-        print(f"tabletune registry {args.command}: {exc}", file=sys.stderr)
+    except ContractError as exc:  # a document the registry holds or was given is not valid
+        print(f"{where}: error: {exc}", file=sys.stderr)
+        return 2
+    except PipelineError as exc:  # the registry's state refuses the move (conflict, no version)
+        print(f"{where}: {exc}", file=sys.stderr)
+        return 1
+    except BrokenPipeError:
+        raise
+    except OSError as exc:
+        print(f"{where}: error: {describe_os_error(exc)}", file=sys.stderr)
+        return 1
+    except Exception as exc:  # the MLflow client's own failures: one line, not a traceback
+        first = (str(exc).strip().splitlines() or [""])[0][:300]
+        print(f"{where}: error: registry {args.tracking_uri}: {type(exc).__name__}: {first}",
+              file=sys.stderr)
         return 1
     print(format_json({"model_name": model_name, **out}))
     return 0

@@ -30,6 +30,7 @@ from typing import Any, Literal
 
 from tabletune.core.builder import DEFAULT_TIE_MARGIN
 from tabletune.core.contracts import Acceptance, Profile, TableDocument
+from tabletune.core.files import parse_json
 from tabletune.core.pipeline_errors import GateFailed, PromotionConflict, RegistryStateError, Superseded
 from tabletune.pipeline.deployment import fingerprint_changes, flatten_params
 from tabletune.pipeline.gate import GateReport, GateSettings, run_gate
@@ -222,7 +223,7 @@ def check_fingerprint(
     key = _fingerprint_key(fingerprint)
     tags = registry.model_tags(model_name)
     raw = tags.get(LAST_PROFILED_TAG)
-    last = json.loads(raw) if raw else None
+    last = parse_json(raw, LAST_PROFILED_TAG, "tag") if raw else None
     production = None
     if last is None:
         production = registry.read_production(model_name)

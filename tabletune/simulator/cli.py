@@ -18,6 +18,12 @@ from pathlib import Path
 
 from tabletune.core.contracts import load_json, save_json
 from tabletune.core.errors import ContractError, fail
+from tabletune.core.files import check_output_dir, describe_os_error
+from tabletune.core.options import check_options, integer, number
+
+# A simulated hour at most from the command line: the shipped scenarios run 30-120 s, and a
+# run is linear in its duration (1e308 s would run until killed).
+MAX_DURATION_S = 3600.0
 
 __all__ = ["add_simulate_parser", "run_simulate", "main"]
 
@@ -42,13 +48,13 @@ def add_simulate_parser(subparsers: argparse._SubParsersAction) -> argparse.Argu
                    help="directory for <scenario>.json and <scenario>.png (default: print only)")
     p.add_argument("--concurrency", help="comma-separated levels (default: the scenario's "
                                          "'concurrency')")
-    p.add_argument("--duration", type=float,
+    p.add_argument("--duration", type=number(positive=True, maximum=MAX_DURATION_S),
                    help=f"simulated seconds per run (default: the scenario's 'duration_s': "
                         f"{shipped['duration_s']})")
-    p.add_argument("--measure-from", type=float,
+    p.add_argument("--measure-from", type=number(0, maximum=MAX_DURATION_S),
                    help=f"start of the measurement window in s (default: the scenario's "
                         f"'measure_from_s': {shipped['measure_from_s']})")
-    p.add_argument("--seed", type=int,
+    p.add_argument("--seed", type=integer(0, 2**32 - 1),
                    help=f"random seed of the simulated traffic (default: the scenario's 'seed': "
                         f"{shipped['seed']})")
     p.add_argument("--policies", help="comma-separated subset of policy names to run "
@@ -125,6 +131,8 @@ def run_simulate(args: argparse.Namespace) -> int:
     from tabletune.simulator.run import default_policies, run_simulation
 
     try:
+        if args.out is not None:
+            check_output_dir(args.out, "--out")
         scenario = _configure(args)
         policies = default_policies(scenario)
         if args.policies:
@@ -145,8 +153,13 @@ def run_simulate(args: argparse.Namespace) -> int:
             print(f"wrote {json_path}")
             if not args.no_plot:
                 print(f"wrote {report.plot(args.out / f'{scenario.name}.png')}")
-    except (ContractError, OSError) as exc:
-        print(f"tabletune simulate: {exc}", file=sys.stderr)
+    except ContractError as exc:
+        print(f"tabletune simulate: error: {exc}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        raise
+    except OSError as exc:  # a full disk or a read-only folder while writing the report
+        print(f"tabletune simulate: error: {describe_os_error(exc)}", file=sys.stderr)
         return 2
     return 0
 
@@ -155,6 +168,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="tabletune")
     add_simulate_parser(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
+    try:
+        check_options(parser, args)
+    except ContractError as exc:
+        print(f"tabletune simulate: error: {exc}", file=sys.stderr)
+        return 2
     return args.func(args)
 
 

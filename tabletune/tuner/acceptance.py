@@ -8,13 +8,13 @@ a draft of length K.
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import Sequence
 
 from tabletune.core.contracts import Acceptance
 from tabletune.core.errors import ContractError
+from tabletune.core.files import parse_json, read_text_file
 from tabletune.core.goodput import monotone_rates
 from tabletune.engine.client import run_batch
 from tabletune.engine.server import EngineError, VllmServer, speculative_config
@@ -30,18 +30,28 @@ DEFAULT_TEMPERATURE = 0.0
 DEFAULT_MAX_TOKENS = 64
 
 
+# A prompts file is prompts, not a corpus: far larger is the wrong file.
+MAX_PROMPTS_BYTES = 256 * 1024 * 1024
+
+
 def load_prompts(path: Path, *, field: str = "prompt") -> list[str]:
-    """Prompts from a JSONL file (one object per line with a ``prompt`` string) or plain text."""
+    """Prompts from a JSONL file (one object per line with a ``prompt`` string) or plain text.
+
+    Read through the package's one input opener (``tabletune.core.files``): a regular UTF-8
+    file only, size-capped, a FIFO refused without blocking; each JSON line strict JSON."""
     path = Path(path)
+    text = read_text_file(path, "prompts", limit=MAX_PROMPTS_BYTES)
     prompts = []
-    for n, line in enumerate(path.read_text().splitlines(), start=1):
+    # Lines end at "\n" only: str.splitlines would also break at U+2028 inside a prompt.
+    for n, line in enumerate(text.split("\n"), start=1):
+        line = line.removesuffix("\r")
         if not line.strip():
             continue
         if path.suffix in (".jsonl", ".json"):
-            try:
-                value = json.loads(line).get(field)
-            except (ValueError, AttributeError, RecursionError):
-                raise ContractError(f"{path}:{n}: not a JSON object") from None
+            record = parse_json(line, f"{path}:{n}", "prompt line")
+            if not isinstance(record, dict):
+                raise ContractError(f"{path}:{n}: {_short(record)} is not a JSON object")
+            value = record.get(field)
             if not isinstance(value, str) or not value.strip():
                 raise ContractError(f"{path}:{n}.{field}: {value!r} is not a non-empty string")
             prompts.append(value)
@@ -50,6 +60,12 @@ def load_prompts(path: Path, *, field: str = "prompt") -> list[str]:
     if not prompts:
         raise ContractError(f"{path}: no prompts")
     return prompts
+
+
+def _short(value) -> str:
+    from tabletune.core.errors import show
+
+    return show(value, 40)
 
 
 def rates_from_counters(num_drafts: float, accepted_per_position: Sequence[float]) -> tuple[float, ...]:

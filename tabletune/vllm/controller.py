@@ -37,7 +37,6 @@ only); nothing of the pipeline is loaded in the engine process.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from pathlib import Path
@@ -46,6 +45,7 @@ from tabletune.controller.estimator import ControllerSettings
 from tabletune.controller.runtime import UNKNOWN_VALUES, ControllerRuntime, build_runtime
 from tabletune.core.builder import recorded_build_settings
 from tabletune.core.errors import ContractError
+from tabletune.core.files import check_output_dir, parse_json
 from tabletune.core.pipeline_errors import PriorUnavailable
 from tabletune.core.prior import Prior
 from tabletune.core.tables import DraftTable
@@ -121,6 +121,19 @@ def _env_flag(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
 
 
+def _usable_out_dir(path: str | None) -> str | None:
+    """The reporting folder, or None (with one error line) when it cannot be one: a good prior
+    is still served, only without files."""
+    if path is None:
+        return None
+    try:
+        check_output_dir(path, OUT_ENV)
+    except ContractError as exc:
+        logger.error("TableTune controller: %s; serving the prior without writing reports", exc)
+        return None
+    return path
+
+
 def controller_from_env(scheduler) -> ControllerRuntime | None:
     """Called by the TableTune scheduler at start-up; raises with the reason on a bad prior."""
     uri = os.environ.get(PRIOR_ENV)
@@ -129,18 +142,15 @@ def controller_from_env(scheduler) -> ControllerRuntime | None:
     settings = None
     raw = os.environ.get(SETTINGS_ENV)
     if raw:
-        try:
-            overrides = json.loads(raw)
-        except json.JSONDecodeError as e:
-            raise ContractError(f"{SETTINGS_ENV}: not JSON ({e})") from None
+        # Strict JSON (nesting, duplicate keys, NaN): a ContractError naming the variable.
+        overrides = parse_json(raw, SETTINGS_ENV, "settings")
         ControllerSettings.from_dict(overrides)  # a bad setting is named before any prior loads
     start_table = None
     raw_start = os.environ.get(START_TABLE_ENV)
     if raw_start:
-        try:
-            start_table = DraftTable.from_ranges(json.loads(raw_start), START_TABLE_ENV)
-        except json.JSONDecodeError as e:
-            raise ContractError(f"{START_TABLE_ENV}: not JSON ({e})") from None
+        start_table = DraftTable.from_ranges(parse_json(raw_start, START_TABLE_ENV, "ranges"),
+                                             START_TABLE_ENV)
+    out_dir = _usable_out_dir(os.environ.get(OUT_ENV) or None)
     prior = load_prior(uri)
     if raw:
         # The table document's build settings are the defaults; the env's fields override them.
@@ -150,7 +160,7 @@ def controller_from_env(scheduler) -> ControllerRuntime | None:
     runtime = build_runtime(prior, static_lookup=list(scheduler.dynamic_sd_lookup),
                             num_spec_tokens=scheduler.num_spec_tokens,
                             max_num_seqs=scheduler.scheduler_config.max_num_seqs,
-                            settings=settings, out_dir=os.environ.get(OUT_ENV) or None,
+                            settings=settings, out_dir=out_dir,
                             engine=engine, allow_foreign_prior=_env_flag(ALLOW_FOREIGN_ENV),
                             start_table=start_table)
     if os.environ.get(FAULT_ENV):

@@ -5,9 +5,10 @@ No vLLM import: the scheduler subclass (``tabletune.vllm.scheduler``) installs i
 
 from __future__ import annotations
 
-import json
 import logging
 import os
+
+from tabletune.core.files import parse_json, read_regular_file
 
 from tabletune.core.vllm_contract import control_lookup
 
@@ -42,8 +43,10 @@ class ControlFile:
             return None
         if mtime != self.mtime_ns:
             self.mtime_ns = mtime
-            with open(self.path) as f:
-                doc = json.load(f)
+            # Regular file only, never blocking (a FIFO here would stall every engine step),
+            # strict JSON; an error keeps the previous setting like any unreadable file.
+            doc = parse_json(read_regular_file(self.path, "control file"), self.path,
+                             "control file")
             value = doc.get("force_k")
             self.force_k = None if value is None else int(value)
             self.table_lookup = control_lookup(doc.get("table"))

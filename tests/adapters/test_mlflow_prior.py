@@ -39,6 +39,7 @@ class FakeTracking:
         self.documents = _documents()
         self.requests: list[str] = []
         self.failures_left = 0
+        self.stopped = False
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -52,6 +53,27 @@ class FakeTracking:
                 if outer.failures_left > 0:
                     outer.failures_left -= 1
                     return self._send(503, "text/plain", b"busy")
+                if outer.mode == "drip":  # a slow proxy: one byte every 0.2 s, for ever
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", "1000000")
+                    self.end_headers()
+                    try:
+                        while not outer.stopped:
+                            self.wfile.write(b" ")
+                            self.wfile.flush()
+                            time.sleep(0.2)
+                    except OSError:
+                        pass
+                    return None
+                if outer.mode == "redirect-loop":
+                    self.send_response(302)
+                    self.send_header("Location", self.path)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return None
+                if outer.mode == "duplicate-keys" and "get-artifact" in url.path:
+                    return self._send(200, "application/json", b'{"schema": 1, "schema": 2}')
                 if outer.mode == "html" or (outer.mode == "html-artifacts"
                                             and "get-artifact" in url.path):
                     return self._send(200, "text/html", HTML)
@@ -78,6 +100,7 @@ class FakeTracking:
         self.thread.start()
 
     def close(self) -> None:
+        self.stopped = True
         self.server.shutdown()
         self.server.server_close()
 
@@ -211,3 +234,30 @@ def test_the_controller_refuses_a_tampered_cache_and_says_why(tracking, tmp_path
     with pytest.raises(ContractError, match=r"TABLETUNE_CONTROLLER: 'models:/.*@production': "
                                             r".*table.json: SHA-256"):
         load_prior(f"models:/{MODEL}@production", cache_dir=tmp_path)
+
+
+def test_a_registry_that_drips_bytes_falls_back_to_the_cache_within_the_overall_deadline(
+        tracking, tmp_path, caplog):
+    # Every read gets a byte within its 5 s timeout, so only an overall deadline ends the wait.
+    _fill_cache(tracking, tmp_path)
+    drip = tracking("drip")
+    started = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="tabletune.mlflow"):
+        prior = load_production_prior(MODEL, tracking_uri=drip.url, cache_dir=tmp_path,
+                                      timeout_s=5, deadline_s=1.0)
+    elapsed = time.monotonic() - started
+    assert prior.from_cache and prior.version == "7"
+    assert elapsed < 3, elapsed
+    assert any("within the 1 s deadline" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("mode", ["redirect-loop", "duplicate-keys"])
+def test_a_redirect_loop_or_a_document_with_duplicate_keys_is_registry_unavailable(
+        tracking, tmp_path, mode, caplog):
+    _fill_cache(tracking, tmp_path)
+    with caplog.at_level(logging.WARNING, logger="tabletune.mlflow"):
+        prior = load_production_prior(MODEL, tracking_uri=tracking(mode).url,
+                                      cache_dir=tmp_path, timeout_s=5)
+    assert prior.from_cache and prior.version == "7"
+    if mode == "duplicate-keys":
+        assert any("duplicate key 'schema'" in r.getMessage() for r in caplog.records)

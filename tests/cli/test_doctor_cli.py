@@ -8,9 +8,11 @@ from tabletune.cli import main
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--tolerance", "1.5"], "error: --tolerance: 1.5 must be in [0, 1)"),
-    (["--max-batch-size", "0"], "error: --max-batch-size: 0 must be >= 1"),
-    (["--repeats", "0"], "error: --output-tokens/--repeats: 33/0"),
+    (["--tolerance", "1.5"], "error: --tolerance: 1.5 is not a number below 1"),
+    (["--max-batch-size", "0"], "error: --max-batch-size: 0 is not an integer >= 1"),
+    (["--repeats", "0"], "error: --repeats: 0 is not an integer >= 1"),
+    (["--startup-timeout", "0"], "error: --startup-timeout: 0.0 is not a positive number"),
+    (["--startup-timeout", "nan"], "error: --startup-timeout: nan is not a positive number"),
 ])
 def test_bad_options_exit_2_with_the_option_named(args, message, capsys, tmp_path):
     assert main(["doctor", "--out-dir", str(tmp_path / "d")] + args) == 2
@@ -28,4 +30,4 @@ def test_a_candidate_that_is_not_a_table_is_refused(capsys, tmp_path):
     garbage = tmp_path / "g.json"
     garbage.write_text("{not json")
     assert main(["doctor", "--table", str(garbage), "--out-dir", str(tmp_path / "d")]) == 2
-    assert "not a readable JSON file" in capsys.readouterr().err
+    assert f"error: {garbage}: cannot read table JSON: " in capsys.readouterr().err

@@ -312,7 +312,7 @@ def test_the_controller_starts_from_the_start_table_given_in_its_environment(tmp
 
 
 @pytest.mark.parametrize("raw, message", [
-    ("[[1, 16, 3", "TABLETUNE_CONTROLLER_START_TABLE: not JSON"),
+    ("[[1, 16, 3", "TABLETUNE_CONTROLLER_START_TABLE: cannot read ranges JSON"),
     ("[[1, 64, 4]]", "TABLETUNE_CONTROLLER_START_TABLE: k=4 but the engine drafts up to"),
     ("[[2, 64, 1]]", "TABLETUNE_CONTROLLER_START_TABLE"),
 ])
@@ -460,3 +460,73 @@ def test_slow_live_steps_write_ratio_state_and_a_stale_mark_the_reprofile_check_
     assert stale_mark_applies(mark, prior.profile, handled_mark_id=None)
     assert not stale_mark_applies(mark, prior.profile, handled_mark_id=mark["mark_id"])
     assert not stale_mark_applies(mark, make_profile(max_k=2), handled_mark_id=None)
+
+
+def _scheduler():
+    from types import SimpleNamespace
+
+    return SimpleNamespace(dynamic_sd_lookup=[0] + [3] * 64, num_spec_tokens=3,
+                           scheduler_config=SimpleNamespace(max_num_seqs=64))
+
+
+@pytest.mark.parametrize("variable, raw, message", [
+    ("TABLETUNE_CONTROLLER_SETTINGS", "[" * 50000 + "]" * 50000,
+     "TABLETUNE_CONTROLLER_SETTINGS: cannot read settings JSON: nested too deeply"),
+    ("TABLETUNE_CONTROLLER_START_TABLE", "[" * 50000 + "]" * 50000,
+     "TABLETUNE_CONTROLLER_START_TABLE: cannot read ranges JSON: nested too deeply"),
+    ("TABLETUNE_CONTROLLER_SETTINGS", '{"hysteresis": 1, "hysteresis": 2}',
+     "duplicate key 'hysteresis'"),
+    ("TABLETUNE_CONTROLLER_SETTINGS", '{"prior_weight": NaN}', "prior_weight: NaN is not JSON"),
+    ("TABLETUNE_CONTROLLER_SETTINGS", '{"rebuild_every_steps": ' + "1" + "0" * 400 + "}",
+     "settings.rebuild_every_steps: 1000.* is above 9007199254740992"),
+])
+def test_controller_environment_that_is_not_strict_json_or_out_of_range_is_refused_by_name(
+        tmp_path, monkeypatch, variable, raw, message):
+    from tabletune.vllm.controller import controller_from_env
+
+    monkeypatch.setenv("TABLETUNE_CONTROLLER", str(_write_prior(tmp_path / "prior", _prior())))
+    monkeypatch.setenv("TABLETUNE_CONTROLLER_ALLOW_FOREIGN_PRIOR", "1")
+    monkeypatch.setenv(variable, raw)
+    # A ContractError (a ValueError): the scheduler logs one line, not a traceback.
+    with pytest.raises(ContractError, match=message):
+        controller_from_env(_scheduler())
+
+
+def test_an_out_folder_that_is_a_file_keeps_the_prior_and_writes_nothing(tmp_path, monkeypatch,
+                                                                         caplog):
+    from tabletune.vllm.controller import controller_from_env
+
+    out = tmp_path / "out"
+    out.write_text("a file")
+    monkeypatch.setenv("TABLETUNE_CONTROLLER", str(_write_prior(tmp_path / "prior", _prior())))
+    monkeypatch.setenv("TABLETUNE_CONTROLLER_ALLOW_FOREIGN_PRIOR", "1")
+    monkeypatch.setenv("TABLETUNE_CONTROLLER_OUT", str(out))
+    with caplog.at_level(logging.ERROR, logger="vllm.tabletune.controller"):
+        runtime = controller_from_env(_scheduler())
+    assert runtime is not None and runtime.out_dir is None
+    assert runtime.k_for_step(4) in (0, 1, 2, 3)
+    assert out.read_text() == "a file"
+    assert any(f"TABLETUNE_CONTROLLER_OUT: {out}: {out} is a file, not a directory" in
+               r.getMessage() for r in caplog.records)
+
+
+def test_a_control_file_that_is_a_fifo_never_stalls_a_step(tmp_path):
+    import os
+    import threading
+
+    fifo = tmp_path / "control.json"
+    os.mkfifo(fifo)
+    lookup = StepLookup([0] + [2] * 8, 3, ControlFile(str(fifo)))
+    box = {}
+    t = threading.Thread(target=lambda: box.setdefault("k", lookup[4]), daemon=True)
+    t.start()
+    t.join(5)
+    assert not t.is_alive(), "the step blocked opening the FIFO"
+    assert box["k"] == 2  # the static table is served
+
+
+def test_a_control_file_with_duplicate_keys_is_not_half_applied(tmp_path):
+    path = tmp_path / "control.json"
+    path.write_text('{"force_k": 1, "force_k": 3}')
+    lookup = StepLookup([0] + [2] * 8, 3, ControlFile(str(path)))
+    assert lookup[4] == 2

@@ -364,9 +364,10 @@ def test_load_json_errors_name_the_file(tmp_path):
         load_json(path, "profile")
     assert str(err.value) == f"{path}: profile.cells[12].step_ms: -3.0 is not a positive number"
 
-    # json.loads accepts a bare NaN; validation still catches it.
+    # json.loads accepts a bare NaN; the strict reader refuses it, naming where it is.
     path.write_text(json.dumps(profile_dict()).replace('"step_ms": 4.05', '"step_ms": NaN', 1))
-    with pytest.raises(ContractError, match=r"step_ms: nan is not a positive number"):
+    with pytest.raises(ContractError, match=rf"^{path}: cannot read profile JSON: "
+                                            r"cells\[\d+\]\.step_ms: NaN is not JSON"):
         load_json(path, "profile")
 
     path.write_text("{not json")
