@@ -32,14 +32,28 @@ evaluate() {
   echo "evaluate start $(date +%s)"
   # shellcheck disable=SC2046
   tt evaluate $(engine 11500000000 0.15) --max-num-seqs 256 --concurrency "$CONC" \
-    --max-tokens 256 --output-spread 0.5 --requests-per-client 1 --window 1.5,5 --repeats 2 \
-    --parallel-startups 5 --arms "fixed:1,fixed:2,fixed:3,table:$WORK/tune/table.json,controller:$WORK/tune" \
-    --controller-start "$WORK/tune/table.json" \
-    --controller-settings '{"rebuild_every_steps": 200, "exploration_every": 50, "prior_decay": true, "hysteresis": 2}' \
+    --max-tokens 256 --output-spread 0.5 --requests-per-client 1 --window 1.5,4 --repeats 2 \
+    --parallel-startups 5 --arms "none,fixed:1,fixed:2,fixed:3,table:$WORK/tune/table.json" \
     --out-dir "$WORK/evaluate" 2>&1 | grep -v "Iteration("
   echo "evaluate end $(date +%s)"
 }
-job() { tune tune; evaluate; tune tune-warm; echo "job end $(date +%s)"; }
+controller() {  # $1: start table (a table.json or docs-quarter), $2: folder name
+  echo "$2 start $(date +%s)"
+  # Steady closed-loop load, one long window per level; a rebuild every 200 steps (~2 s).
+  # shellcheck disable=SC2046
+  tt evaluate $(engine 24000000000 0.45) --max-num-seqs 256 --concurrency 64,128,256 \
+    --max-tokens 256 --output-spread 0.5 --requests-per-client 1 --window 2,30 \
+    --arms "controller:$WORK/tune" --controller-start "$1" \
+    --controller-settings '{"rebuild_every_steps": 200, "exploration_every": 50, "prior_decay": true, "hysteresis": 2}' \
+    --out-dir "$WORK/$2" 2>&1 | grep -v "Iteration("
+  echo "$2 end $(date +%s)"
+}
+job() {
+  tune tune; evaluate
+  controller "$WORK/tune/table.json" controller-measured
+  controller docs-quarter controller-repair
+  tune tune-warm; echo "job end $(date +%s)"
+}
 case "$1" in
   start)
     meta=/tmp/site/tabletune-0.1.0.dist-info; mkdir -p "$meta"   # vLLM finds plugins by metadata
@@ -47,7 +61,7 @@ case "$1" in
     printf '[vllm.general_plugins]\ntabletune = tabletune.vllm.plugin:register\n' > "$meta/entry_points.txt"
     nvidia-smi --query-gpu=index,name,memory.used,driver_version --format=csv
     [ -f "$MODELS/eagle3/config.json" ] || python3 benchmarks/gpu/make_models.py "$MODELS" >/dev/null
-    export -f job tune evaluate engine tt; export MODELS WORK GRID CONC
+    export -f job tune evaluate controller engine tt; export MODELS WORK GRID CONC
     setsid nohup bash -c job > "$WORK/job.out" 2>&1 < /dev/null &
     sleep 5; echo started ;;
   wait)  # until the job ends or SECONDS have passed; progress every 30 s
@@ -57,7 +71,8 @@ case "$1" in
       sleep 30
       echo "--- $(date +%T)"; tail -n 4 "$WORK/job.out"
     done
-    tail -n 80 "$WORK/job.out" ;;
+    tail -n 80 "$WORK/job.out"
+    "$0" collect ;;
   collect)
     cp "$WORK/job.out" "$OUT/"
     grep -h "TableTune\|graph trace\|Traceback\|Error" "$WORK"/*/logs/*.log 2>/dev/null \

@@ -108,15 +108,23 @@ def measure_serving(server: VllmServer, control: Path, prompts: Sequence[str], *
         server.guarded(run_batch, server.base_url, server.spec.served_model_name,
                        list(prompts)[:max(batch_sizes)], max_tokens=8, temperature=temperature)
         for b in batch_sizes:
-            result = server.guarded(
-                run_load, server.base_url, server.spec.served_model_name, prompts,
-                concurrency=b, requests_per_worker=1, max_tokens=(low, high),
-                temperature=temperature, window=(warm_up_s, window_s), cut_tail=True,
-                seed=seed + len(cells))
-            window = serving_window(result, server.spec.max_k)
+            window = None
+            # A half window without a single engine step is a stall (a busy machine starving
+            # the API server), not a step time: time the window again, up to twice.
+            for _attempt in range(3):
+                result = server.guarded(
+                    run_load, server.base_url, server.spec.served_model_name, prompts,
+                    concurrency=b, requests_per_worker=1, max_tokens=(low, high),
+                    temperature=temperature, window=(warm_up_s, window_s), cut_tail=True,
+                    seed=seed + len(cells))
+                window = serving_window(result, server.spec.max_k)
+                if window is not None:
+                    break
+                log.warning("serving: B=%d, k=%d: no engine step in half of the window; "
+                            "timing it again", b, k)
             if window is None:
                 raise EngineError(f"serving window B={b}, k={k}: the engine's step counter "
-                                  "(vllm:iteration_tokens_total) did not move in the window")
+                                  "(vllm:iteration_tokens_total) did not move in three tries")
             cells.append(ServingCell(b, k, window))
             if progress is not None:
                 progress(len(cells), total)
