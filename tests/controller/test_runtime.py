@@ -442,15 +442,21 @@ def test_slow_live_steps_write_ratio_state_and_a_stale_mark_the_reprofile_check_
                                   drift_rebuilds=2, drift_min_steps=20)
     runtime = _runtime(tmp_path, settings=settings)
     profiled = runtime.estimator.profile_step_times.step_ms(4, 2)
+    # Drafting 2 is 1.8x its profile while drafting 1 runs as profiled: a gap that differs
+    # between lengths, which a new profile would show (a gap common to both would not be).
     for step in range(130):
         runtime.k_for_step(4)
         runtime.observe_step_time(4, 2, 1.8 * profiled)
+        runtime.observe_step_time(4, 1, runtime.estimator.profile_step_times.step_ms(4, 1))
     out = tmp_path / "out"
     state = json.loads((out / "state.json").read_text())
     cell = [c for c in state["step_time_cells"] if (c["batch_size"], c["k"]) == (4, 2)][0]
     assert cell["live_ratio"] == pytest.approx(1.8)
     assert 1.0 < cell["blended_ratio"] < 1.8  # the profile still weighs in
     assert state["profile_stale"]["ratio"] == pytest.approx(1.8)
+    assert state["profile_stale"]["reason"] == "length_spread"
+    assert state["profile_stale"]["reference_k"] == 1
+    assert state["profile_stale"]["reference_ratio"] == pytest.approx(1.0)
     families = _families((out / "metrics.prom").read_text())
     assert families["tabletune_profile_stale"].samples[0].value == 1.0
     assert families["tabletune_step_time_ratio_max"].samples[0].value == pytest.approx(1.8)

@@ -1,0 +1,166 @@
+"""The hold rule: which of a rebuild's changes the evidence supports, and the table's shape.
+
+Pure (numpy and the standard library). A rebuild's builder table is a candidate; this module
+keeps each batch size's current k unless the candidate's goodput gain beats the noise, keeps the
+table's k non-increasing in B unless a step up is beyond the noise, and merges ranges narrower
+than a minimum width into a neighbour.
+
+Goodput at batch size B with length k: G(k) = c(B, k) * tau(k), c = 1000 B / T'(B, k),
+tau(k) = 1 + a_1 + ... + a_k. The error of G(k_new) - G(k_old) has two parts:
+
+- acceptance: sum_i |dG/da_i| * se(a_i), the a_hat_i taken as fully correlated (they share
+  requests: the cautious bound);
+- step time: sqrt((G(k_new) u_new)^2 + (G(k_old) u_old)^2), u = relative standard error of each
+  length's own deviation from the shared serving factor (that factor multiplies both sides and
+  cancels, so it adds no noise to the comparison).
+
+They are combined in quadrature; a change needs gain > z * error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["GainNoise", "Comparison", "hold_within_noise", "keep_monotone", "merge_narrow_ranges",
+           "runs"]
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """k_new against k_old at one batch size: goodput gain and its two error parts."""
+
+    gain: float
+    acceptance_error: float
+    step_time_error: float
+
+    @property
+    def error(self) -> float:
+        return float(np.hypot(self.acceptance_error, self.step_time_error))
+
+    def beats(self, z: float) -> bool:
+        return self.gain > z * self.error
+
+    @property
+    def by_step_time(self) -> bool:
+        """The step-time part is the larger of the two (what to blame for a hold)."""
+        return self.step_time_error > self.acceptance_error
+
+
+@dataclass(frozen=True)
+class GainNoise:
+    """Goodput and its noise for batch sizes 1..len(per_s) at each allowed length.
+
+    ``per_s[b - 1, col[k]]`` = 1000 * b / T'(b, k); ``tau[k]``; ``rate_se[i]`` for a_(i+1);
+    ``time_se[b - 1, col[k]]`` relative.
+    """
+
+    lengths: tuple[int, ...]
+    per_s: np.ndarray
+    tau: np.ndarray
+    rate_se: np.ndarray
+    time_se: np.ndarray
+
+    @property
+    def col(self) -> dict[int, int]:
+        return {k: j for j, k in enumerate(self.lengths)}
+
+    def goodput(self) -> np.ndarray:
+        """G for every batch size (rows) and allowed length (cols)."""
+        return self.per_s * self.tau[list(self.lengths)][None, :]
+
+    def compare(self, batch_size: int, k_new: int, k_old: int) -> Comparison:
+        col = self.col
+        row = batch_size - 1
+        c_new, c_old = self.per_s[row, col[k_new]], self.per_s[row, col[k_old]]
+        g_new, g_old = c_new * self.tau[k_new], c_old * self.tau[k_old]
+        positions = np.arange(1, len(self.rate_se) + 1)
+        slope = c_new * (positions <= k_new) - c_old * (positions <= k_old)
+        acceptance = float(np.abs(slope) @ self.rate_se)
+        u_new, u_old = self.time_se[row, col[k_new]], self.time_se[row, col[k_old]]
+        step_time = float(np.hypot(g_new * u_new, g_old * u_old))
+        return Comparison(float(g_new - g_old), acceptance, step_time)
+
+
+def hold_within_noise(candidate: Sequence[int], current: Sequence[int], noise: GainNoise,
+                      z: float) -> tuple[list[int], int, int]:
+    """Keep each batch size's current k unless the candidate's gain beats z errors.
+
+    Returns (lookup, held by acceptance noise, held by step-time noise). Only the noise test:
+    the builder's tie margin already keeps near-ties along B from splitting the table; applying
+    it again over time would keep a wrong start table's k wherever the better length wins by
+    less than the margin. A current k outside the allowed lengths is never held.
+    """
+    out = list(candidate)
+    held_acceptance = held_time = 0
+    col = noise.col
+    for b, (k_new, k_old) in enumerate(zip(candidate, current), start=1):
+        if k_new == k_old or k_old not in col:
+            continue
+        comparison = noise.compare(b, k_new, k_old)
+        if not comparison.beats(z):
+            out[b - 1] = k_old
+            if comparison.by_step_time:
+                held_time += 1
+            else:
+                held_acceptance += 1
+    return out, held_acceptance, held_time
+
+
+def keep_monotone(lookup: Sequence[int], noise: GainNoise, z: float) -> tuple[list[int], int]:
+    """k non-increasing in B, unless a step up is beyond the noise.
+
+    Walking B upward, where k rises over the previous batch size's, the longer length must beat
+    the shorter one there by z errors; otherwise the shorter one continues. A longer draft
+    paying off at a larger batch is possible (an MoE's step grows with B while the draft's cost
+    falls), but a step up inside a falling table is what noise in T' produced on the H200.
+    Returns (lookup, batch sizes changed).
+    """
+    out = list(lookup)
+    changed = 0
+    for b in range(2, len(out) + 1):
+        prev, k = out[b - 2], out[b - 1]
+        if k > prev and not noise.compare(b, k, prev).beats(z):
+            out[b - 1] = prev
+            changed += 1
+    return out, changed
+
+
+def runs(lookup: Sequence[int]) -> list[list[int]]:
+    """[first B, last B, k] for each run of equal k (B from 1)."""
+    out: list[list[int]] = []
+    for b, k in enumerate(lookup, start=1):
+        if out and out[-1][2] == k:
+            out[-1][1] = b
+        else:
+            out.append([b, b, k])
+    return out
+
+
+def merge_narrow_ranges(lookup: Sequence[int], min_width: int,
+                        goodput: np.ndarray, col: dict[int, int]) -> tuple[list[int], int]:
+    """Merge every range narrower than ``min_width`` batch sizes into a neighbour.
+
+    The narrowest goes first, into the neighbour whose length has the higher summed goodput over
+    its batch sizes. Ranges of a table shorter than ``min_width`` in all are left alone once one
+    range remains. Returns (lookup, batch sizes changed).
+    """
+    out = list(lookup)
+    changed = 0
+    while True:
+        ranges = runs(out)
+        if len(ranges) < 2:
+            return out, changed
+        width, i = min((r[1] - r[0] + 1, i) for i, r in enumerate(ranges))
+        if width >= min_width:
+            return out, changed
+        lo, hi, _ = ranges[i]
+        options = [ranges[j][2] for j in (i - 1, i + 1) if 0 <= j < len(ranges)]
+        rows = slice(lo - 1, hi)
+        k = max(options, key=lambda k: (float(goodput[rows, col[k]].sum())
+                                        if k in col else -np.inf, -k))
+        for b in range(lo, hi + 1):
+            out[b - 1] = k
+        changed += width

@@ -1,0 +1,168 @@
+"""Live step times against the profile: a serving factor per batch size, deviations per length.
+
+Pure (numpy and the standard library). The estimator hands in each rebuild's live samples; this
+module keeps, per profiled cell (B_i, k_j), the carried live steps n_ij, the sum of their
+live / profiled ratios R_ij and the sum of squared ratios Q_ij, and turns them into the step
+times the next table is built from.
+
+Why two parts. A reject-all profile misses serving work that every length pays alike at a batch
+size (on an H200 live steps ran 24-33 % over the profile at B = 128 on every length). Live steps
+only reach the cells of the length in use, so a per-cell correction made the length in use look
+worst, the table left it, the next length collected the same penalty, and the table came back.
+So the correction is split:
+
+    shared factor   s_i  = (w_T + sum_j R_ij) / (w_T + sum_j n_ij)       (every length at B_i)
+    deviation       d_ij = (w_d + R_ij / s_i) / (w_d + n_ij)             (own steps >= n_min)
+                    d_ij = 1                                              (fewer own steps)
+    step time       T'_ij = T_ij * s_i * d_ij
+
+A factor common to every length at a B cannot change which length wins there, so a gap learned
+on the length in use moves its neighbours with it and cannot push the table off it. A length
+has a deviation of its own only once it has ``min_steps`` live steps, shrunk toward the shared
+factor with weight w_d (``deviation_prior_weight``): a few steps cannot make it the cheapest.
+
+Noise: each cell's live ratios have a sample variance Q/n - (R/n)^2; the relative standard error
+of T'_ij from its deviation is sqrt(var / n) / mean * n / (w_d + n). The shared factor's error
+is left out: it multiplies both sides of any comparison at one B and cancels.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections.abc import Mapping
+
+import numpy as np
+
+from tabletune.core.builder import StepTimes
+
+__all__ = ["StepTimeModel", "MAX_STEP_RATIO"]
+
+# A live step this many times the profiled one is a stall (preemption, a pause), not a step time.
+MAX_STEP_RATIO = 20.0
+
+
+class StepTimeModel:
+    """Carried live step-time sums per profiled cell and the T' they give (see module doc)."""
+
+    def __init__(self, profile: StepTimes, *, prior_weight: float, deviation_weight: float,
+                 min_steps: int) -> None:
+        self.profile = profile
+        self.batch_sizes: tuple[int, ...] = profile.batch_sizes
+        self.columns: dict[int, int] = {k: j for j, k in enumerate(profile.lengths)}
+        self.profiled_ms: np.ndarray = profile.grid(self.batch_sizes)
+        self.prior_weight = float(prior_weight)
+        self.deviation_weight = float(deviation_weight)
+        self.min_steps = int(min_steps)
+        shape = self.profiled_ms.shape
+        self.steps = np.zeros(shape)  # n_ij
+        self.ratio_sum = np.zeros(shape)  # R_ij
+        self.ratio_sq = np.zeros(shape)  # Q_ij
+
+    # ---------------------------------------------------------------------------- updating
+
+    def shares(self, batch_size: int) -> tuple[tuple[int, float], ...]:
+        """Rows a batch size's samples go to: its own, or the two around it as T interpolates."""
+        xs = self.batch_sizes
+        last = len(xs) - 1
+        i = bisect_left(xs, batch_size)
+        if i <= last and xs[i] == batch_size or i == 0:
+            return ((i, 1.0),)
+        if i > last:
+            return ((last, 1.0),)
+        f = (batch_size - xs[i - 1]) / (xs[i] - xs[i - 1])
+        return ((i - 1, 1.0 - f), (i, f))
+
+    def fold(self, samples: Mapping[tuple[int, int], list[float]]) -> tuple[np.ndarray, int]:
+        """Add samples {(B, k): [steps, sum ms, sum ms^2]}; returns (cells that got new steps,
+        steps left out as stalls). Lengths the profile lacks are skipped."""
+        fresh = np.zeros(self.steps.shape, dtype=bool)
+        stalls = 0
+        for (b, k), (n, total, total_sq) in samples.items():
+            j = self.columns.get(k)
+            if j is None or n <= 0:
+                continue
+            profiled = float(self.profile.grid([b], [k])[0, 0])
+            if total / n > MAX_STEP_RATIO * profiled:
+                stalls += int(n)
+                continue
+            r_sum = total / profiled
+            q_sum = total_sq / (profiled * profiled)
+            for row, share in self.shares(b):
+                self.steps[row, j] += share * n
+                self.ratio_sum[row, j] += share * r_sum
+                self.ratio_sq[row, j] += share * q_sum
+                fresh[row, j] = True
+        return fresh, stalls
+
+    def halve(self, cells: np.ndarray) -> None:
+        """Halve the sums of ``cells`` (those with new steps: recent traffic dominates, and a
+        cell the table has left keeps what its last steps said)."""
+        for a in (self.steps, self.ratio_sum, self.ratio_sq):
+            a[cells] /= 2.0
+
+    def restore(self, b: int, k: int, steps: float, ratio_sum: float, ratio_sq: float) -> None:
+        i, j = self.batch_sizes.index(b), self.columns[k]
+        self.steps[i, j], self.ratio_sum[i, j], self.ratio_sq[i, j] = steps, ratio_sum, ratio_sq
+
+    # ---------------------------------------------------------------------------- reading
+
+    def live_ratios(self) -> np.ndarray:
+        """Live / profiled step time per cell; nan below ``min_steps`` live steps."""
+        enough = self.steps >= self.min_steps
+        return np.where(enough, self.ratio_sum / np.where(enough, self.steps, 1.0), np.nan)
+
+    def live_shared(self) -> np.ndarray:
+        """Live-only shared factor per batch size (sum R / sum n); nan below ``min_steps``."""
+        n = self.steps.sum(axis=1)
+        enough = n >= self.min_steps
+        return np.where(enough, self.ratio_sum.sum(axis=1) / np.where(enough, n, 1.0), np.nan)
+
+    def shared_factor(self) -> np.ndarray:
+        """s_i, blended with the profile (ratio 1) at weight w_T."""
+        w = self.prior_weight
+        return (w + self.ratio_sum.sum(axis=1)) / (w + self.steps.sum(axis=1))
+
+    def own(self) -> np.ndarray:
+        """Cells with enough live steps for a deviation of their own."""
+        return self.steps >= self.min_steps
+
+    def deviations(self) -> np.ndarray:
+        """d_ij: 1 without enough own steps, else shrunk toward the shared factor."""
+        s = self.shared_factor()[:, None]
+        w = self.deviation_weight
+        d = (w + self.ratio_sum / s) / (w + self.steps)
+        return np.where(self.own(), d, 1.0)
+
+    def blended_ratio(self) -> np.ndarray:
+        """T' / T per cell: s_i * d_ij."""
+        return self.shared_factor()[:, None] * self.deviations()
+
+    def relative_errors(self) -> np.ndarray:
+        """Relative standard error of each cell's deviation (0 where it has none of its own)."""
+        n = self.steps
+        own = self.own()
+        safe_n = np.where(own, n, 1.0)
+        mean = self.ratio_sum / safe_n
+        var = np.maximum(self.ratio_sq / safe_n - mean * mean, 0.0)
+        se = np.sqrt(var / safe_n) / np.where(mean > 0, mean, 1.0)
+        shrink = n / (self.deviation_weight + n)
+        return np.where(own, se * shrink, 0.0)
+
+    def step_times(self) -> StepTimes:
+        """T' on the profile's grid."""
+        ms = self.profiled_ms * self.blended_ratio()
+        return StepTimes({(b, k): float(ms[i, j]) for i, b in enumerate(self.batch_sizes)
+                          for k, j in self.columns.items()})
+
+    def error_grid(self, batch_sizes: list[int] | range,
+                   lengths: tuple[int, ...]) -> np.ndarray:
+        """Relative step-time error for every batch size (rows) and length (cols), linear in B
+        between profiled batch sizes like T itself (held flat outside)."""
+        err = self.relative_errors()
+        xs = np.asarray(self.batch_sizes, dtype=float)
+        b = np.asarray(list(batch_sizes), dtype=float)
+        return np.stack([np.interp(b, xs, err[:, self.columns[k]]) for k in lengths], axis=1)
+
+    def nearest_row(self, batch_size: int) -> int:
+        """The profiled row that holds most of a batch size's samples."""
+        return max(self.shares(batch_size), key=lambda s: s[1])[0]
