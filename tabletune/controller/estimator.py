@@ -774,7 +774,22 @@ class Estimator:
             tau=np.concatenate(([1.0], 1.0 + np.cumsum(rates))),
             rate_se=self.rate_errors(drafted, rates, w),
             time_se=self._model.error_grid(sizes, self._allowed),
+            grounded=self._grounded(),
         )
+
+    def _grounded(self) -> np.ndarray:
+        """[B - 1, allowed length]: T' there rests on that length's own live steps at every
+        profiled row B draws on, or on rows with no live steps at all (the profile alone)."""
+        model = self._model
+        own = model.own()
+        quiet = model.steps.sum(axis=1) == 0
+        cols = [self._tk[k] for k in self._allowed]
+        rows_ok = own[:, cols] | quiet[:, None]
+        out = np.empty((self._max_b, len(cols)), dtype=bool)
+        for b in range(1, self._max_b + 1):
+            rows = [row for row, _ in model.shares(b)]
+            out[b - 1] = rows_ok[rows].all(axis=0)
+        return out
 
     def _decide(self, candidate: list[int], noise: GainNoise) -> tuple[list[int], dict[str, int]]:
         """The builder's table through the hold rule (``tabletune.controller.hold``): noise,

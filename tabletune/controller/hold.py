@@ -62,6 +62,9 @@ class GainNoise:
     tau: np.ndarray
     rate_se: np.ndarray
     time_se: np.ndarray
+    # [b - 1, col[k]]: T'(b, k) rests on evidence of its own (that length's live steps, or a
+    # batch size with no live steps, where the profile alone speaks); None: everywhere.
+    grounded: np.ndarray | None = None
 
     @property
     def col(self) -> dict[int, int]:
@@ -120,9 +123,18 @@ def keep_monotone(lookup: Sequence[int], noise: GainNoise, z: float) -> tuple[li
     """
     out = list(lookup)
     changed = 0
+    col = noise.col
+    grounded = noise.grounded
     for b in range(2, len(out) + 1):
         prev, k = out[b - 2], out[b - 1]
-        if k > prev and not noise.compare(b, k, prev).beats(z):
+        if k <= prev:
+            continue
+        # A step up needs both lengths' step times to rest on their own evidence: one taken
+        # from the shared factor alone (or interpolated toward an unobserved batch size) is
+        # no evidence for a shape the profile's table does not have.
+        unfounded = grounded is not None and not (grounded[b - 1, col[k]]
+                                                  and grounded[b - 1, col[prev]])
+        if unfounded or not noise.compare(b, k, prev).beats(z):
             out[b - 1] = prev
             changed += 1
     return out, changed

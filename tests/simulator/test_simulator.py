@@ -191,11 +191,14 @@ def test_the_controller_policy_is_the_real_estimator_and_the_core_builder():
 
 
 def test_shipped_scenarios_load_and_are_complete():
-    assert scenario_names() == ["dense-fast-gpu", "moe", "old-gpu", "workload-switch"]
+    assert scenario_names() == ["dense-fast-gpu", "dense-h200-serving-gap", "moe", "old-gpu",
+                                "workload-switch"]
     for name in scenario_names():
         sc = load_scenario(name)
         assert sc.name == name
-        assert {c.name for c in sc.controllers} == {"controller", "controller+explore"}
+        assert {c.name for c in sc.controllers} == (
+            {"controller", "controller+probes"} if name == "dense-h200-serving-gap"
+            else {"controller", "controller+explore"})
         assert json.loads(json.dumps(sc.to_dict()))["name"] == name
         assert Scenario.from_dict(sc.to_dict()) == sc
 
