@@ -112,10 +112,10 @@ DEFAULT_DRIFT_REBUILDS = 3
 # Live steps a cell needs before its ratio counts towards drift, and before its length has a
 # deviation of its own from the batch size's shared serving factor.
 DEFAULT_DRIFT_MIN_STEPS = 50
-# Live steps a length's own deviation from the shared factor is shrunk toward 1 with: a length
-# with its own steps is judged mostly by them (a 500-step rebuild carries hundreds per length in
-# use), while the few steps that just crossed drift_min_steps cannot make it the cheapest.
-DEFAULT_DEVIATION_PRIOR_WEIGHT = 20.0
+# How far a length's serving gap may stray from the batch size's shared one, as a share of that
+# gap (|ln s|), before the length has steps of its own: on the H200 (live / profile 1.24, 1.24,
+# 1.33, 1.27 for k = 0..3 at B = 128) the lengths' spread was ~0.15 of the gap.
+DEFAULT_DEVIATION_PRIOR_SHARE = 0.15
 # Minimum range width when hysteresis is 0: a one-wide range is never physics, only noise.
 DEFAULT_MIN_RANGE_WIDTH = 2
 # Timing probes (when on): steps in a run at a contending length; the first of a run verifies
@@ -166,8 +166,9 @@ class ControllerSettings:
       ``drift_bound`` from the level it settled at in its first ``drift_rebuilds`` rebuilds. A
       gap common to every length and present from start-up (what a reject-all profile misses)
       is modelled, never marked: a re-profile would show it again.
-    - ``deviation_prior_weight``: w_d, live steps a length's own deviation from the shared
-      factor is shrunk toward 1 with (``tabletune.controller.step_model``).
+    - ``deviation_prior_share``: f, the prior standard deviation of a length's own deviation
+      from the shared factor as a share of the gap, sigma0 = hypot(f |ln s|, profile
+      uncertainty) (``tabletune.controller.step_model``).
     - ``min_range_width``: rebuilt tables have no range narrower than this (a narrow range is
       merged into a neighbour); None = max(``hysteresis``, 2).
     - ``timing_probe_every``: None = off; otherwise every this many steps a run of
@@ -190,7 +191,7 @@ class ControllerSettings:
     drift_bound: float = DEFAULT_DRIFT_BOUND
     drift_rebuilds: int = DEFAULT_DRIFT_REBUILDS
     drift_min_steps: int = DEFAULT_DRIFT_MIN_STEPS
-    deviation_prior_weight: float = DEFAULT_DEVIATION_PRIOR_WEIGHT
+    deviation_prior_share: float = DEFAULT_DEVIATION_PRIOR_SHARE
     min_range_width: int | None = None
     timing_probe_every: int | None = None
     timing_probe_steps: int = DEFAULT_TIMING_PROBE_STEPS
@@ -230,8 +231,8 @@ class ControllerSettings:
         object.__setattr__(self, "drift_bound", float(bound))
         check_int(self.drift_rebuilds, f"{p}.drift_rebuilds", minimum=1)
         check_int(self.drift_min_steps, f"{p}.drift_min_steps", minimum=1)
-        object.__setattr__(self, "deviation_prior_weight", check_positive(
-            self.deviation_prior_weight, f"{p}.deviation_prior_weight"))
+        object.__setattr__(self, "deviation_prior_share", float(check_nonnegative(
+            self.deviation_prior_share, f"{p}.deviation_prior_share")))
         if self.min_range_width is not None:
             check_int(self.min_range_width, f"{p}.min_range_width", minimum=1,
                       maximum=MAX_BATCH_SIZE)
@@ -417,7 +418,7 @@ class Estimator:
         # Step times: the profile (fixed), live samples since the last rebuild per (B, k)
         # ([steps, sum ms, sum ms^2]), and the carried per-cell sums in the step-time model.
         self._model = StepTimeModel(step_times, prior_weight=settings.step_prior_weight,
-                                    deviation_weight=settings.deviation_prior_weight,
+                                    prior_share=settings.deviation_prior_share,
                                     min_steps=settings.drift_min_steps)
         self._tb = step_times.batch_sizes
         self._tk = self._model.columns

@@ -89,26 +89,44 @@ class GainNoise:
 
 def hold_within_noise(candidate: Sequence[int], current: Sequence[int], noise: GainNoise,
                       z: float) -> tuple[list[int], int, int]:
-    """Keep each batch size's current k unless the candidate's gain beats z errors.
+    """Keep the current k unless the candidate's gain beats z errors: one decision per run.
 
-    Returns (lookup, held by acceptance noise, held by step-time noise). Only the noise test:
-    the builder's tie margin already keeps near-ties along B from splitting the table; applying
-    it again over time would keep a wrong start table's k wherever the better length wins by
-    less than the margin. A current k outside the allowed lengths is never held.
+    A run is a stretch of consecutive batch sizes where the candidate replaces the same current
+    k by the same new k. It moves whole when the candidate beats the current k by z errors at
+    one of its batch sizes at least, and is held whole otherwise. Per batch size, an estimate
+    that drifts (a prior fading toward the traffic's rate) would carry an edge across B one
+    stretch per rebuild, each a table change; as one decision the edge goes where the
+    candidate puts it once the evidence is there, and goes back only when the reverse run has
+    evidence of its own (near an edge both lengths tie, so noise alone gives none).
+
+    Returns (lookup, held by acceptance noise, held by step-time noise), counted in batch
+    sizes. Only the noise test: the builder's tie margin already keeps near-ties along B from
+    splitting the table; applying it again over time would keep a wrong start table's k
+    wherever the better length wins by less than the margin. A current k outside the allowed
+    lengths is never held.
     """
     out = list(candidate)
     held_acceptance = held_time = 0
     col = noise.col
-    for b, (k_new, k_old) in enumerate(zip(candidate, current), start=1):
+    n = len(candidate)
+    b = 1
+    while b <= n:
+        k_new, k_old = candidate[b - 1], current[b - 1]
         if k_new == k_old or k_old not in col:
+            b += 1
             continue
-        comparison = noise.compare(b, k_new, k_old)
-        if not comparison.beats(z):
-            out[b - 1] = k_old
-            if comparison.by_step_time:
-                held_time += 1
-            else:
-                held_acceptance += 1
+        end = b
+        while end < n and candidate[end] == k_new and current[end] == k_old:
+            end += 1
+        comparisons = [noise.compare(x, k_new, k_old) for x in range(b, end + 1)]
+        if not any(c.beats(z) for c in comparisons):
+            for x, comparison in zip(range(b, end + 1), comparisons):
+                out[x - 1] = k_old
+                if comparison.by_step_time:
+                    held_time += 1
+                else:
+                    held_acceptance += 1
+        b = end + 1
     return out, held_acceptance, held_time
 
 

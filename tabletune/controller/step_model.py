@@ -39,19 +39,23 @@ __all__ = ["StepTimeModel", "MAX_STEP_RATIO"]
 
 # A live step this many times the profiled one is a stall (preemption, a pause), not a step time.
 MAX_STEP_RATIO = 20.0
+# Floors: a relative step variance of (0.1 %)^2, a deviation prior of (0.01 %)^2.
+MIN_STEP_VARIANCE = 1e-6
+MIN_PRIOR_VARIANCE = 1e-8
 
 
 class StepTimeModel:
     """Carried live step-time sums per profiled cell and the T' they give (see module doc)."""
 
-    def __init__(self, profile: StepTimes, *, prior_weight: float, deviation_weight: float,
+    def __init__(self, profile: StepTimes, *, prior_weight: float, prior_share: float,
                  min_steps: int) -> None:
         self.profile = profile
         self.batch_sizes: tuple[int, ...] = profile.batch_sizes
         self.columns: dict[int, int] = {k: j for j, k in enumerate(profile.lengths)}
         self.profiled_ms: np.ndarray = profile.grid(self.batch_sizes)
         self.prior_weight = float(prior_weight)
-        self.deviation_weight = float(deviation_weight)
+        self.prior_share = float(prior_share)
+        self.profile_unc: np.ndarray = profile.uncertainty_grid(self.batch_sizes)
         self.min_steps = int(min_steps)
         shape = self.profiled_ms.shape
         self.steps = np.zeros(shape)  # n_ij
@@ -95,10 +99,15 @@ class StepTimeModel:
         return fresh, stalls
 
     def halve(self, cells: np.ndarray) -> None:
-        """Halve the sums of ``cells`` (those with new steps: recent traffic dominates, and a
-        cell the table has left keeps what its last steps said)."""
+        """Halve the sums of ``cells`` (those with new steps: recent traffic dominates), but never
+        below ``min_steps`` steps: a length once measured stays measured, and a trickle of new
+        steps (exploration, probes, a batch size passing by) refines its mean instead of fading
+        it back to the profile. A cell without new steps keeps what its last steps said."""
+        n = self.steps
+        target = np.maximum(n / 2.0, np.minimum(n, float(self.min_steps)))
+        factor = np.where(cells & (n > 0), target / np.where(n > 0, n, 1.0), 1.0)
         for a in (self.steps, self.ratio_sum, self.ratio_sq):
-            a[cells] /= 2.0
+            a *= factor
 
     def restore(self, b: int, k: int, steps: float, ratio_sum: float, ratio_sq: float) -> None:
         i, j = self.batch_sizes.index(b), self.columns[k]
@@ -123,30 +132,61 @@ class StepTimeModel:
         return (w + self.ratio_sum.sum(axis=1)) / (w + self.steps.sum(axis=1))
 
     def own(self) -> np.ndarray:
-        """Cells with enough live steps for a deviation of their own."""
+        """Cells with enough live steps (``min_steps``) to count as measured: the monotone check
+        and the stale marks ask for these."""
         return self.steps >= self.min_steps
 
-    def deviations(self) -> np.ndarray:
-        """d_ij: 1 without enough own steps, else shrunk toward the shared factor."""
+    def step_variance(self) -> np.ndarray:
+        """Per batch size, the relative variance of one live step, pooled over its lengths
+        (floored at ``MIN_STEP_VARIANCE``: constant synthetic steps divide nothing by 0)."""
+        n = self.steps
+        safe = np.where(n > 0, n, 1.0)
+        mean = self.ratio_sum / safe
+        var = np.maximum(self.ratio_sq / safe - mean * mean, 0.0)
+        rel = var / np.where(mean > 0, mean * mean, 1.0)
+        dof = np.maximum(n - 1.0, 0.0)
+        total = dof.sum(axis=1)
+        pooled = (dof * rel).sum(axis=1) / np.where(total > 0, total, 1.0)
+        everywhere = dof.sum()
+        fallback = (dof * rel).sum() / everywhere if everywhere > 0 else 0.0
+        return np.maximum(np.where(total >= 1.0, pooled, fallback), MIN_STEP_VARIANCE)
+
+    def prior_variance(self) -> np.ndarray:
+        """sigma0_ij^2: how far a length's serving gap may stray from the shared one before it
+        has steps of its own: a share f of the gap itself (|ln s_i|) and the profile's own
+        uncertainty, in quadrature."""
+        gap = self.prior_share * np.abs(np.log(self.shared_factor()))[:, None]
+        return np.maximum(gap * gap + self.profile_unc * self.profile_unc, MIN_PRIOR_VARIANCE)
+
+    def _posterior(self) -> tuple[np.ndarray, np.ndarray]:
+        """(d_ij, u_ij): the deviation's posterior mean and that mean's noise (module doc)."""
         s = self.shared_factor()[:, None]
-        w = self.deviation_weight
-        d = (w + self.ratio_sum / s) / (w + self.steps)
-        return np.where(self.own(), d, 1.0)
+        n = self.steps
+        safe = np.where(n > 0, n, 1.0)
+        measured = np.where(n > 0, self.ratio_sum / safe / s, 1.0)
+        prior_precision = 1.0 / self.prior_variance()
+        data_precision = n / self.step_variance()[:, None]
+        precision = prior_precision + data_precision
+        mean = (prior_precision + data_precision * measured) / precision
+        return mean, np.sqrt(data_precision) / precision
+
+    def deviations(self) -> np.ndarray:
+        """d_ij: the posterior mean of the length's deviation from s_i (prior 1 +- sigma0, each
+        own step worth 1 / v_i); no cliff at ``min_steps`` and no fading to 1 while a cell keeps
+        its steps: a length measured slower stays slower until new own steps say otherwise."""
+        return self._posterior()[0]
 
     def blended_ratio(self) -> np.ndarray:
         """T' / T per cell: s_i * d_ij."""
         return self.shared_factor()[:, None] * self.deviations()
 
     def relative_errors(self) -> np.ndarray:
-        """Relative standard error of each cell's deviation (0 where it has none of its own)."""
-        n = self.steps
-        own = self.own()
-        safe_n = np.where(own, n, 1.0)
-        mean = self.ratio_sum / safe_n
-        var = np.maximum(self.ratio_sq / safe_n - mean * mean, 0.0)
-        se = np.sqrt(var / safe_n) / np.where(mean > 0, mean, 1.0)
-        shrink = n / (self.deviation_weight + n)
-        return np.where(own, se * shrink, 0.0)
+        """u_ij: the standard deviation of d_ij from the noise of its own steps,
+        sqrt(n / v) / (1 / sigma0^2 + n / v): sqrt(v / n) for a well-measured length, 0 for one
+        without steps. What moves between rebuilds is what can walk a table back and forth; a
+        length known only through the profile and s_i has a fixed T' (its possible bias is
+        settled by its own steps once the table uses it, and those steps stay)."""
+        return self._posterior()[1]
 
     def step_times(self) -> StepTimes:
         """T' on the profile's grid."""

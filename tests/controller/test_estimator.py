@@ -484,14 +484,18 @@ def test_controller_and_simulator_import_no_engine_or_plotting_stack():
 
 def test_live_step_times_blend_into_the_profile_as_a_shared_factor_and_a_deviation():
     """Live steps at one length move every length at that batch size (the shared factor, blended
-    with the profile at w_T) and that length a little more (its own deviation, shrunk at w_d)."""
-    est = make(step_prior_weight=200.0, deviation_prior_weight=20.0)
+    with the profile at w_T) and that length more (its own deviation: the posterior mean with a
+    prior 1 +- f |ln s| and each step worth 1 / v, v floored for constant steps)."""
+    est = make(step_prior_weight=200.0, deviation_prior_share=0.15)
     profiled = step_times().step_ms(8, 3)
     for _ in range(300):
         est.observe_step_time(8, 3, 2.0 * profiled)  # a profiled batch size, twice as slow
     est.rebuild()
     shared = (200 + 600) / (200 + 300)
-    deviation = (20 + 600 / shared) / (20 + 300)
+    prior_precision = 1.0 / (0.15 * np.log(shared)) ** 2
+    data_precision = 300 / 1e-6  # constant steps: the variance floor
+    deviation = (prior_precision + data_precision * 2.0 / shared) / (
+        prior_precision + data_precision)
     assert est.step_times.step_ms(8, 3) == pytest.approx(profiled * shared * deviation)
     # No live steps of its own: the shared factor alone, not the optimistic profile.
     assert est.step_times.step_ms(8, 2) == pytest.approx(step_times().step_ms(8, 2) * shared)
@@ -637,9 +641,8 @@ def test_a_repair_holds_after_the_table_leaves_the_slow_cell():
     for _ in range(60):
         est.observe_step_time(1, 3, 3.0 * profiled)
     est.rebuild()
-    shared = (20 + 180) / (20 + 60)
-    assert est.step_times.step_ms(1, 3) == pytest.approx(
-        profiled * shared * (20 + 180 / shared) / (20 + 60))
+    # Its own 60 steps (constant: the step variance floor) outweigh the deviation's prior.
+    assert est.step_times.step_ms(1, 3) == pytest.approx(3.0 * profiled, rel=1e-4)
     assert est.table.k_for(1) < 3
     for _ in range(6):  # traffic at another length only
         for _ in range(60):
