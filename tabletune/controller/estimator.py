@@ -60,7 +60,7 @@ from tabletune.controller.hold import (
     keep_monotone,
     merge_narrow_ranges,
 )
-from tabletune.controller.step_model import MAX_STEP_RATIO, StepTimeModel
+from tabletune.controller.step_model import MAX_STEP_RATIO, StepTimeModel, forget_factor
 from tabletune.core.builder import DEFAULT_TIE_MARGIN, MAX_BATCH_SIZE, StepTimes, build_table
 from tabletune.core.errors import (
     ContractError,
@@ -424,6 +424,10 @@ class Estimator:
         self._tk = self._model.columns
         self._profiled_ms = self._model.profiled_ms
         self._step_obs: dict[tuple[int, int], list[float]] = {}
+        # Live steps per batch size 1..max_B (carried, forgotten like the cells), and the new
+        # ones of the rebuild in progress.
+        self._b_steps = np.zeros(max_b)
+        self._b_new = np.zeros(max_b)
         self._stalls = 0
         self._timing = step_times  # the blend the last rebuild used
         self._drift_streak = 0
@@ -583,6 +587,11 @@ class Estimator:
         """Move live step samples into the step-time model (a rebuild's first act); returns
         which cells got new samples."""
         obs, self._step_obs = self._step_obs, {}
+        new_b = np.zeros(self._max_b)
+        for (b, _), cell in obs.items():
+            new_b[min(b, self._max_b) - 1] += cell[0]
+        self._b_steps += new_b
+        self._b_new = new_b
         fresh, stalls = self._model.fold(obs)
         self._stalls += stalls
         return fresh
@@ -713,9 +722,9 @@ class Estimator:
         rates = self._estimate(drafted, accepted, w)
         fresh = self._fold_step_times()
         worst_ratio = self._check_drift()
-        timing = self._model.step_times()
+        timing, observed = self._step_times_per_batch_size()
         candidate = self._build(timing, rates)
-        noise = self._noise(timing, rates, drafted, w)
+        noise = self._noise(timing, rates, drafted, w, observed)
         new_lookup, held_by = self._decide(candidate, noise)
         changed = new_lookup != self._lookup
         moved, moved_by = (self._what_moved(new_lookup, timing, rates) if changed
@@ -745,12 +754,18 @@ class Estimator:
         self._timing = timing
         if self._settings.prior_decay and self._live_disagrees(drafted, accepted, w):
             self._w = w / 2.0
-        self._live_d = drafted / 2.0
-        self._live_a = accepted / 2.0
+        # Each position forgets as much as it got new drafts, at most half (forget_factor): a
+        # position drafted in steady use halves; one the table no longer drafts (beyond the k
+        # in use, without exploration) keeps its live rate instead of fading back to a prior
+        # the traffic already contradicted, which would lure the table back to longer drafts.
+        keep = forget_factor(drafted - self._live_d, drafted)
+        self._live_d = drafted * keep
+        self._live_a = accepted * keep
         # Only cells with new steps halve: a cell the table has left keeps what its last steps
         # said (exploration steps are never steady, so nothing else re-times it), instead of
         # fading back to the profile and luring the table back to a length it left for cause.
         self._model.halve(fresh)
+        self._b_steps *= forget_factor(self._b_new, self._b_steps)
         self._new_counts()
         self._last_rebuild_step = self._steps
         self._next_rebuild = self._steps + self._every
@@ -764,18 +779,60 @@ class Estimator:
                              tie_margin=self._settings.tie_margin)
         return list(result.chosen)
 
+    def _step_times_per_batch_size(self) -> tuple[StepTimes, np.ndarray]:
+        """T' for every batch size 1..max_B, and which batch sizes have live steps of their own
+        (``drift_min_steps``, carried).
+
+        A batch size with its own live steps takes the model's T' (shared factor times each
+        length's deviation, linear in B between profiled rows). One without takes the profile
+        times the shared factor alone, s interpolated in B: a factor common to every length
+        there, so its lengths rank as the profile ranks them and its k moves only with the
+        acceptance estimate. Deviations learned at the batch size the load runs at do not leak
+        into the batch sizes between it and the next profiled one, where nothing was measured
+        (on the H200 replay they walked an edge back and forth there).
+        """
+        model = self._model
+        sizes = np.arange(1, self._max_b + 1)
+        full = self._model.step_times().grid(sizes)
+        shared = np.interp(sizes.astype(float), np.asarray(self._tb, dtype=float),
+                           model.shared_factor())
+        plain = self._step_times.grid(sizes) * shared[:, None]
+        observed = self._observed_batch_sizes()
+        ms = np.where(observed[:, None], full, plain)
+        lengths = self._step_times.lengths
+        timing = StepTimes({(int(b), int(k)): float(ms[i, j]) for i, b in enumerate(sizes)
+                            for j, k in enumerate(lengths)})
+        return timing, observed
+
+    def _observed_batch_sizes(self) -> np.ndarray:
+        """[B - 1]: B has ``drift_min_steps`` live steps of its own (carried), or lies between two
+        such batch sizes with no profiled batch size strictly between them (a load spreads over
+        neighbouring batch sizes; the span it covers is observed, not what lies beyond it)."""
+        own = self._b_steps >= self._settings.drift_min_steps
+        out = own.copy()
+        seen = np.flatnonzero(own) + 1
+        rows = np.asarray(self._tb)
+        for lo, hi in zip(seen, seen[1:]):
+            if hi - lo > 1 and not ((rows > lo) & (rows < hi)).any():
+                out[lo - 1:hi] = True
+        return out
+
     def _noise(self, timing: StepTimes, rates: Sequence[float], drafted: np.ndarray,
-               w: float) -> GainNoise:
+               w: float, observed: np.ndarray) -> GainNoise:
         sizes = range(1, self._max_b + 1)
         per_s = 1000.0 * np.arange(1, self._max_b + 1, dtype=float)[:, None] / timing.grid(
             sizes, self._allowed)
+        time_se = self._model.error_grid(sizes, self._allowed)
+        time_se[~observed] = 0.0  # the profile's ranking: nothing there moves between rebuilds
+        grounded = self._grounded()
+        grounded[~observed] = True  # the profile alone speaks there
         return GainNoise(
             lengths=self._allowed,
             per_s=per_s,
             tau=np.concatenate(([1.0], 1.0 + np.cumsum(rates))),
             rate_se=self.rate_errors(drafted, rates, w),
-            time_se=self._model.error_grid(sizes, self._allowed),
-            grounded=self._grounded(),
+            time_se=time_se,
+            grounded=grounded,
         )
 
     def _grounded(self) -> np.ndarray:
@@ -801,7 +858,7 @@ class Estimator:
         if z > 0.0:
             lookup, held_by["acceptance_noise"], held_by["step_time_noise"] = hold_within_noise(
                 candidate, self._lookup, noise, z)
-            lookup, held_by["monotonicity"] = keep_monotone(lookup, noise, z)
+            lookup, held_by["monotonicity"] = keep_monotone(lookup, noise, z, self._lookup)
         width = self._settings.range_width
         if width > 1:
             lookup, held_by["min_width"] = merge_narrow_ranges(lookup, width, noise.goodput(),
@@ -1075,6 +1132,10 @@ class Estimator:
             "prior_weight": self._w,
             "drafted": list(drafted),
             "accepted": list(accepted),
+            # The part of drafted / accepted carried from earlier rebuilds (the rest is new since
+            # the last one): a rebuild forgets old counts by as much as new ones arrived.
+            "carried_drafted": [float(x) for x in self._live_d],
+            "carried_accepted": [float(x) for x in self._live_a],
             "steps": self._steps,
             "last_rebuild_step": self._last_rebuild_step,
             "num_rebuilds": self._num_rebuilds,
@@ -1092,6 +1153,8 @@ class Estimator:
                                    float(m.ratio_sq[i, j])]
                                   for i, b in enumerate(self._tb) for k, j in self._tk.items()
                                   if m.steps[i, j] > 0],
+            "batch_size_steps": [[b, float(n)] for b, n in enumerate(self._b_steps, start=1)
+                                 if n > 0],
             "step_samples": [[b, k, n, total, total_sq] for (b, k), (n, total, total_sq) in
                              sorted(self._step_obs.items())],
             "shared_factor_baseline": [[b, float(self._baseline[i]), int(self._baseline_n[i])]

@@ -92,8 +92,9 @@ def hold_within_noise(candidate: Sequence[int], current: Sequence[int], noise: G
     """Keep the current k unless the candidate's gain beats z errors: one decision per run.
 
     A run is a stretch of consecutive batch sizes where the candidate replaces the same current
-    k by the same new k. It moves whole when the candidate beats the current k by z errors at
-    one of its batch sizes at least, and is held whole otherwise. Per batch size, an estimate
+    k by the same new k. It moves when the candidate beats the current k by z errors at one of
+    its batch sizes at least (then every batch size of it where the candidate is better at all
+    moves), and is held whole otherwise. Per batch size, an estimate
     that drifts (a prior fading toward the traffic's rate) would carry an edge across B one
     stretch per rebuild, each a table change; as one decision the edge goes where the
     candidate puts it once the evidence is there, and goes back only when the reverse run has
@@ -119,30 +120,40 @@ def hold_within_noise(candidate: Sequence[int], current: Sequence[int], noise: G
         while end < n and candidate[end] == k_new and current[end] == k_old:
             end += 1
         comparisons = [noise.compare(x, k_new, k_old) for x in range(b, end + 1)]
-        if not any(c.beats(z) for c in comparisons):
-            for x, comparison in zip(range(b, end + 1), comparisons):
-                out[x - 1] = k_old
-                if comparison.by_step_time:
-                    held_time += 1
-                else:
-                    held_acceptance += 1
+        moves = any(c.beats(z) for c in comparisons)
+        for x, comparison in zip(range(b, end + 1), comparisons):
+            # A moving run takes the batch sizes where the candidate is better at all (the
+            # builder's tie margin may extend a range past the crossing: those stay).
+            if moves and comparison.gain > 0.0:
+                continue
+            out[x - 1] = k_old
+            if comparison.by_step_time:
+                held_time += 1
+            else:
+                held_acceptance += 1
         b = end + 1
     return out, held_acceptance, held_time
 
 
-def keep_monotone(lookup: Sequence[int], noise: GainNoise, z: float) -> tuple[list[int], int]:
+def keep_monotone(lookup: Sequence[int], noise: GainNoise, z: float,
+                  current: Sequence[int] | None = None) -> tuple[list[int], int]:
     """k non-increasing in B, unless a step up is beyond the noise.
 
     Walking B upward, where k rises over the previous batch size's, the longer length must beat
-    the shorter one there by z errors; otherwise the shorter one continues. A longer draft
-    paying off at a larger batch is possible (an MoE's step grows with B while the draft's cost
-    falls), but a step up inside a falling table is what noise in T' produced on the H200.
-    Returns (lookup, batch sizes changed).
+    the shorter one there by z errors, with both lengths' step times resting on evidence of
+    their own; otherwise that batch size takes the best length no longer than the previous
+    batch size's: its ``current`` k when that one is not beaten beyond the noise, else the
+    highest modelled goodput (the previous batch size's length is not always the next best: a
+    stretch the noise test let go to k = 3 over a range held at k = 2 may be k = 1's). A longer
+    draft paying off at a larger batch is possible (an MoE's step grows with B while the
+    draft's cost falls), but a step up inside a falling table is what noise in T' produced on
+    the H200. Returns (lookup, batch sizes changed).
     """
     out = list(lookup)
     changed = 0
     col = noise.col
     grounded = noise.grounded
+    goodput = noise.goodput()
     for b in range(2, len(out) + 1):
         prev, k = out[b - 2], out[b - 1]
         if k <= prev:
@@ -153,7 +164,13 @@ def keep_monotone(lookup: Sequence[int], noise: GainNoise, z: float) -> tuple[li
         unfounded = grounded is not None and not (grounded[b - 1, col[k]]
                                                   and grounded[b - 1, col[prev]])
         if unfounded or not noise.compare(b, k, prev).beats(z):
-            out[b - 1] = prev
+            options = [j for j in noise.lengths if j <= prev]
+            best = max(options, key=lambda j: (goodput[b - 1, col[j]], j == prev))
+            here = None if current is None else current[b - 1]
+            if here is not None and here in options and here != best and \
+                    not noise.compare(b, best, here).beats(z):
+                best = here
+            out[b - 1] = best
             changed += 1
     return out, changed
 

@@ -44,6 +44,15 @@ MIN_STEP_VARIANCE = 1e-6
 MIN_PRIOR_VARIANCE = 1e-8
 
 
+def forget_factor(new: np.ndarray, carried: np.ndarray) -> np.ndarray:
+    """max(1/2, 1 - new / carried) where ``carried`` (new included) > 0, else 1: old evidence
+    loses as much weight as new evidence brings, at most half per rebuild (the estimator's
+    acceptance counts forget the same way)."""
+    carried = np.asarray(carried, dtype=float)
+    safe = np.where(carried > 0, carried, 1.0)
+    return np.where(carried > 0, np.maximum(0.5, 1.0 - np.asarray(new) / safe), 1.0)
+
+
 class StepTimeModel:
     """Carried live step-time sums per profiled cell and the T' they give (see module doc)."""
 
@@ -77,9 +86,9 @@ class StepTimeModel:
         return ((i - 1, 1.0 - f), (i, f))
 
     def fold(self, samples: Mapping[tuple[int, int], list[float]]) -> tuple[np.ndarray, int]:
-        """Add samples {(B, k): [steps, sum ms, sum ms^2]}; returns (cells that got new steps,
-        steps left out as stalls). Lengths the profile lacks are skipped."""
-        fresh = np.zeros(self.steps.shape, dtype=bool)
+        """Add samples {(B, k): [steps, sum ms, sum ms^2]}; returns (new steps per cell, steps
+        left out as stalls). Lengths the profile lacks are skipped."""
+        fresh = np.zeros(self.steps.shape)
         stalls = 0
         for (b, k), (n, total, total_sq) in samples.items():
             j = self.columns.get(k)
@@ -95,19 +104,20 @@ class StepTimeModel:
                 self.steps[row, j] += share * n
                 self.ratio_sum[row, j] += share * r_sum
                 self.ratio_sq[row, j] += share * q_sum
-                fresh[row, j] = True
+                fresh[row, j] += share * n
         return fresh, stalls
 
-    def halve(self, cells: np.ndarray) -> None:
-        """Halve the sums of ``cells`` (those with new steps: recent traffic dominates), but never
-        below ``min_steps`` steps: a length once measured stays measured, and a trickle of new
-        steps (exploration, probes, a batch size passing by) refines its mean instead of fading
-        it back to the profile. A cell without new steps keeps what its last steps said."""
-        n = self.steps
-        target = np.maximum(n / 2.0, np.minimum(n, float(self.min_steps)))
-        factor = np.where(cells & (n > 0), target / np.where(n > 0, n, 1.0), 1.0)
-        for a in (self.steps, self.ratio_sum, self.ratio_sq):
-            a *= factor
+    def halve(self, new_steps: np.ndarray) -> None:
+        """Forget old steps as new ones arrive: each cell's sums are scaled by
+        max(1/2, 1 - new / carried), ``new_steps`` being the steps it got since the last rebuild.
+        A cell in steady use halves (recent traffic dominates); a cell the table has left keeps
+        what its last steps said, and one that gets only a trickle (exploration, probes, a batch
+        size passing by) loses only what the trickle brings: a length once measured slower
+        stays slower until as many new steps of its own say otherwise, instead of fading back
+        to the profile and luring the table back to it."""
+        self.steps, self.ratio_sum, self.ratio_sq = (
+            a * forget_factor(new_steps, self.steps)
+            for a in (self.steps, self.ratio_sum, self.ratio_sq))
 
     def restore(self, b: int, k: int, steps: float, ratio_sum: float, ratio_sq: float) -> None:
         i, j = self.batch_sizes.index(b), self.columns[k]
