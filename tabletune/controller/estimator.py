@@ -11,7 +11,8 @@ stops at the first wrong draft, so the kept ones are always the leading ones). E
 
     a_hat_i = (w * a_i_prior + accepted_i) / (w + drafted_i),      w = prior_weight,
 
-halves the live counts (recent traffic dominates), and rebuilds the table with the core builder
+forgets old live counts as new ones arrive (at most half per rebuild: recent traffic dominates,
+and a position no longer drafted keeps its live rate), and rebuilds the table with the core builder
 (``tabletune.core.builder.build_table``, same tie margin as the tuner).
 
 Noise: each a_hat_i carries the binomial standard error of its live counts,
@@ -27,15 +28,16 @@ a real switch halving further would only leave a_hat on a handful of drafts.
 
 Step times: the scheduler reports each steady decode step's wall time (``observe_step_time``). At a
 rebuild those samples become ratios live / profiled per profiled cell (a batch size between two
-profiled ones is shared between them, as T interpolates), blended with the profile the way
-acceptance is blended with its prior,
-
-    r_hat(B, k) = (w_T + sum of live ratios) / (w_T + live steps),   T'(B, k) = r_hat * T(B, k),
-
-and the rebuild uses T'. A cell's live sums halve at a rebuild only when it had new steps since
-the last one, so a repair holds after the table leaves the cell. When some well-sampled cell's
-live ratio stays beyond ``drift_bound`` for ``drift_rebuilds`` rebuilds in a row the profile is
-marked stale (``profile_stale``).
+profiled ones is shared between them, as T interpolates), modelled as a serving factor shared
+by every length at a batch size times each length's own deviation
+(``tabletune.controller.step_model``); the rebuild uses T' = T * s * d at batch sizes with live
+steps of their own, and T * s (the profile's ranking) at the others. Live counts and step cells
+forget as much as new evidence brings, at most half per rebuild, so what the table left keeps
+what it showed. The hold rule (``tabletune.controller.hold``) then keeps each batch size's k
+unless the candidate beats it beyond the acceptance and step-time noise, keeps k non-increasing
+in B unless a step up is beyond the noise, and merges ranges narrower than the minimum width.
+The profile is marked stale (``profile_stale``) only for a gap a new profile would remove (see
+``ControllerSettings``).
 
 Hot path: ``on_step`` and ``observe*`` touch Python lists and ints only. ``observe`` keeps a
 histogram of (drafted, accepted) per request instead of adding to up to K positions, so each

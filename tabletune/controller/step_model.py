@@ -12,18 +12,29 @@ worst, the table left it, the next length collected the same penalty, and the ta
 So the correction is split:
 
     shared factor   s_i  = (w_T + sum_j R_ij) / (w_T + sum_j n_ij)       (every length at B_i)
-    deviation       d_ij = (w_d + R_ij / s_i) / (w_d + n_ij)             (own steps >= n_min)
-                    d_ij = 1                                              (fewer own steps)
+    deviation       m_ij = R_ij / (n_ij s_i)                              (measured, n_ij > 0)
+                    d_ij = (P0 + (n_ij / v_i) m_ij) / (P0 + n_ij / v_i)   (posterior mean)
     step time       T'_ij = T_ij * s_i * d_ij
 
-A factor common to every length at a B cannot change which length wins there, so a gap learned
-on the length in use moves its neighbours with it and cannot push the table off it. A length
-has a deviation of its own only once it has ``min_steps`` live steps, shrunk toward the shared
-factor with weight w_d (``deviation_prior_weight``): a few steps cannot make it the cheapest.
+with P0 = 1 / sigma0_ij^2, sigma0_ij = hypot(f |ln s_i|, profile uncertainty of T_ij) the prior
+spread of a length's own gap (f = ``prior_share``: on the H200 the lengths' gaps spread ~0.15 of
+the gap), and v_i the relative variance of one live step at B_i, pooled over its lengths
+(floored). A factor common to every length at a B cannot change which length wins there, so a
+gap learned on the length in use moves its neighbours with it and cannot push the table off it.
+A length's own steps count from the first one, weighted by their noise: no cliff at
+``min_steps`` (the H200 table went back to a length whenever its cell fell below it).
 
-Noise: each cell's live ratios have a sample variance Q/n - (R/n)^2; the relative standard error
-of T'_ij from its deviation is sqrt(var / n) / mean * n / (w_d + n). The shared factor's error
-is left out: it multiplies both sides of any comparison at one B and cancels.
+Forgetting (``halve``): a cell's sums are scaled by max(1/2, 1 - new / carried) at each rebuild,
+so a cell in steady use halves, a cell the table left keeps what its steps said, and a trickle
+(exploration, probes) only refines it: a length measured slower stays slower until as many new
+steps of its own say otherwise.
+
+Noise (``relative_errors``): u_ij = sqrt(n_ij / v_i) / (P0 + n_ij / v_i), the standard deviation
+of d_ij from its own steps' noise: ~sqrt(v_i / n_ij) once measured, 0 without steps. It is what
+moves between rebuilds, and so what the hold rule guards against; a length known only through
+the profile and s_i has a fixed T' (a bias its own steps settle once the table tries it, and
+those steps stay). The shared factor's error is left out: it multiplies both sides of any
+comparison at one B and cancels.
 """
 
 from __future__ import annotations
@@ -35,7 +46,7 @@ import numpy as np
 
 from tabletune.core.builder import StepTimes
 
-__all__ = ["StepTimeModel", "MAX_STEP_RATIO"]
+__all__ = ["StepTimeModel", "MAX_STEP_RATIO", "forget_factor"]
 
 # A live step this many times the profiled one is a stall (preemption, a pause), not a step time.
 MAX_STEP_RATIO = 20.0
