@@ -98,7 +98,9 @@ def main(argv: list[str] | None = None) -> int:
             "new_ranges": r["new_ranges"], "rates": [round(a, 3) for a in r["rates"]],
             "drafted": [round(d) for d in r["drafted"]],
             "prior_weight": r["prior_weight"], "held": r.get("held", 0),
-            "step_time_ratio": r.get("step_time_ratio")})
+            "step_time_ratio": r.get("step_time_ratio"),
+            # What moved the table and what held it back (issue 19; absent in older records).
+            "moved_by": r.get("moved_by"), "held_by": r.get("held_by")})
 
     def phase_summary(name: str) -> dict:
         rs = [r for r in rebuilds if r["phase"] == name]

@@ -11,7 +11,8 @@ stops at the first wrong draft, so the kept ones are always the leading ones). E
 
     a_hat_i = (w * a_i_prior + accepted_i) / (w + drafted_i),      w = prior_weight,
 
-halves the live counts (recent traffic dominates), and rebuilds the table with the core builder
+forgets old live counts as new ones arrive (at most half per rebuild: recent traffic dominates,
+and a position no longer drafted keeps its live rate), and rebuilds the table with the core builder
 (``tabletune.core.builder.build_table``, same tie margin as the tuner).
 
 Noise: each a_hat_i carries the binomial standard error of its live counts,
@@ -27,15 +28,16 @@ a real switch halving further would only leave a_hat on a handful of drafts.
 
 Step times: the scheduler reports each steady decode step's wall time (``observe_step_time``). At a
 rebuild those samples become ratios live / profiled per profiled cell (a batch size between two
-profiled ones is shared between them, as T interpolates), blended with the profile the way
-acceptance is blended with its prior,
-
-    r_hat(B, k) = (w_T + sum of live ratios) / (w_T + live steps),   T'(B, k) = r_hat * T(B, k),
-
-and the rebuild uses T'. A cell's live sums halve at a rebuild only when it had new steps since
-the last one, so a repair holds after the table leaves the cell. When some well-sampled cell's
-live ratio stays beyond ``drift_bound`` for ``drift_rebuilds`` rebuilds in a row the profile is
-marked stale (``profile_stale``).
+profiled ones is shared between them, as T interpolates), modelled as a serving factor shared
+by every length at a batch size times each length's own deviation
+(``tabletune.controller.step_model``); the rebuild uses T' = T * s * d at batch sizes with live
+steps of their own, and T * s (the profile's ranking) at the others. Live counts and step cells
+forget as much as new evidence brings, at most half per rebuild, so what the table left keeps
+what it showed. The hold rule (``tabletune.controller.hold``) then keeps each batch size's k
+unless the candidate beats it beyond the acceptance and step-time noise, keeps k non-increasing
+in B unless a step up is beyond the noise, and merges ranges narrower than the minimum width.
+The profile is marked stale (``profile_stale``) only for a gap a new profile would remove (see
+``ControllerSettings``).
 
 Hot path: ``on_step`` and ``observe*`` touch Python lists and ints only. ``observe`` keeps a
 histogram of (drafted, accepted) per request instead of adding to up to K positions, so each
@@ -45,16 +47,22 @@ rebuild.
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from collections import Counter, deque
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from numbers import Integral
 from operator import le
 from typing import Any
 
 import numpy as np
 
+from tabletune.controller.hold import (
+    GainNoise,
+    hold_within_noise,
+    keep_monotone,
+    merge_narrow_ranges,
+)
+from tabletune.controller.step_model import MAX_STEP_RATIO, StepTimeModel, forget_factor
 from tabletune.core.builder import DEFAULT_TIE_MARGIN, MAX_BATCH_SIZE, StepTimes, build_table
 from tabletune.core.errors import (
     ContractError,
@@ -103,14 +111,29 @@ DEFAULT_STEP_PRIOR_WEIGHT = 200.0
 # noise (a steady profile's repeats agree within ~10 %).
 DEFAULT_DRIFT_BOUND = 1.25
 DEFAULT_DRIFT_REBUILDS = 3
-# Live steps a cell needs before its ratio counts towards drift.
+# Live steps a cell needs before its ratio counts towards drift, and before its length has a
+# deviation of its own from the batch size's shared serving factor.
 DEFAULT_DRIFT_MIN_STEPS = 50
+# How far a length's serving gap may stray from the batch size's shared one, as a share of that
+# gap (|ln s|), before the length has steps of its own: on the H200 (live / profile 1.24, 1.24,
+# 1.33, 1.27 for k = 0..3 at B = 128) the lengths' spread was ~0.15 of the gap.
+DEFAULT_DEVIATION_PRIOR_SHARE = 0.15
+# Minimum range width when hysteresis is 0: a one-wide range is never physics, only noise.
+DEFAULT_MIN_RANGE_WIDTH = 2
+# Timing probes (when on): steps in a run at a contending length; the first of a run verifies
+# the previous k, so 4 give 3 steady steps to time.
+DEFAULT_TIMING_PROBE_STEPS = 4
+# Lengths whose modelled goodput is within this share of the table's k are probed.
+DEFAULT_TIMING_PROBE_MARGIN = 0.1
+# A probe every this many steps when recommended() turns probing on.
+DEFAULT_TIMING_PROBE_EVERY = 100
 # Standard errors a rebuild's goodput gain must exceed before a batch size changes its k.
 DEFAULT_EDGE_Z = 2.0
-# A live step this many times the profiled one is a stall (preemption, a pause), not a step time.
-MAX_STEP_RATIO = 20.0
 
 Range = tuple[int, int, int]
+# RebuildRecord.moved_by values, and the evidence RebuildRecord.held_by counts batch sizes for.
+MOVED_BY = ("acceptance", "step_time", "both", "nothing")
+HELD_BY = ("acceptance_noise", "step_time_noise", "monotonicity", "min_width")
 
 
 @dataclass(frozen=True)
@@ -137,10 +160,24 @@ class ControllerSettings:
       takes the builder's table as it is, and ``prior_decay`` halves w at every rebuild).
     - ``step_prior_weight``: w_T, how many live steps the profile's T(B, k) is worth when live
       step times are blended into it.
-    - ``drift_bound``, ``drift_rebuilds``, ``drift_min_steps``: the profile is marked stale when
-      a cell with at least ``drift_min_steps`` live steps runs slower than ``drift_bound`` times
-      (or faster than 1 / ``drift_bound`` of) its profiled time at ``drift_rebuilds`` rebuilds
-      in a row.
+    - ``drift_bound``, ``drift_rebuilds``, ``drift_min_steps``: the profile is marked stale for a
+      gap a new profile would remove, at ``drift_rebuilds`` rebuilds in a row: two lengths at a
+      batch size, each with ``drift_min_steps`` live steps, whose live / profiled ratios differ
+      by more than ``drift_bound`` (a profile times every length; a gap that differs between
+      them is the profile's), or a batch size's shared serving factor moving beyond
+      ``drift_bound`` from the level it settled at in its first ``drift_rebuilds`` rebuilds. A
+      gap common to every length and present from start-up (what a reject-all profile misses)
+      is modelled, never marked: a re-profile would show it again.
+    - ``deviation_prior_share``: f, the prior standard deviation of a length's own deviation
+      from the shared factor as a share of the gap, sigma0 = hypot(f |ln s|, profile
+      uncertainty) (``tabletune.controller.step_model``).
+    - ``min_range_width``: rebuilt tables have no range narrower than this (a narrow range is
+      merged into a neighbour); None = max(``hysteresis``, 2).
+    - ``timing_probe_every``: None = off; otherwise every this many steps a run of
+      ``timing_probe_steps`` steps drafts a contending length at the batch size in use (one
+      whose modelled goodput is within ``timing_probe_margin`` of the table's k and whose cell
+      has fewer than ``drift_min_steps`` live steps), so the lengths a decision is between both
+      have step times of their own. Exploration steps are never steady, so they time nothing.
     """
 
     rebuild_every_steps: int = DEFAULT_REBUILD_EVERY_STEPS
@@ -156,6 +193,11 @@ class ControllerSettings:
     drift_bound: float = DEFAULT_DRIFT_BOUND
     drift_rebuilds: int = DEFAULT_DRIFT_REBUILDS
     drift_min_steps: int = DEFAULT_DRIFT_MIN_STEPS
+    deviation_prior_share: float = DEFAULT_DEVIATION_PRIOR_SHARE
+    min_range_width: int | None = None
+    timing_probe_every: int | None = None
+    timing_probe_steps: int = DEFAULT_TIMING_PROBE_STEPS
+    timing_probe_margin: float = DEFAULT_TIMING_PROBE_MARGIN
 
     def __post_init__(self) -> None:
         p = "settings"
@@ -193,13 +235,36 @@ class ControllerSettings:
         object.__setattr__(self, "drift_bound", float(bound))
         check_int(self.drift_rebuilds, f"{p}.drift_rebuilds", minimum=1, maximum=MAX_COUNT)
         check_int(self.drift_min_steps, f"{p}.drift_min_steps", minimum=1, maximum=MAX_COUNT)
+        object.__setattr__(self, "deviation_prior_share", float(check_nonnegative(
+            self.deviation_prior_share, f"{p}.deviation_prior_share")))
+        if self.min_range_width is not None:
+            check_int(self.min_range_width, f"{p}.min_range_width", minimum=1,
+                      maximum=MAX_BATCH_SIZE)
+        check_int(self.timing_probe_steps, f"{p}.timing_probe_steps", minimum=2, maximum=MAX_COUNT)
+        if self.timing_probe_every is not None:
+            # A probe run must end before the next one starts.
+            check_int(self.timing_probe_every, f"{p}.timing_probe_every",
+                      minimum=self.timing_probe_steps + 1, maximum=MAX_COUNT)
+        margin = check_nonnegative(self.timing_probe_margin, f"{p}.timing_probe_margin")
+        if not margin < 1.0:
+            fail(f"{p}.timing_probe_margin", self.timing_probe_margin, "is not below 1")
+        object.__setattr__(self, "timing_probe_margin", float(margin))
+
+    @property
+    def range_width(self) -> int:
+        """The minimum range width in effect (``min_range_width`` or its default)."""
+        if self.min_range_width is not None:
+            return self.min_range_width
+        return max(self.hysteresis, DEFAULT_MIN_RANGE_WIDTH)
 
     @classmethod
     def recommended(cls, **overrides: Any) -> ControllerSettings:
-        """Exploration every 50 steps and prior decay on, as the paper recommends for drift."""
+        """Exploration every 50 steps and prior decay on, as the paper recommends for drift, and
+        timing probes every 100 steps (so step times are learned for both sides of an edge)."""
         values: dict[str, Any] = {
             "exploration_every": DEFAULT_EXPLORATION_EVERY,
             "prior_decay": True,
+            "timing_probe_every": DEFAULT_TIMING_PROBE_EVERY,
         }
         values.update(overrides)
         return cls(**values)
@@ -248,6 +313,14 @@ class RebuildRecord:
     held: int = 0
     # Live / profiled step time of the cell furthest from 1 (enough live steps); None: none yet.
     step_time_ratio: float | None = None
+    # What moved the table: "acceptance" (the new a_hat with the last rebuild's T' gives the
+    # change), "step_time" (the new T' with the last a_hat does), "both" (it took both, or
+    # either alone does), "nothing" (no change). See MOVED_BY.
+    moved_by: str = "nothing"
+    # Batch sizes changed, by what moved each (keys of MOVED_BY but "nothing").
+    moved: dict[str, int] = field(default_factory=dict)
+    # Batch sizes whose builder k was not taken, by the evidence that held it back (HELD_BY).
+    held_by: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -262,6 +335,9 @@ class RebuildRecord:
             "prior_weight": self.prior_weight,
             "held": self.held,
             "step_time_ratio": self.step_time_ratio,
+            "moved_by": self.moved_by,
+            "moved": {key: self.moved.get(key, 0) for key in MOVED_BY[:-1]},
+            "held_by": {key: self.held_by.get(key, 0) for key in HELD_BY},
         }
 
 
@@ -343,18 +419,38 @@ class Estimator:
         self._history: deque[RebuildRecord] = deque(maxlen=history)
         self._drained = 0
 
-        # Step times: the profile (fixed), live samples since the last rebuild per (B, k), and
-        # per profiled cell the carried (halved) live steps and sum of live/profiled ratios.
+        # Step times: the profile (fixed), live samples since the last rebuild per (B, k)
+        # ([steps, sum ms, sum ms^2]), and the carried per-cell sums in the step-time model.
+        self._model = StepTimeModel(step_times, prior_weight=settings.step_prior_weight,
+                                    prior_share=settings.deviation_prior_share,
+                                    min_steps=settings.drift_min_steps)
         self._tb = step_times.batch_sizes
-        self._tk = {k: j for j, k in enumerate(step_times.lengths)}
-        self._profiled_ms = step_times.grid(self._tb)
-        self._t_n = np.zeros(self._profiled_ms.shape)
-        self._t_r = np.zeros(self._profiled_ms.shape)
+        self._tk = self._model.columns
+        self._profiled_ms = self._model.profiled_ms
         self._step_obs: dict[tuple[int, int], list[float]] = {}
+        # Live steps per batch size 1..max_B (carried, forgotten like the cells), and the new
+        # ones of the rebuild in progress.
+        self._b_steps = np.zeros(max_b)
+        self._b_new = np.zeros(max_b)
         self._stalls = 0
         self._timing = step_times  # the blend the last rebuild used
         self._drift_streak = 0
         self._stale: dict[str, Any] | None = None
+        # Shared factor per profiled batch size as it settled after start-up (nan: not yet),
+        # and how many rebuilds with enough steps it has settled over.
+        self._baseline = np.full(len(self._tb), np.nan)
+        self._baseline_sum = np.zeros(len(self._tb))
+        self._baseline_n = np.zeros(len(self._tb), dtype=int)
+        # Tallies over the whole run (the history is bounded): metrics counters.
+        self._moved_total = {key: 0 for key in MOVED_BY}
+        self._held_total = {key: 0 for key in HELD_BY}
+        # Timing probes: the length to probe per batch size (-1: none), the run in progress.
+        self._probe_every = settings.timing_probe_every or 0
+        self._probe_steps = settings.timing_probe_steps
+        self._probe_k = [-1] * max_b
+        self._probe_left = 0
+        self._probe_now = 0
+        self._probes = 0
         self._install(start_table)
 
     # ---------------------------------------------------------------------------------- hot path
@@ -369,6 +465,10 @@ class Estimator:
             # Exploration does not move the hysteresis state: it is one step off the table.
             self._explorations += 1
             return self._explore_k
+        if self._probe_left:
+            # A timing probe run: steps off the table too (hysteresis untouched).
+            self._probe_left -= 1
+            return self._probe_now
         try:
             if batch_size > self._max_b:
                 idx = self._max_b - 1
@@ -383,6 +483,13 @@ class Estimator:
             # A fractional batch size (2.5 indexes no list) or not a number at all.
             fail("batch_size", batch_size, "is not an integer >= 1")
         self._last_b = batch_size
+        if self._probe_every and steps % self._probe_every == 1:
+            k = self._probe_k[idx]
+            if k >= 0:
+                self._probes += 1
+                self._probe_left = self._probe_steps - 1
+                self._probe_now = k
+                return k
         held = self._held
         if r != held:
             h = self._h
@@ -465,87 +572,117 @@ class Estimator:
     def observe_step_time(self, batch_size: int, k: int, step_ms: float) -> None:
         """Wall time of one steady decode step: ``batch_size`` requests verifying, drafting ``k``.
 
-        O(1): a count and a sum per (B, k); the rebuild turns them into ratios to the profile.
+        O(1): a count, a sum and a sum of squares per (B, k); the rebuild turns them into ratios
+        to the profile.
         """
         cell = self._step_obs.get((batch_size, k))
         if cell is None:
             check_int(batch_size, "observe_step_time.batch_size", minimum=1,
                       maximum=MAX_BATCH_SIZE)
             check_int(k, "observe_step_time.k", minimum=0)
-            cell = self._step_obs[(batch_size, k)] = [0, 0.0]
+            cell = self._step_obs[(batch_size, k)] = [0, 0.0, 0.0]
         if not 0.0 < step_ms < 1e9:  # also refuses nan
             fail("observe_step_time.step_ms", step_ms, "is not a positive number of ms")
         cell[0] += 1
         cell[1] += step_ms
+        cell[2] += step_ms * step_ms  # for each cell's standard error
 
     def _fold_step_times(self) -> np.ndarray:
-        """Move live step samples into per-profiled-cell ratio sums (a rebuild's first act);
-        returns which cells got new samples."""
+        """Move live step samples into the step-time model (a rebuild's first act); returns
+        which cells got new samples."""
         obs, self._step_obs = self._step_obs, {}
-        fresh = np.zeros(self._t_n.shape, dtype=bool)
-        xs, tk = self._tb, self._tk
-        last = len(xs) - 1
-        for (b, k), (n, total) in obs.items():
-            j = tk.get(k)
-            if j is None:
-                continue  # a length the profile has no time for
-            profiled = float(self._step_times.grid([b], [k])[0, 0])
-            if total / n > MAX_STEP_RATIO * profiled:
-                self._stalls += int(n)
-                continue
-            ratio_sum = total / profiled
-            i = bisect_left(xs, b)
-            if i <= last and xs[i] == b or i == 0:
-                shares = ((i, 1.0),)
-            elif i > last:
-                shares = ((last, 1.0),)
-            else:  # between two profiled batch sizes: shared as T interpolates between them
-                f = (b - xs[i - 1]) / (xs[i] - xs[i - 1])
-                shares = ((i - 1, 1.0 - f), (i, f))
-            for row, share in shares:
-                self._t_n[row, j] += share * n
-                self._t_r[row, j] += share * ratio_sum
-                fresh[row, j] = True
+        new_b = np.zeros(self._max_b)
+        for (b, _), cell in obs.items():
+            new_b[min(b, self._max_b) - 1] += cell[0]
+        self._b_steps += new_b
+        self._b_new = new_b
+        fresh, stalls = self._model.fold(obs)
+        self._stalls += stalls
         return fresh
 
     def live_step_ratios(self) -> np.ndarray:
         """Live / profiled step time per profiled (B, k) cell; nan below ``drift_min_steps``."""
-        enough = self._t_n >= self._settings.drift_min_steps
-        return np.where(enough, self._t_r / np.where(enough, self._t_n, 1.0), np.nan)
-
-    def _blend_step_times(self) -> StepTimes:
-        w = self._settings.step_prior_weight
-        ratio = (w + self._t_r) / (w + self._t_n)
-        ms = self._profiled_ms * ratio
-        return StepTimes({(b, k): float(ms[i, j]) for i, b in enumerate(self._tb)
-                          for k, j in self._tk.items()})
+        return self._model.live_ratios()
 
     def _check_drift(self) -> float | None:
-        """Update the drift streak from the live ratios; returns the ratio furthest from 1."""
-        ratios = self.live_step_ratios()
-        if np.isnan(ratios).all():
-            self._drift_streak = 0
-            return None
-        dist = np.abs(np.log(np.where(np.isnan(ratios), 1.0, ratios)))
-        i, j = np.unravel_index(int(np.argmax(dist)), dist.shape)
-        worst = float(ratios[i, j])
+        """Update the drift streak (see ``ControllerSettings``: a gap that differs between
+        lengths, or a shared factor that moved since start-up); returns the live ratio furthest
+        from 1, as the records have always shown."""
+        model = self._model
+        ratios = model.live_ratios()
+        shared = model.live_shared()
         bound = self._settings.drift_bound
-        if worst > bound or worst < 1.0 / bound:
+        log_bound = np.log(bound)
+        evidence: dict[str, Any] | None = None
+        worst_excess = 0.0
+        for i, b in enumerate(self._tb):
+            s = shared[i]
+            if np.isnan(s):
+                continue
+            if self._baseline_n[i] < self._settings.drift_rebuilds:
+                # Still settling: the first rebuilds after start-up say what the serving gap
+                # of this profile is (a new profile would show it again).
+                self._baseline_sum[i] += s
+                self._baseline_n[i] += 1
+                self._baseline[i] = self._baseline_sum[i] / self._baseline_n[i]
+            else:
+                moved = abs(np.log(s / self._baseline[i])) - log_bound
+                if moved > worst_excess:
+                    worst_excess = moved
+                    # Named after the length with the most live steps: the one the table uses.
+                    j = int(np.argmax(model.steps[i]))
+                    evidence = self._drift_evidence("shared_factor_moved", i, j, s,
+                                                    ref_k=None, ref_ratio=self._baseline[i])
+            row = ratios[i]
+            seen = ~np.isnan(row)
+            if seen.sum() >= 2:
+                hi = int(np.nanargmax(row))
+                lo = int(np.nanargmin(row))
+                spread = abs(np.log(row[hi] / row[lo])) - log_bound
+                if spread > worst_excess:
+                    worst_excess = spread
+                    # Named after the length furthest from its profile, judged against the other.
+                    far, ref = (hi, lo) if abs(np.log(row[hi])) >= abs(np.log(row[lo])) \
+                        else (lo, hi)
+                    evidence = self._drift_evidence("length_spread", i, far, row[far],
+                                                    ref_k=ref, ref_ratio=row[ref])
+        if evidence is not None:
             self._drift_streak += 1
         else:
             self._drift_streak = 0
-        if self._stale is None and self._drift_streak >= self._settings.drift_rebuilds:
-            k = next(k for k, col in self._tk.items() if col == j)
-            self._stale = {
-                "step": self._steps,
-                "rebuilds": self._drift_streak,
-                "batch_size": int(self._tb[i]),
-                "k": int(k),
-                "ratio": worst,
-                "bound": bound,
-                "live_steps": float(self._t_n[i, j]),
-            }
-        return worst
+        if self._stale is None and evidence is not None and \
+                self._drift_streak >= self._settings.drift_rebuilds:
+            evidence["rebuilds"] = self._drift_streak
+            self._stale = evidence
+        if np.isnan(ratios).all():
+            return None
+        dist = np.abs(np.log(np.where(np.isnan(ratios), 1.0, ratios)))
+        i, j = np.unravel_index(int(np.argmax(dist)), dist.shape)
+        return float(ratios[i, j])
+
+    def _drift_evidence(self, reason: str, i: int, j: int, ratio: float, *,
+                        ref_k: int | None, ref_ratio: float) -> dict[str, Any]:
+        """The stale mark's evidence: the old fields (batch_size, k, ratio, bound, live_steps,
+        rebuilds, step) plus why (``reason``) and what ``ratio`` was judged against: the other
+        length's ratio (``length_spread``) or the shared factor's start-up level
+        (``shared_factor_moved``; reference_k None)."""
+        lengths = {col: k for k, col in self._tk.items()}
+        shared = self._model.live_shared()[i]
+        return {
+            "step": self._steps,
+            "rebuilds": self._drift_streak + 1,
+            "batch_size": int(self._tb[i]),
+            "k": int(lengths[j]),
+            "ratio": float(ratio),
+            "bound": self._settings.drift_bound,
+            "live_steps": float(self._model.steps[i, j]),
+            "reason": reason,
+            "reference_k": None if ref_k is None else int(lengths[ref_k]),
+            "reference_ratio": float(ref_ratio),
+            "shared_factor": float(shared),
+            "baseline_shared_factor": (None if np.isnan(self._baseline[i])
+                                       else float(self._baseline[i])),
+        }
 
     def _observe_unusual(self, d: Any, a: Any, where: str) -> None:
         for value, name in ((d, "num_drafted"), (a, "num_accepted")):
@@ -589,19 +726,18 @@ class Estimator:
         rates = self._estimate(drafted, accepted, w)
         fresh = self._fold_step_times()
         worst_ratio = self._check_drift()
-        timing = self._blend_step_times()
-        result = build_table(
-            timing,
-            rates,
-            max_batch_size=self._max_b,
-            lengths=self._allowed,
-            tie_margin=self._settings.tie_margin,
-        )
-        new_lookup, held = self._hold_within_noise(list(result.chosen), timing, rates,
-                                                   drafted, w)
-        table = result.table if not held else DraftTable.from_lookup(new_lookup)
+        timing, observed = self._step_times_per_batch_size()
+        candidate = self._build(timing, rates)
+        noise = self._noise(timing, rates, drafted, w, observed)
+        new_lookup, held_by = self._decide(candidate, noise)
         changed = new_lookup != self._lookup
+        moved, moved_by = (self._what_moved(new_lookup, timing, rates) if changed
+                           else ({key: 0 for key in MOVED_BY[:-1]}, "nothing"))
+        table = DraftTable.from_lookup(new_lookup)
         self._num_rebuilds += 1
+        self._moved_total[moved_by] += 1
+        for key, n in held_by.items():
+            self._held_total[key] += n
         record = RebuildRecord(
             index=self._num_rebuilds,
             step=self._steps,
@@ -612,26 +748,168 @@ class Estimator:
             drafted=tuple(float(x) for x in drafted),
             accepted=tuple(float(x) for x in accepted),
             prior_weight=w,
-            held=held,
+            held=held_by["acceptance_noise"] + held_by["step_time_noise"],
             step_time_ratio=worst_ratio,
+            moved_by=moved_by,
+            moved=moved,
+            held_by=held_by,
         )
         self._rates = rates
         self._timing = timing
         if self._settings.prior_decay and self._live_disagrees(drafted, accepted, w):
             self._w = w / 2.0
-        self._live_d = drafted / 2.0
-        self._live_a = accepted / 2.0
+        # Each position forgets as much as it got new drafts, at most half (forget_factor): a
+        # position drafted in steady use halves; one the table no longer drafts (beyond the k
+        # in use, without exploration) keeps its live rate instead of fading back to a prior
+        # the traffic already contradicted, which would lure the table back to longer drafts.
+        keep = forget_factor(drafted - self._live_d, drafted)
+        self._live_d = drafted * keep
+        self._live_a = accepted * keep
         # Only cells with new steps halve: a cell the table has left keeps what its last steps
         # said (exploration steps are never steady, so nothing else re-times it), instead of
         # fading back to the profile and luring the table back to a length it left for cause.
-        self._t_n[fresh] /= 2.0
-        self._t_r[fresh] /= 2.0
+        self._model.halve(fresh)
+        self._b_steps *= forget_factor(self._b_new, self._b_steps)
         self._new_counts()
         self._last_rebuild_step = self._steps
         self._next_rebuild = self._steps + self._every
         self._install(table, lookup=new_lookup)
+        self._plan_probes(noise)
         self._history.append(record)
         return record
+
+    def _build(self, timing: StepTimes, rates: Sequence[float]) -> list[int]:
+        result = build_table(timing, rates, max_batch_size=self._max_b, lengths=self._allowed,
+                             tie_margin=self._settings.tie_margin)
+        return list(result.chosen)
+
+    def _step_times_per_batch_size(self) -> tuple[StepTimes, np.ndarray]:
+        """T' for every batch size 1..max_B, and which batch sizes have live steps of their own
+        (``drift_min_steps``, carried).
+
+        A batch size with its own live steps takes the model's T' (shared factor times each
+        length's deviation, linear in B between profiled rows). One without takes the profile
+        times the shared factor alone, s interpolated in B: a factor common to every length
+        there, so its lengths rank as the profile ranks them and its k moves only with the
+        acceptance estimate. Deviations learned at the batch size the load runs at do not leak
+        into the batch sizes between it and the next profiled one, where nothing was measured
+        (on the H200 replay they walked an edge back and forth there).
+        """
+        model = self._model
+        sizes = np.arange(1, self._max_b + 1)
+        full = self._model.step_times().grid(sizes)
+        shared = np.interp(sizes.astype(float), np.asarray(self._tb, dtype=float),
+                           model.shared_factor())
+        plain = self._step_times.grid(sizes) * shared[:, None]
+        observed = self._observed_batch_sizes()
+        ms = np.where(observed[:, None], full, plain)
+        lengths = self._step_times.lengths
+        timing = StepTimes({(int(b), int(k)): float(ms[i, j]) for i, b in enumerate(sizes)
+                            for j, k in enumerate(lengths)})
+        return timing, observed
+
+    def _observed_batch_sizes(self) -> np.ndarray:
+        """[B - 1]: B has ``drift_min_steps`` live steps of its own (carried), or lies between two
+        such batch sizes with no profiled batch size strictly between them (a load spreads over
+        neighbouring batch sizes; the span it covers is observed, not what lies beyond it)."""
+        own = self._b_steps >= self._settings.drift_min_steps
+        out = own.copy()
+        seen = np.flatnonzero(own) + 1
+        rows = np.asarray(self._tb)
+        for lo, hi in zip(seen, seen[1:]):
+            if hi - lo > 1 and not ((rows > lo) & (rows < hi)).any():
+                out[lo - 1:hi] = True
+        return out
+
+    def _noise(self, timing: StepTimes, rates: Sequence[float], drafted: np.ndarray,
+               w: float, observed: np.ndarray) -> GainNoise:
+        sizes = range(1, self._max_b + 1)
+        per_s = 1000.0 * np.arange(1, self._max_b + 1, dtype=float)[:, None] / timing.grid(
+            sizes, self._allowed)
+        time_se = self._model.error_grid(sizes, self._allowed)
+        time_se[~observed] = 0.0  # the profile's ranking: nothing there moves between rebuilds
+        grounded = self._grounded()
+        grounded[~observed] = True  # the profile alone speaks there
+        return GainNoise(
+            lengths=self._allowed,
+            per_s=per_s,
+            tau=np.concatenate(([1.0], 1.0 + np.cumsum(rates))),
+            rate_se=self.rate_errors(drafted, rates, w),
+            time_se=time_se,
+            grounded=grounded,
+        )
+
+    def _grounded(self) -> np.ndarray:
+        """[B - 1, allowed length]: T' there rests on that length's own live steps at every
+        profiled row B draws on, or on rows with no live steps at all (the profile alone)."""
+        model = self._model
+        own = model.own()
+        quiet = model.steps.sum(axis=1) == 0
+        cols = [self._tk[k] for k in self._allowed]
+        rows_ok = own[:, cols] | quiet[:, None]
+        out = np.empty((self._max_b, len(cols)), dtype=bool)
+        for b in range(1, self._max_b + 1):
+            rows = [row for row, _ in model.shares(b)]
+            out[b - 1] = rows_ok[rows].all(axis=0)
+        return out
+
+    def _decide(self, candidate: list[int], noise: GainNoise) -> tuple[list[int], dict[str, int]]:
+        """The builder's table through the hold rule (``tabletune.controller.hold``): noise,
+        then monotonicity, then minimum width. edge_z = 0 turns the first two off."""
+        z = self._settings.edge_z
+        held_by = {key: 0 for key in HELD_BY}
+        lookup = candidate
+        if z > 0.0:
+            lookup, held_by["acceptance_noise"], held_by["step_time_noise"] = hold_within_noise(
+                candidate, self._lookup, noise, z)
+            lookup, held_by["monotonicity"] = keep_monotone(lookup, noise, z, self._lookup)
+        width = self._settings.range_width
+        if width > 1:
+            lookup, held_by["min_width"] = merge_narrow_ranges(lookup, width, noise.goodput(),
+                                                               noise.col)
+        return lookup, held_by
+
+    def _what_moved(self, new: list[int], timing: StepTimes,
+                    rates: Sequence[float]) -> tuple[dict[str, int], str]:
+        """Per changed batch size, which new evidence alone gives its new k (see MOVED_BY)."""
+        by_rates = self._build(self._timing, rates)  # new a_hat, the T' in use until now
+        by_times = self._build(timing, self._rates)  # new T', the a_hat in use until now
+        moved = {key: 0 for key in MOVED_BY[:-1]}
+        for b, (k_old, k_new) in enumerate(zip(self._lookup, new)):
+            if k_old == k_new:
+                continue
+            acc, step = by_rates[b] == k_new, by_times[b] == k_new
+            moved["acceptance" if acc and not step else
+                  "step_time" if step and not acc else "both"] += 1
+        causes = [key for key, n in moved.items() if n]
+        return moved, causes[0] if len(causes) == 1 else "both"
+
+    def _plan_probes(self, noise: GainNoise) -> None:
+        """For each batch size, the length a timing probe would run (-1: none): a contender
+        within ``timing_probe_margin`` of the table's k whose cell lacks live steps, the one
+        with the fewest (then the nearest k)."""
+        if not self._probe_every:
+            return
+        goodput = noise.goodput()
+        col = noise.col
+        floor = 1.0 - self._settings.timing_probe_margin
+        enough = self._settings.drift_min_steps
+        steps = self._model.steps
+        rows = [self._model.nearest_row(b) for b in range(1, self._max_b + 1)]
+        for b in range(1, self._max_b + 1):
+            k_table = self._lookup[b - 1]
+            best = None
+            if k_table in col:
+                g = goodput[b - 1]
+                mine = g[col[k_table]]
+                for k in self._allowed:
+                    n = steps[rows[b - 1], self._tk[k]]
+                    if k == k_table or n >= enough or not g[col[k]] >= floor * mine:
+                        continue
+                    key = (n, abs(k - k_table), k)
+                    if best is None or key < best[0]:
+                        best = (key, k)
+            self._probe_k[b - 1] = -1 if best is None else best[1]
 
     def rate_errors(self, drafted: np.ndarray, rates: Sequence[float], w: float) -> np.ndarray:
         """Standard error of each a_hat_i from its live counts (binomial sampling).
@@ -644,46 +922,6 @@ class Estimator:
         d = np.asarray(drafted, dtype=float)
         n = w + d
         return np.where(n > 0, np.sqrt(d * a * (1.0 - a)) / np.where(n > 0, n, 1.0), 0.0)
-
-    def _hold_within_noise(self, candidate: list[int], timing: StepTimes,
-                           rates: Sequence[float], drafted: np.ndarray,
-                           w: float) -> tuple[list[int], int]:
-        """Keep each batch size's current k unless the candidate's gain beats the noise.
-
-        Gain and its error are per batch size B: G(k) = B * tau(k) / T(B, k), and the error of
-        G(k_new) - G(k_old) is bounded by sum_i |dG/da_i| * se_i (the a_hat_i share requests, so
-        their errors are taken as fully correlated: the cautious bound).
-        """
-        z = self._settings.edge_z
-        current = self._lookup
-        if z == 0.0 or candidate == current:
-            return candidate, 0
-        lengths = self._allowed
-        col = {k: j for j, k in enumerate(lengths)}
-        differ = [b for b in range(1, self._max_b + 1)
-                  if candidate[b - 1] != current[b - 1] and current[b - 1] in col]
-        if not differ:
-            return candidate, 0
-        se = self.rate_errors(drafted, rates, w)
-        tau = np.concatenate(([1.0], 1.0 + np.cumsum(rates)))
-        per_s = 1000.0 * np.asarray(differ, dtype=float)[:, None] / timing.grid(differ, lengths)
-        positions = np.arange(1, self._K + 1)
-        out = list(candidate)
-        held = 0
-        for row, b in enumerate(differ):
-            k_old, k_new = current[b - 1], candidate[b - 1]
-            c_old, c_new = per_s[row, col[k_old]], per_s[row, col[k_new]]
-            g_old, g_new = c_old * tau[k_old], c_new * tau[k_new]
-            slope = c_new * (positions <= k_new) - c_old * (positions <= k_old)
-            error = float(np.abs(slope) @ se)
-            gain = g_new - g_old
-            # Only the noise test: the builder's tie margin already keeps near-ties along B from
-            # splitting the table; applying it again over time would keep a wrong start table's k
-            # wherever the better length wins by less than the margin.
-            if not gain > z * error:
-                out[b - 1] = k_old
-                held += 1
-        return out, held
 
     def _live_disagrees(self, drafted: np.ndarray, accepted: np.ndarray, w: float) -> bool:
         """True when some position's live rate is off the prior by more than edge_z errors and
@@ -810,22 +1048,50 @@ class Estimator:
 
     def step_time_cells(self) -> list[dict[str, Any]]:
         """Per profiled cell: live steps carried, live / profiled ratio (None below the minimum),
-        and the ratio of the blend in use; as of the last rebuild."""
-        ratios = self.live_step_ratios()
+        the ratio of the blend in use (``shared_factor`` * ``deviation``), and the relative
+        standard error the hold rule gives that length's step time; as of the last rebuild."""
+        model = self._model
+        ratios = model.live_ratios()
         used = self._timing.grid(self._tb)
+        shared = model.shared_factor()
+        deviation = model.deviations()
+        error = model.relative_errors()
         out = []
         for i, b in enumerate(self._tb):
             for k, j in self._tk.items():
                 r = ratios[i, j]
                 out.append({"batch_size": int(b), "k": int(k),
-                            "live_steps": float(self._t_n[i, j]),
+                            "live_steps": float(model.steps[i, j]),
                             "live_ratio": None if np.isnan(r) else float(r),
-                            "blended_ratio": float(used[i, j] / self._profiled_ms[i, j])})
+                            "blended_ratio": float(used[i, j] / self._profiled_ms[i, j]),
+                            "shared_factor": float(shared[i]),
+                            "deviation": float(deviation[i, j]),
+                            "relative_error": float(error[i, j])})
         return out
 
     @property
+    def step_model(self) -> StepTimeModel:
+        """The live step-time model (shared factor per B, deviations per length)."""
+        return self._model
+
+    @property
+    def timing_probes(self) -> int:
+        """Timing probe runs started."""
+        return self._probes
+
+    @property
+    def rebuilds_moved_by(self) -> dict[str, int]:
+        """Rebuilds so far by what moved the table (MOVED_BY; "nothing": unchanged)."""
+        return dict(self._moved_total)
+
+    @property
+    def held_batch_sizes(self) -> dict[str, int]:
+        """Batch sizes held back so far, summed over rebuilds, by evidence (HELD_BY)."""
+        return dict(self._held_total)
+
+    @property
     def drift_streak(self) -> int:
-        """Rebuilds in a row at which some cell's live ratio was beyond ``drift_bound``."""
+        """Rebuilds in a row with evidence the profile is stale (see ``ControllerSettings``)."""
         return self._drift_streak
 
     @property
@@ -859,6 +1125,7 @@ class Estimator:
         """Everything needed to inspect this estimator (or, in the tests, restore it), JSON-ready."""
         drafted, accepted = self.live_counts
         held = (self._lo[self._held], self._hi[self._held], self._rk[self._held])
+        m = self._model
         return {
             "schema": STATE_SCHEMA,
             "settings": self._settings.to_dict(),
@@ -869,6 +1136,10 @@ class Estimator:
             "prior_weight": self._w,
             "drafted": list(drafted),
             "accepted": list(accepted),
+            # The part of drafted / accepted carried from earlier rebuilds (the rest is new since
+            # the last one): a rebuild forgets old counts by as much as new ones arrived.
+            "carried_drafted": [float(x) for x in self._live_d],
+            "carried_accepted": [float(x) for x in self._live_a],
             "steps": self._steps,
             "last_rebuild_step": self._last_rebuild_step,
             "num_rebuilds": self._num_rebuilds,
@@ -882,11 +1153,22 @@ class Estimator:
             "history": [r.to_dict() for r in self._history],
             "history_limit": self._history.maxlen,
             "step_time_cells": self.step_time_cells(),
-            "step_time_carried": [[b, k, float(self._t_n[i, j]), float(self._t_r[i, j])]
+            "step_time_carried": [[b, k, float(m.steps[i, j]), float(m.ratio_sum[i, j]),
+                                   float(m.ratio_sq[i, j])]
                                   for i, b in enumerate(self._tb) for k, j in self._tk.items()
-                                  if self._t_n[i, j] > 0],
-            "step_samples": [[b, k, n, total] for (b, k), (n, total) in
+                                  if m.steps[i, j] > 0],
+            "batch_size_steps": [[b, float(n)] for b, n in enumerate(self._b_steps, start=1)
+                                 if n > 0],
+            "step_samples": [[b, k, n, total, total_sq] for (b, k), (n, total, total_sq) in
                              sorted(self._step_obs.items())],
+            "shared_factor_baseline": [[b, float(self._baseline[i]), int(self._baseline_n[i])]
+                                       for i, b in enumerate(self._tb)
+                                       if self._baseline_n[i] > 0],
+            "rebuilds_moved_by": self.rebuilds_moved_by,
+            "held_batch_sizes": self.held_batch_sizes,
+            "timing_probes": self._probes,
+            "timing_probe_run": [self._probe_now, self._probe_left],
+            "timing_probe_plan": [[b, k] for b, k in enumerate(self._probe_k, start=1) if k >= 0],
             "step_times_in_use": [[b, k, ms] for (b, k), ms in
                                   sorted(self._timing.to_dict().items())],
             "step_stalls": self._stalls,

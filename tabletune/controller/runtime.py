@@ -148,10 +148,19 @@ class ControllerRuntime:
 
     def _mark_stale(self) -> None:
         evidence = self.estimator.profile_stale
+        reason = evidence.get("reason")
+        if reason == "length_spread":
+            why = (f"against {evidence['reference_ratio']:.2f}x at k={evidence['reference_k']} "
+                   "(the lengths' gaps differ: a re-profile would remove it)")
+        elif reason == "shared_factor_moved":
+            why = (f"while every length's serving gap there settled at "
+                   f"{evidence['baseline_shared_factor']:.2f}x after start-up (it moved since)")
+        else:
+            why = "(beyond the bound)"
         logger.warning("TableTune controller: live step times at B=%d, k=%d are %.2fx the "
-                       "profile's for %d rebuilds (bound %.2f); the profile is stale",
-                       evidence["batch_size"], evidence["k"], evidence["ratio"],
-                       evidence["rebuilds"], evidence["bound"])
+                       "profile's %s for %d rebuilds (bound %.2f, reason %s); the profile is "
+                       "stale", evidence["batch_size"], evidence["k"], evidence["ratio"], why,
+                       evidence["rebuilds"], evidence["bound"], reason)
         mark = {"profile_digest": self.profile_digest, "evidence": evidence}
         if self.out_dir and self.profile_digest:
             mark = write_stale_mark(self.out_dir, digest=self.profile_digest, source=self.source,
@@ -162,9 +171,14 @@ class ControllerRuntime:
     def _log(r: RebuildRecord) -> None:
         rates = ", ".join(f"{a:.3f}" for a in r.rates)
         held = f"; {r.held} batch sizes kept their k (gain within noise)" if r.held else ""
+        by = {key: n for key, n in r.held_by.items() if n}
+        if by:
+            held += " [held back by " + ", ".join(f"{key} {n}" for key, n in by.items()) + "]"
         if r.changed:
-            logger.info("TableTune rebuild %d at step %d: %s -> %s (a-hat %s%s)", r.index,
-                        r.step, r.old_ranges, r.new_ranges, rates, held)
+            moved = ", ".join(f"{key} {n}" for key, n in r.moved.items() if n)
+            logger.info("TableTune rebuild %d at step %d: %s -> %s (moved by %s: %s; a-hat %s%s)",
+                        r.index, r.step, r.old_ranges, r.new_ranges, r.moved_by, moved, rates,
+                        held)
         else:
             logger.info("TableTune rebuild %d at step %d: table unchanged %s (a-hat %s%s)",
                         r.index, r.step, r.new_ranges, rates, held)
@@ -234,6 +248,20 @@ def controller_metrics(est: Estimator | None, *, source: str = "",
             c = CounterMetricFamily(name, help_text)
             c.add_metric([], float(value))
             families.append(c)
+        moved = CounterMetricFamily("tabletune_rebuilds_moved_by",
+                                    "Rebuilds by what moved the table: acceptance (the new "
+                                    "a-hat alone gives the change), step_time (the new T' "
+                                    "alone), both, nothing (unchanged).", labels=["cause"])
+        for cause, n in est.rebuilds_moved_by.items():
+            moved.add_metric([cause], float(n))
+        families.append(moved)
+        held = CounterMetricFamily("tabletune_held_batch_sizes",
+                                   "Batch sizes whose builder k a rebuild did not take, summed "
+                                   "over rebuilds, by the evidence that held it back.",
+                                   labels=["evidence"])
+        for evidence, n in est.held_batch_sizes.items():
+            held.add_metric([evidence], float(n))
+        families.append(held)
         w = GaugeMetricFamily("tabletune_prior_weight",
                               "Prior weight w for the next rebuild (live drafts the prior is "
                               "worth).")

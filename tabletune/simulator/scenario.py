@@ -11,6 +11,12 @@ drafter) and each extra_k given as points interpolated linearly in B and held fl
 extra_0 is the drafter's cost at "guess 0" in a table, which is not a real off switch (the
 paper's H100 EAGLE runs are 19-22 % slower at k = 0 than without speculation); "no speculation"
 runs at base(B).
+
+Serving gap (``serving_gap``, optional): what a reject-all profile misses. The tuner profiles
+steps that reject every draft; serving steps keep some and do work the profile never saw, so
+they run slower by a factor per (B, k). With a gap the true step time is the step-time model's
+T(B, k) times gap_k(B) (gap_k given as points like extra_k; a length left out has no gap), while
+the tuner's profile stays the model's T. No speculation runs at base(B) times gap_0(B).
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ __all__ = [
     "SCENARIO_SCHEMA",
     "SCENARIO_DIR",
     "Curve",
+    "ServingGap",
     "ParametricStepTime",
     "ProfileStepTime",
     "Phase",
@@ -210,6 +217,38 @@ def _step_time_from_obj(obj: Any, field: str, base_dir: Path | None) -> Any:
     fail(f"{field}.kind", kind, "is not 'parametric' or 'profile'")
 
 
+@dataclass(frozen=True)
+class ServingGap:
+    """True / profiled step time per length: ``factors[k]`` is gap_k(B) (1 where absent)."""
+
+    factors: dict[int, Curve]
+
+    def of(self, batch_sizes: Sequence[int], max_k: int) -> np.ndarray:
+        """[len(batch_sizes), max_k + 1] factors."""
+        b = np.asarray(batch_sizes, dtype=float)
+        return np.stack([self.factors[k](b) if k in self.factors else np.ones(b.size)
+                         for k in range(max_k + 1)], axis=1)
+
+    def to_obj(self) -> dict[str, Any]:
+        return {str(k): c.to_obj() for k, c in sorted(self.factors.items())}
+
+    @classmethod
+    def from_obj(cls, obj: Any, field: str, max_k: int) -> ServingGap:
+        raw = check_dict(obj, field)
+        if not raw:
+            fail(field, raw, "is empty (leave serving_gap out for none)")
+        factors: dict[int, Curve] = {}
+        for key, points in raw.items():
+            try:
+                k = int(key)
+            except ValueError:
+                fail(field, key, "is not a draft length key ('0', '1', ...)")
+            if not 0 <= k <= max_k:
+                fail(f"{field}.{key}", points, f"is for a length outside 0..{max_k}")
+            factors[k] = Curve.from_obj(points, f"{field}.{key}", positive=True)
+        return cls(factors)
+
+
 # ---------------------------------------------------------------------------------- traffic
 
 
@@ -263,6 +302,7 @@ class Scenario:
     controllers: tuple[ControllerSpec, ...] = ()
     switch: SwitchSpec | None = None
     seed: int = 0
+    serving_gap: ServingGap | None = None
 
     @property
     def max_k(self) -> int:
@@ -281,6 +321,19 @@ class Scenario:
         ms = self.step_time.spec_ms(grid)
         return StepTimes({(b, k): float(ms[i, k]) for i, b in enumerate(grid)
                           for k in range(self.max_k + 1)})
+
+    def true_spec_ms(self, batch_sizes: Sequence[int]) -> np.ndarray:
+        """The simulated engine's T(B, k): the step-time model's, times the serving gap."""
+        ms = self.step_time.spec_ms(batch_sizes)
+        if self.serving_gap is not None:
+            ms = ms * self.serving_gap.of(batch_sizes, self.max_k)
+        return ms
+
+    def true_no_spec_ms(self, batch_sizes: Sequence[int]) -> np.ndarray:
+        ms = self.step_time.no_spec_ms(batch_sizes)
+        if self.serving_gap is not None:
+            ms = ms * self.serving_gap.of(batch_sizes, self.max_k)[:, 0]
+        return ms
 
     def build(self, rates: Sequence[float]) -> BuildResult:
         """The table the tuner builds from its profile and ``rates`` (the core builder)."""
@@ -379,6 +432,8 @@ class Scenario:
             ]
         if self.switch is not None:
             out["switch"] = vars(self.switch).copy()
+        if self.serving_gap is not None:
+            out["serving_gap"] = self.serving_gap.to_obj()
         return out
 
     @classmethod
@@ -388,7 +443,7 @@ class Scenario:
             fail("scenario.schema", d.get("schema"), f"is not {SCENARIO_SCHEMA!r}")
         known = {"schema", "name", "description", "step_time", "phases", "prior_rates",
                  "output_tokens", "concurrency", "duration_s", "measure_from_s", "refill_steps",
-                 "tables", "controllers", "switch", "seed"}
+                 "tables", "controllers", "switch", "seed", "serving_gap"}
         for key in d:
             if key not in known:
                 fail(f"scenario.{key}", d[key], "is not a known field")
@@ -455,6 +510,8 @@ class Scenario:
             controllers=tuple(controllers),
             switch=switch,
             seed=check_int(d.get("seed", 0), "scenario.seed", minimum=0),
+            serving_gap=(None if d.get("serving_gap") is None else ServingGap.from_obj(
+                d["serving_gap"], "scenario.serving_gap", step_time.max_k)),
         )
         for i, c in enumerate(controllers):
             if isinstance(c.start_table, str):

@@ -40,8 +40,8 @@ class TrueStepTime:
     @classmethod
     def of(cls, scenario: Scenario) -> TrueStepTime:
         batch_sizes = list(range(1, scenario.max_batch_size + 1))
-        spec = scenario.step_time.spec_ms(batch_sizes)
-        plain = scenario.step_time.no_spec_ms(batch_sizes)
+        spec = scenario.true_spec_ms(batch_sizes)
+        plain = scenario.true_no_spec_ms(batch_sizes)
         return cls(
             spec_ms=[[math.nan] * spec.shape[1]] + spec.tolist(),
             no_spec_ms=[math.nan] + plain.tolist(),

@@ -55,5 +55,5 @@ def test_simulate_help_shows_the_shipped_scenarios_defaults(capsys):
     with pytest.raises(SystemExit):
         build_parser().parse_args(["simulate", "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    assert "'duration_s': dense-fast-gpu 30, moe 40" in text
-    assert "'seed': dense-fast-gpu 2, moe 1" in text
+    assert "'duration_s': dense-fast-gpu 30," in text and " moe 40" in text
+    assert "'seed': dense-fast-gpu 2," in text and " moe 1" in text

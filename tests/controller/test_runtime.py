@@ -395,6 +395,26 @@ def test_metrics_prom_has_help_and_type_for_every_metric_and_no_series_churn(tmp
           if s.labels["batch_size"] == "1"][0]
     assert k1.value == runtime.estimator.table.k_for(1) > 0
 
+    # What moved the table and what held it back: one series per cause / evidence, before and
+    # after (no churn), and counts that match the rebuild records.
+    def by_label(text, family, label):
+        return {s.labels[label]: s.value for s in _families(text)[family].samples
+                if s.name.endswith("_total")}
+
+    for text in (before, after):
+        assert set(by_label(text, "tabletune_rebuilds_moved_by", "cause")) == {
+            "acceptance", "step_time", "both", "nothing"}
+        assert set(by_label(text, "tabletune_held_batch_sizes", "evidence")) == {
+            "acceptance_noise", "step_time_noise", "monotonicity", "min_width"}
+    moved = by_label(after, "tabletune_rebuilds_moved_by", "cause")
+    assert sum(moved.values()) == runtime.estimator.num_rebuilds
+    record = runtime.estimator.last_rebuild
+    assert record.moved_by != "nothing" and moved[record.moved_by] >= 1
+    held = by_label(after, "tabletune_held_batch_sizes", "evidence")
+    assert held == {key: float(n) for key, n in runtime.estimator.held_batch_sizes.items()}
+    line = json.loads((tmp_path / "out" / "rebuilds.jsonl").read_text().splitlines()[-1])
+    assert line["moved_by"] == record.moved_by and set(line["held_by"]) == set(held)
+
 
 def test_metrics_are_rewritten_on_a_clock_between_rebuilds(tmp_path):
     def steps_in_file():
@@ -435,22 +455,34 @@ def test_a_controller_that_fails_mid_run_reports_itself_off(tmp_path):
     assert families["tabletune_controller_info"].samples[0].labels["status"] == "failed"
 
 
-def test_slow_live_steps_write_ratio_state_and_a_stale_mark_the_reprofile_check_reads(tmp_path):
+def test_slow_live_steps_write_ratio_state_and_a_stale_mark_the_reprofile_check_reads(tmp_path,
+                                                                                      caplog):
     from tabletune.controller.stale import profile_digest, read_stale_mark, stale_mark_applies
 
     settings = ControllerSettings(rebuild_every_steps=60, allowed_lengths=(0, 1, 2, 3),
                                   drift_rebuilds=2, drift_min_steps=20)
     runtime = _runtime(tmp_path, settings=settings)
     profiled = runtime.estimator.profile_step_times.step_ms(4, 2)
+    # Drafting 2 is 1.8x its profile while drafting 1 runs as profiled: a gap that differs
+    # between lengths, which a new profile would show (a gap common to both would not be).
+    caplog.set_level("WARNING", logger="vllm.tabletune.controller")
     for step in range(130):
         runtime.k_for_step(4)
         runtime.observe_step_time(4, 2, 1.8 * profiled)
+        runtime.observe_step_time(4, 1, runtime.estimator.profile_step_times.step_ms(4, 1))
     out = tmp_path / "out"
     state = json.loads((out / "state.json").read_text())
     cell = [c for c in state["step_time_cells"] if (c["batch_size"], c["k"]) == (4, 2)][0]
     assert cell["live_ratio"] == pytest.approx(1.8)
     assert 1.0 < cell["blended_ratio"] < 1.8  # the profile still weighs in
     assert state["profile_stale"]["ratio"] == pytest.approx(1.8)
+    assert state["profile_stale"]["reason"] == "length_spread"
+    assert state["profile_stale"]["reference_k"] == 1
+    assert state["profile_stale"]["reference_ratio"] == pytest.approx(1.0)
+    # The log says why: the reason and what the ratio was judged against.
+    warning = [r.getMessage() for r in caplog.records if "profile is stale" in r.getMessage()]
+    assert len(warning) == 1 and "reason length_spread" in warning[0]
+    assert "against 1.00x at k=1" in warning[0]
     families = _families((out / "metrics.prom").read_text())
     assert families["tabletune_profile_stale"].samples[0].value == 1.0
     assert families["tabletune_step_time_ratio_max"].samples[0].value == pytest.approx(1.8)

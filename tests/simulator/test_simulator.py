@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import tabletune.simulator.policies as policies_module
-from tabletune.controller import Estimator
+from tabletune.controller import ControllerSettings, Estimator
 from tabletune.core.builder import build_table
 from tabletune.core.errors import ContractError
 from tabletune.core.goodput import tau
@@ -191,13 +191,45 @@ def test_the_controller_policy_is_the_real_estimator_and_the_core_builder():
 
 
 def test_shipped_scenarios_load_and_are_complete():
-    assert scenario_names() == ["dense-fast-gpu", "moe", "old-gpu", "workload-switch"]
+    assert scenario_names() == ["dense-fast-gpu", "dense-h200-serving-gap", "moe", "old-gpu",
+                                "workload-switch"]
     for name in scenario_names():
         sc = load_scenario(name)
         assert sc.name == name
-        assert {c.name for c in sc.controllers} == {"controller", "controller+explore"}
+        assert {c.name for c in sc.controllers} == (
+            {"controller", "controller+probes"} if name == "dense-h200-serving-gap"
+            else {"controller", "controller+explore"})
         assert json.loads(json.dumps(sc.to_dict()))["name"] == name
         assert Scenario.from_dict(sc.to_dict()) == sc
+
+
+@pytest.mark.parametrize("explore", [True, False], ids=["explore-every-50", "no-exploration"])
+def test_the_controller_converges_in_the_h200_serving_gap_scenario_by_rule_3(explore):
+    """Issue 19, rule 3: after the first 3 rebuilds at a level at most one table change (anywhere
+    in 1..max_B) per 10 rebuilds, and the k served at that load is the best fixed k or within
+    1 % of its throughput. Exploration (one k = 3 step in 50) costs ~5 % at C = 256, where k = 3
+    is ~2.7x as slow as k = 1: that is the paper's setting, not the table, so the throughput
+    bound is checked without it."""
+    sc = load_scenario("dense-h200-serving-gap")
+    ctx = PolicyContext(sc.tuner_step_times(), sc.prior_rates, tuple(range(sc.max_k + 1)),
+                        sc.max_batch_size)
+    truth = TrueStepTime.of(sc)
+    t0, t1 = sc.measure_from_s, sc.duration_s
+    spec = next(c for c in sc.controllers if c.name == "controller")
+    settings = spec.settings if explore else ControllerSettings(
+        **{**spec.settings.to_dict(), "exploration_every": None})
+    for c in sc.concurrency:
+        fixed = {k: simulate_run(sc, FixedLength(k).start(ctx), c, truth,
+                                 sc.seed).throughput(t0, t1) for k in (1, 2, 3)}
+        best = max(fixed, key=fixed.get)
+        run = Controller(sc.named_table(spec.start_table), settings).start(ctx)
+        trace = simulate_run(sc, run, c, truth, sc.seed)
+        changed = [r.changed for r in run.estimator.history][3:]
+        assert sum(changed) <= max(len(changed) // 10, 1), (c, changed)
+        served = run.estimator.table.k_for(min(c, sc.max_batch_size))
+        assert served == best or fixed[served] >= 0.99 * fixed[best], (c, served, fixed)
+        if not explore:
+            assert trace.throughput(t0, t1) >= 0.99 * fixed[best], (c, fixed)
 
 
 def test_moe_scenario_has_the_papers_step_shape():
