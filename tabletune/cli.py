@@ -685,20 +685,14 @@ _ENGINE_COMMANDS = ("tune", "profile", "acceptance", "evaluate", "doctor")
 def main(argv: Sequence[str] | None = None) -> int:
     """The ``tabletune`` command. A closed stdout (``tabletune show t.json | head``) ends it
     quietly, as SIGPIPE ends a Unix tool: exit 141, no traceback, engines stopped."""
-    try:
-        rc = _main(argv)
-        sys.stdout.flush()  # inside the handler: a pipe closed early fails here, not at exit
-        return rc
-    except BrokenPipeError:
+    from tabletune.core.stdout import run_with_pipe_closed_quietly
+
+    def stop_servers() -> None:
         from tabletune.engine.server import stop_all_servers
 
         stop_all_servers()
-        # Python would flush stdout again at exit and print "Exception ignored"; point it at
-        # /dev/null first.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
-        return 128 + signal.SIGPIPE
+
+    return run_with_pipe_closed_quietly(lambda: _main(argv), on_close=stop_servers)
 
 
 def _main(argv: Sequence[str] | None) -> int:

@@ -81,10 +81,11 @@ def main(root: Path) -> None:
     print(f"\nRepeat spread over every arm and level: median {spreads[len(spreads) // 2]:.1%}, "
           f"max {spreads[-1]:.1%} ({len(spreads)} arm-levels)")
 
-    rebuilds_path = root / "evaluate" / "controller" / "rebuilds.jsonl"
+    rebuilds_path = root / "controller-measured" / "controller" / "rebuilds.jsonl"
     if rebuilds_path.exists():
         rebuilds = [json.loads(line) for line in rebuilds_path.read_text().splitlines()]
-        ctl = sorted((r for r in ev["results"] if r["arm"] == "controller"),
+        ctl_doc = json.loads((root / "controller-measured" / "evaluate.json").read_text())
+        ctl = sorted((r for r in ctl_doc["results"] if r["arm"] == "controller"),
                      key=lambda r: r["started_at"])
         print("\n### The controller's rebuilds during its own windows\n")
         print("| c | rebuilds | changed | k served at B = c after the level |")

@@ -837,6 +837,7 @@ class Estimator:
             rate_se=self.rate_errors(drafted, rates, w),
             time_se=time_se,
             grounded=grounded,
+            observed=observed,
         )
 
     def _grounded(self) -> np.ndarray:
@@ -866,7 +867,7 @@ class Estimator:
         width = self._settings.range_width
         if width > 1:
             lookup, held_by["min_width"] = merge_narrow_ranges(lookup, width, noise.goodput(),
-                                                               noise.col)
+                                                               noise.col, noise.observed)
         return lookup, held_by
 
     def _what_moved(self, new: list[int], timing: StepTimes,

@@ -65,6 +65,8 @@ class GainNoise:
     # [b - 1, col[k]]: T'(b, k) rests on evidence of its own (that length's live steps, or a
     # batch size with no live steps, where the profile alone speaks); None: everywhere.
     grounded: np.ndarray | None = None
+    # [b - 1]: b has live steps of its own (the traffic was there); None: everywhere.
+    observed: np.ndarray | None = None
 
     @property
     def col(self) -> dict[int, int]:
@@ -186,16 +188,37 @@ def runs(lookup: Sequence[int]) -> list[list[int]]:
     return out
 
 
-def merge_narrow_ranges(lookup: Sequence[int], min_width: int,
-                        goodput: np.ndarray, col: dict[int, int]) -> tuple[list[int], int]:
-    """Merge every range narrower than ``min_width`` batch sizes into a neighbour.
+# A goodput loss at a batch size without live steps is the profile's guess, not what traffic
+# pays: it counts this much against a loss at a batch size the traffic measured.
+UNOBSERVED_WEIGHT = 0.1
 
-    The narrowest goes first, into the neighbour whose length has the higher summed goodput over
-    its batch sizes. Ranges of a table shorter than ``min_width`` in all are left alone once one
-    range remains. Returns (lookup, batch sizes changed).
+
+def merge_narrow_ranges(lookup: Sequence[int], min_width: int,
+                        goodput: np.ndarray, col: dict[int, int],
+                        observed: np.ndarray | None = None) -> tuple[list[int], int]:
+    """Widen or merge every range narrower than ``min_width`` batch sizes.
+
+    The narrowest goes first. Either its batch sizes take a neighbour's length (merge), or it
+    takes batch sizes from a neighbour that stays at least ``min_width`` wide (widen): whichever
+    loses the least summed goodput. Widening matters where the evidence is: a batch size the
+    traffic sits at that has learned its length is slow must not be merged back into it only
+    because its neighbours, with no traffic, still rank by the profile (``observed``: batch sizes
+    with live steps; a loss elsewhere counts ``UNOBSERVED_WEIGHT``). Ranges of a table
+    shorter than ``min_width`` in all are left alone once one range remains. Returns (lookup,
+    batch sizes changed).
     """
     out = list(lookup)
     changed = 0
+    weight = (np.ones(len(out)) if observed is None
+              else np.where(np.asarray(observed, dtype=bool), 1.0, UNOBSERVED_WEIGHT))
+
+    def loss(batch_sizes: range, k_from: int, k_to: int) -> float:
+        if k_to not in col or k_from not in col:
+            return np.inf
+        rows = [b - 1 for b in batch_sizes]
+        lost = goodput[rows, col[k_from]] - goodput[rows, col[k_to]]
+        return float((weight[rows] * lost).sum())
+
     while True:
         ranges = runs(out)
         if len(ranges) < 2:
@@ -203,11 +226,19 @@ def merge_narrow_ranges(lookup: Sequence[int], min_width: int,
         width, i = min((r[1] - r[0] + 1, i) for i, r in enumerate(ranges))
         if width >= min_width:
             return out, changed
-        lo, hi, _ = ranges[i]
-        options = [ranges[j][2] for j in (i - 1, i + 1) if 0 <= j < len(ranges)]
-        rows = slice(lo - 1, hi)
-        k = max(options, key=lambda k: (float(goodput[rows, col[k]].sum())
-                                        if k in col else -np.inf, -k))
-        for b in range(lo, hi + 1):
-            out[b - 1] = k
-        changed += width
+        lo, hi, k = ranges[i]
+        need = min_width - width
+        options = []  # (goodput lost, -k, batch sizes, new k)
+        for j in (i - 1, i + 1):
+            if not 0 <= j < len(ranges):
+                continue
+            n_lo, n_hi, n_k = ranges[j]
+            merge = range(lo, hi + 1)
+            options.append((loss(merge, k, n_k), -n_k, merge, n_k))
+            if n_hi - n_lo + 1 - need >= min_width:
+                taken = range(hi + 1, hi + 1 + need) if j > i else range(lo - need, lo)
+                options.append((loss(taken, n_k, k), -k, taken, k))
+        _, _, batch_sizes, new_k = min(options, key=lambda o: (o[0], o[1]))
+        for b in batch_sizes:
+            out[b - 1] = new_k
+        changed += len(batch_sizes)

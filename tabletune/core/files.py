@@ -195,10 +195,13 @@ def _finite_float(text: str) -> float:
 def check_output_path(path: str | os.PathLike[str], option: str = "--out") -> None:
     """Refuse, before any work, an output path that writing would destroy or cannot take.
 
-    Allowed: an absent path or a regular file (also behind a symlink), in an existing directory
-    this process may write to. Refused: a directory, FIFO, socket or device (os.replace would
-    swap it for a regular file: ``--out /dev/null`` as root replaces the machine's /dev/null), a
-    symlink loop, a parent that is missing, not a directory or not writable.
+    Allowed: an absent path or a regular file (also behind a symlink), in a directory this
+    process may write to, or in folders still to be made under one (commands that make their
+    folders, such as a profile's checkpoint, need that; a writer that makes none fails naming
+    the file, exit 2).
+    Refused: a directory, FIFO, socket or device (os.replace would swap it for a regular file:
+    ``--out /dev/null`` as root replaces the machine's /dev/null), a symlink loop, a parent that
+    is not a directory or not writable.
     """
     name = os.fspath(path)
     try:
@@ -217,6 +220,9 @@ def check_output_path(path: str | os.PathLike[str], option: str = "--out") -> No
         raise ContractError(f"{option}: {name} is {file_kind(st.st_mode)}, not a regular file "
                             "(it would be replaced)")
     parent = os.path.dirname(os.path.abspath(name)) or "."
+    # Folders still to be made: the nearest one that exists must take them.
+    while not os.path.lexists(parent) and os.path.dirname(parent) != parent:
+        parent = os.path.dirname(parent)
     try:
         pst = os.stat(parent)
     except FileNotFoundError:

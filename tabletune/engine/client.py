@@ -114,6 +114,10 @@ def run_batch(base_url: str, model: str, prompts: Sequence[str], *, max_tokens: 
                               ignore_eos, timeout_s, progress, progress_every_s, seed))
 
 
+# A steady window waits at most this long for every client's first answer.
+MAX_WARM_UP_S = 120.0
+
+
 @dataclass(frozen=True)
 class MetricsSnapshot:
     """The server's ``/metrics`` text as read at ``t`` (perf_counter seconds) during a load."""
@@ -142,11 +146,11 @@ async def _load(base_url, model, prompts, concurrency, requests_per_worker, max_
     url = base_url + "/v1/completions"
     counter = {"tokens": 0, "requests": 0, "issued": 0}
     snapshots: list[MetricsSnapshot] = []
-    stop_at = None if window is None else window[0] + window[1]
+    closed = False
 
     def more(i: int) -> bool:
-        if stop_at is not None:  # a window: every client busy until it closes, none after
-            return time.perf_counter() - start < stop_at
+        if window is not None:  # a window: every client busy until it closes, none after
+            return not closed
         # At least requests_per_worker each; with min_seconds, keep going until it has passed.
         return i < requests_per_worker or (
             min_seconds is not None and time.perf_counter() - start < min_seconds)
@@ -175,12 +179,22 @@ async def _load(base_url, model, prompts, concurrency, requests_per_worker, max_
             counter["requests"] += 1
 
     async def read_metrics(session) -> None:
-        # The steady window: opened after the warm-up, read again at its middle and at its end.
-        for at in (window[0], window[0] + window[1] / 2, window[0] + window[1]):
-            await asyncio.sleep(max(0.0, start + at - time.perf_counter()))
+        nonlocal closed
+        warm_up, length = window
+        # The window opens after the warm-up and once as many requests have finished as there
+        # are clients: all of them started together, and only after their first answers are
+        # the requests' ages spread out as in steady serving (measured on the H200: 1-s warm-ups
+        # read steps up to 1.5x those of a steady loop at B >= 16). At most MAX_WARM_UP_S.
+        while time.perf_counter() - start < min(MAX_WARM_UP_S, max(
+                warm_up, 0.0 if counter["requests"] >= concurrency else MAX_WARM_UP_S)):
+            await asyncio.sleep(0.02)
+        opened = time.perf_counter()
+        for at in (0.0, length / 2, length):
+            await asyncio.sleep(max(0.0, opened + at - time.perf_counter()))
             async with session.get(base_url + "/metrics") as resp:
                 text = await resp.text()
             snapshots.append(MetricsSnapshot(time.perf_counter(), text))
+        closed = True
 
     async with _session(timeout_s) as session:
         start = time.perf_counter()
@@ -209,9 +223,9 @@ def run_load(base_url: str, model: str, prompts: Sequence[str], *, concurrency: 
     """Closed loop: ``concurrency`` clients each send ``requests_per_worker`` requests in turn,
     and with ``min_seconds`` go on starting requests until that much time has passed.
 
-    ``window=(warm_up_s, length_s)``: read the server's /metrics after ``warm_up_s`` (every
-    client busy by then), again at the window's middle and at its end, and start no request
-    after it; ``cut_tail`` then cancels the requests still running instead of waiting for them.
+    ``window=(warm_up_s, length_s)``: read the server's /metrics when the window opens (after
+    ``warm_up_s`` and once as many requests have finished as there are clients), again at the
+    window's middle and at its end, and start no request after it; ``cut_tail`` then cancels the requests still running instead of waiting for them.
     ``max_tokens`` may be a (low, high) range of output lengths, spread over the requests.
     Every request gets its own sampling seed (``request_seed``).
     """

@@ -20,10 +20,10 @@ from tabletune.core.contracts import load_json, save_json
 from tabletune.core.errors import ContractError, fail
 from tabletune.core.files import check_output_dir, describe_os_error
 from tabletune.core.options import check_options, integer, number
+from tabletune.simulator.scenario import MAX_DURATION_S
 
 # A simulated hour at most from the command line: the shipped scenarios run 30-120 s, and a
 # run is linear in its duration (1e308 s would run until killed).
-MAX_DURATION_S = 3600.0
 
 __all__ = ["add_simulate_parser", "run_simulate", "main"]
 
@@ -177,4 +177,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from tabletune.core.stdout import run_with_pipe_closed_quietly
+
+    sys.exit(run_with_pipe_closed_quietly(main))

@@ -89,6 +89,9 @@ def shrink_table(table: DraftTable, factor: int) -> DraftTable:
 # ------------------------------------------------------------------------------- step times
 
 
+# The longest simulated run (seconds) a scenario or --duration may ask for.
+MAX_DURATION_S = 3600.0
+
 @dataclass(frozen=True)
 class Curve:
     """A function of B given by points, linear between them and flat outside."""
@@ -380,6 +383,10 @@ class Scenario:
         if list(self.concurrency) != sorted(set(self.concurrency)):
             fail(f"{p}.concurrency", list(self.concurrency), "is not strictly increasing")
         check_positive(self.duration_s, f"{p}.duration_s")
+        if self.duration_s > MAX_DURATION_S:
+            # The simulator steps through every simulated second: 1e308 would run until killed.
+            fail(f"{p}.duration_s", self.duration_s,
+                 f"is above {MAX_DURATION_S:g} simulated seconds, the longest run allowed")
         check_nonnegative(self.measure_from_s, f"{p}.measure_from_s")
         if self.measure_from_s >= self.duration_s:
             fail(f"{p}.measure_from_s", self.measure_from_s,

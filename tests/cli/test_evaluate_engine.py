@@ -96,12 +96,12 @@ def test_doctor_judges_each_length_and_transition_of_the_candidate_table(tmp_pat
 def test_doctor_reports_an_engine_that_fails_to_start_and_does_not_fail_itself(tmp_path,
                                                                                 capsys):
     rc = main(["doctor", "--max-k", "2", "--max-batch-size", "2",
-               "--engine-arg=--max-model-len=not-a-number", "--num-prompts", "2",
+               "--engine-arg=--max-num-batched-tokens=not-a-number", "--num-prompts", "2",
                "--out-dir", str(tmp_path)])
     assert rc == 0
     doc = json.loads((tmp_path / "doctor.json").read_text())
     [cpu] = doc["runners"]
     assert cpu["verdict"]["starts"] is False and cpu["verdict"]["deploy"] is False
-    assert "max-model-len" in cpu["verdict"]["error"]
+    assert "max-num-batched-tokens" in cpu["verdict"]["error"]
     assert doc["decision"]["deploy"] is False
     assert "Do not deploy" in capsys.readouterr().out

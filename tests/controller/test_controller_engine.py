@@ -142,10 +142,14 @@ def test_slow_drafts_show_in_step_time_ratios_mark_the_profile_stale_and_repair_
         "TABLETUNE_CONTROLLER_OUT": str(out),
         # k = 3 is left out so the repaired table has one length fewer to try before it settles.
         "TABLETUNE_CONTROLLER_SETTINGS": json.dumps(
-            # drift_bound 1.8: the fault makes drafting steps 2-4x the profile's; a busy test
-            # runner makes every step up to ~1.5x, which must not be what marks the profile.
+            # The fault makes drafting steps 2-4x the profile's, growing with k; a busy test
+            # runner makes every step up to ~1.5x, which the serving factor shared by every
+            # length absorbs: only the lengths' spread (or a later move) marks the profile.
+            # With one length observed, a slow length and a slow batch size look the same:
+            # timing probes (a few steps at a contending length) give the other side evidence.
             {"rebuild_every_steps": 20, "allowed_lengths": [0, 1, 2], "drift_rebuilds": 2,
-             "drift_min_steps": 10, "step_prior_weight": 10, "drift_bound": 1.8}),
+             "drift_min_steps": 5, "step_prior_weight": 10, "drift_bound": 1.25,
+             "timing_probe_every": 10, "timing_probe_margin": 0.5}),
         "TABLETUNE_CONTROLLER_FAULT_SLOW_MS_PER_DRAFT": "80",
     }
     server = _server(spec, tmp_path, "slow", env)
@@ -163,8 +167,10 @@ def test_slow_drafts_show_in_step_time_ratios_mark_the_profile_stale_and_repair_
     state = json.loads((out / "state.json").read_text())
     assert state["controller_on"] is True
     cells = {(c["batch_size"], c["k"]): c for c in state["step_time_cells"]}
-    slow = [c for c in cells.values() if c["k"] > 0 and c["live_ratio"] is not None]
-    assert slow and all(c["live_ratio"] > 1.25 for c in slow), state["step_time_cells"]
+    # Every drafting length with live steps runs slower than profiled in the blend in use
+    # (live ratios themselves need drift_min_steps carried steps, which forgetting keeps near).
+    slow = [c for c in cells.values() if c["k"] > 0 and c["live_steps"] > 0]
+    assert slow and all(c["blended_ratio"] > 1.25 for c in slow), state["step_time_cells"]
     # Every timed step is a B = 1 step (the only batch size the traffic had).
     assert all(c["live_steps"] == 0 for c in cells.values() if c["batch_size"] != 1)
     mark = json.loads((out / STALE_MARK_FILE).read_text())

@@ -74,3 +74,25 @@ def test_narrow_ranges_merge_into_the_neighbour_with_more_goodput():
     lookup, changed = merge_narrow_ranges([3, 3, 3, 2, 1, 1, 1, 1], 2, g, {1: 0, 2: 1, 3: 2})
     assert changed == 1 and lookup in ([3, 3, 3, 3, 1, 1, 1, 1], [3, 3, 3, 1, 1, 1, 1, 1])
     assert all(r[1] - r[0] + 1 >= 2 for r in runs(lookup))
+
+
+def test_a_narrow_range_the_evidence_backs_widens_instead_of_merging_away():
+    """The slow-draft case: only B = 1 has live steps and they say k = 1 beats k = 2 by ~50 %;
+    the batch sizes beside it have no traffic and rank by the profile (k = 2 a little better).
+    Merging B = 1 back into k = 2 would throw the evidence away; widening costs a little at B = 2."""
+    g = np.array([[100.0, 150.0, 100.0]] + [[100.0, 100.0, 105.0]] * 7)  # columns k = 0, 1, 2
+    lookup, changed = merge_narrow_ranges([1, 2, 2, 2, 2, 2, 2, 2], 2, g, {0: 0, 1: 1, 2: 2})
+    assert lookup == [1, 1, 2, 2, 2, 2, 2, 2] and changed == 1
+
+
+def test_a_narrow_range_at_the_traffic_widens_over_a_neighbour_the_traffic_never_saw():
+    """Only B = 1 has live steps: there k = 0 beats k = 2 by half (drafting is slow); at B = 2..8
+    the profile still ranks k = 2 far ahead. Without weights the merge wins (B = 2 would lose
+    more than B = 1 gains); the traffic's evidence is what decides."""
+    g = np.array([[150.0, 100.0, 100.0]] + [[100.0, 150.0, 210.0]] * 7)  # k = 0, 1, 2
+    observed = np.array([True] + [False] * 7)
+    lookup, _ = merge_narrow_ranges([0, 2, 2, 2, 2, 2, 2, 2], 2, g, {0: 0, 1: 1, 2: 2})
+    assert lookup == [2] * 8  # unweighted: B = 1 merged back
+    lookup, changed = merge_narrow_ranges([0, 2, 2, 2, 2, 2, 2, 2], 2, g, {0: 0, 1: 1, 2: 2},
+                                          observed)
+    assert lookup == [0, 0, 2, 2, 2, 2, 2, 2] and changed == 1

@@ -100,13 +100,15 @@ def test_output_paths_that_writing_would_destroy_or_cannot_take_are_refused(tmp_
         tmp_path / "loop1": "a symlink loop",
         tmp_path / "dangling": "is a dangling symlink",
         tmp_path / "file" / "out.json": "a part of the path is a file, not a directory",
-        tmp_path / "missing" / "out.json": "the folder",
+        tmp_path / "file" / "deeper" / "out.json": "a part of the path is a file",
     }
     for path, message in cases.items():
         with pytest.raises(ContractError, match=r"^--out: ") as err:
             check_output_path(path, "--out")
         assert message in str(err.value) and str(path) in str(err.value)
     check_output_path(tmp_path / "new.json")  # absent, in a writable folder
+    # Folders still to be made under a writable one (a profile's checkpoint makes its folder).
+    check_output_path(tmp_path / "missing" / "deeper" / "out.json")
     check_output_path(tmp_path / "file")      # a regular file is replaced, as always
     (tmp_path / "link").symlink_to(tmp_path / "file")
     check_output_path(tmp_path / "link")
