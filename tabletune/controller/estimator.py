@@ -118,8 +118,10 @@ DEFAULT_DRIFT_MIN_STEPS = 50
 # gap (|ln s|), before the length has steps of its own: on the H200 (live / profile 1.24, 1.24,
 # 1.33, 1.27 for k = 0..3 at B = 128) the lengths' spread was ~0.15 of the gap.
 DEFAULT_DEVIATION_PRIOR_SHARE = 0.15
-# Minimum range width when hysteresis is 0: a one-wide range is never physics, only noise.
-DEFAULT_MIN_RANGE_WIDTH = 2
+# Minimum range width when hysteresis is 0 (the issue's rule is "never narrower than the
+# hysteresis"): a one-wide range can be physics, e.g. the only batch size the traffic has
+# measured, where the evidence says its length is slow (the slow-draft engine test).
+DEFAULT_MIN_RANGE_WIDTH = 1
 # Timing probes (when on): steps in a run at a contending length; the first of a run verifies
 # the previous k, so 4 give 3 steady steps to time.
 DEFAULT_TIMING_PROBE_STEPS = 4
@@ -172,7 +174,7 @@ class ControllerSettings:
       from the shared factor as a share of the gap, sigma0 = hypot(f |ln s|, profile
       uncertainty) (``tabletune.controller.step_model``).
     - ``min_range_width``: rebuilt tables have no range narrower than this (a narrow range is
-      merged into a neighbour); None = max(``hysteresis``, 2).
+      merged into a neighbour or widened over one); None = max(``hysteresis``, 1).
     - ``timing_probe_every``: None = off; otherwise every this many steps a run of
       ``timing_probe_steps`` steps drafts a contending length at the batch size in use (one
       whose modelled goodput is within ``timing_probe_margin`` of the table's k and whose cell

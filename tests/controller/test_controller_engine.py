@@ -147,15 +147,17 @@ def test_slow_drafts_show_in_step_time_ratios_mark_the_profile_stale_and_repair_
             # length absorbs: only the lengths' spread (or a later move) marks the profile.
             # With one length observed, a slow length and a slow batch size look the same:
             # timing probes (a few steps at a contending length) give the other side evidence.
-            {"rebuild_every_steps": 20, "allowed_lengths": [0, 1, 2], "drift_rebuilds": 2,
+            # A rebuild every 40 steps: each length's evidence rests on enough steps to beat a
+            # busy runner's noise (forgetting keeps about two rebuilds' worth per cell).
+            {"rebuild_every_steps": 40, "allowed_lengths": [0, 1, 2], "drift_rebuilds": 2,
              "drift_min_steps": 5, "step_prior_weight": 10, "drift_bound": 1.25,
              "timing_probe_every": 10, "timing_probe_margin": 0.5}),
         "TABLETUNE_CONTROLLER_FAULT_SLOW_MS_PER_DRAFT": "80",
     }
     server = _server(spec, tmp_path, "slow", env)
-    prompts = synthetic_prompts(6, seed=5)
+    prompts = synthetic_prompts(14, seed=5)
     with server:
-        # At most 6 requests; stop once the mark is written and B = 1 left k = 2.
+        # At most 14 requests; stop once the mark is written and B = 1 left k = 2.
         for prompt in prompts:
             run_batch(server.base_url, spec.served_model_name, [prompt], max_tokens=64)
             table = DraftTable.from_ranges(json.loads((out / "state.json").read_text())["table"])

@@ -58,7 +58,8 @@ def test_the_serving_server_measures_acceptance_independent_requests_and_serving
     assert [(c.batch_size, c.k) for c in cells] == [(1, 0), (4, 0), (1, 2), (4, 2)]
     for c in cells:
         w = c.window
-        assert w.steps >= 3 and 1.0 < w.step_ms < 2000.0, c
+        # (A busy 2-core runner can starve the API server: steps of a second were seen.)
+        assert w.steps >= 2 and 1.0 < w.step_ms < 5000.0, c
         # The batch held at B: every step produced about B (1 + accepted) tokens.
         assert 0.5 * c.batch_size <= w.tokens_per_step <= c.batch_size * (1 + c.k), c
         if c.k:
