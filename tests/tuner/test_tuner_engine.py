@@ -64,8 +64,11 @@ def test_the_serving_server_measures_acceptance_independent_requests_and_serving
         assert 0.5 * c.batch_size <= w.tokens_per_step <= c.batch_size * (1 + c.k), c
         if c.k:
             assert 0.4 * c.batch_size <= w.verifying_batch <= c.batch_size, c
-            # The window's own counters agree with the acceptance run at K.
-            assert abs(w.rates[0] - acc.rates[0]) <= 0.15, (w.rates, acc.rates)
+            # The window's own counters agree with the acceptance run at K, within the
+            # sampling noise of the window's drafts (a starved window may hold only a few).
+            a = acc.rates[0]
+            tolerance = 0.05 + 3 * (a * (1 - a) / w.drafts) ** 0.5
+            assert abs(w.rates[0] - a) <= tolerance, (w.rates, acc.rates, w.drafts)
 
 
 def _server_pid(cli: subprocess.Popen) -> int | None:
