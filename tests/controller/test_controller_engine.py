@@ -30,8 +30,8 @@ def spec() -> EngineSpec:
     return EngineSpec.embedded_default(max_num_seqs=32)
 
 
-def _server(spec, tmp_path, name, env):
-    return VllmServer(spec, speculative=speculative_config(spec, WRONG_TABLE),
+def _server(spec, tmp_path, name, env, table=WRONG_TABLE):
+    return VllmServer(spec, speculative=speculative_config(spec, table),
                       log_path=tmp_path / f"{name}.log", extra_env=env,
                       extra_args=("--scheduler-cls", SCHEDULER_CLS))
 
@@ -123,7 +123,11 @@ def test_slow_drafts_show_in_step_time_ratios_mark_the_profile_stale_and_repair_
     profile, marks it stale, and the table it rebuilds from the repaired T drafts less than the
     one the profile alone gives, with the same acceptance.
 
-    One server, B = 1 only. The start table has k = 1 at B = 1; the profile's table has k = 2.
+    One server, B = 1 only. The start table has k = 2 at B = 1, the profile's table's length, so
+    the other lengths' live steps come only from timing probes, a few steps at a time between
+    k = 2 steps: both sides of the comparison see the same load. (Started at k = 1, k = 1's
+    evidence came from the first 40 steps alone and was never refreshed; a busy minute there
+    kept k = 2 in CI.)
     ``step_prior_weight`` 10 (instead of 200) lets a few dozen live steps outweigh the profile,
     so the whole story takes a few 64-token requests (a rebuild every 40 steps).
 
@@ -160,7 +164,7 @@ def test_slow_drafts_show_in_step_time_ratios_mark_the_profile_stale_and_repair_
              "timing_probe_every": 10, "timing_probe_margin": 0.5}),
         "TABLETUNE_CONTROLLER_FAULT_SLOW_MS_PER_DRAFT": "200",
     }
-    server = _server(spec, tmp_path, "slow", env)
+    server = _server(spec, tmp_path, "slow", env, table=[[1, 1, 2], [2, 32, 0]])
     prompts = synthetic_prompts(14, seed=5)
     with server:
         # At most 14 requests; stop once the mark is written and B = 1 left k = 2.
@@ -189,7 +193,10 @@ def test_slow_drafts_show_in_step_time_ratios_mark_the_profile_stale_and_repair_
     assert families["tabletune_profile_stale"].samples[0].value == 1.0
     assert families["tabletune_step_time_ratio_max"].samples[0].value > 1.25
     learned = DraftTable.from_ranges(state["table"])
-    assert learned.k_for(1) < measured.k_for(1), (learned, measured, state["step_time_cells"])
+    rebuilds = [json.loads(line) for line in (out / "rebuilds.jsonl").read_text().splitlines()]
+    assert learned.k_for(1) < measured.k_for(1), (
+        learned, [c for c in state["step_time_cells"] if c["batch_size"] == 1],
+        [(r["step"], r["new_ranges"][:2], r["moved_by"], r["held_by"]) for r in rebuilds])
     # Because of T, not acceptance: the profile's own step times with the live a-hat still
     # choose k = 2 at B = 1, and the blend in use has T(1, 2) well above the profile's.
     assert build_table(profiled, state["rates"], max_batch_size=32,

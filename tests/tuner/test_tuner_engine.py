@@ -52,7 +52,7 @@ def test_the_serving_server_measures_acceptance_independent_requests_and_serving
         assert len(set(same.texts)) > 1, same.texts
         cells = measure_serving(server, control, synthetic_prompts(8, seed=5),
                                 batch_sizes=(1, 4), lengths=(0, pair_spec.max_k),
-                                output_tokens=24, warm_up_s=1.5, window_s=2.0)
+                                output_tokens=24, warm_up_s=1.5, window_s=3.0)
     finally:
         server.stop()
     assert [(c.batch_size, c.k) for c in cells] == [(1, 0), (4, 0), (1, 2), (4, 2)]
