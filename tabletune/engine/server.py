@@ -11,9 +11,11 @@ import json
 import os
 import re
 import signal
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -232,6 +234,25 @@ def _die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
+# vLLM binds ZeroMQ sockets at TMPDIR/<uuid4> (36 characters); a Unix socket's path holds at
+# most 107 bytes, so the server's temporary folder may have at most 107 - 37 = 70.
+_MAX_SERVER_TMP_LEN = 70
+
+
+def _server_tmp_dir() -> Path | None:
+    """A fresh folder for one server's throw-away files, in the system's temporary folder, or
+    in /tmp when that path is too long for vLLM's sockets; None (vLLM's defaults) if neither
+    fits."""
+    for root in (tempfile.gettempdir(), "/tmp"):
+        fits = len(root) + len("/tabletune-vllm-12345678") <= _MAX_SERVER_TMP_LEN
+        if fits and os.path.isdir(root):
+            try:
+                return Path(tempfile.mkdtemp(prefix="tabletune-vllm-", dir=root))
+            except OSError:
+                continue
+    return None
+
+
 def stop_all_servers() -> None:
     for server in list(_LIVE_SERVERS):
         server.stop()
@@ -262,6 +283,11 @@ class VllmServer:
         self._log_file = None
         self._launched_at = 0.0
         self.startup_s: float | None = None
+        # The server's own temporary folder (its TMPDIR): vLLM puts its ZeroMQ sockets and
+        # ``vllm_dist_*`` rendezvous files there and removes them only on a clean shutdown;
+        # stop() removes the folder once the whole process group is gone, so nothing of the
+        # server's is left in the system's temporary folder whichever way it ended.
+        self.tmp_dir: Path | None = None
 
     @property
     def base_url(self) -> str:
@@ -300,6 +326,10 @@ class VllmServer:
         env.update(dict(self.spec.env))
         env.update(self.extra_env)
         env["PYTHONUNBUFFERED"] = "1"
+        if self.tmp_dir is not None:
+            # vLLM's compile caches live under VLLM_CACHE_ROOT (it points inductor and triton
+            # there itself), so only throw-away files land here.
+            env["TMPDIR"] = str(self.tmp_dir)
         return env
 
     def cache_key(self) -> str:
@@ -319,10 +349,16 @@ class VllmServer:
         """Start the process and return at once (several servers can start side by side)."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log_file = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(
-            self.command(), stdout=self._log_file, stderr=subprocess.STDOUT,
-            env=self.environment(), start_new_session=True, preexec_fn=_die_with_parent,
-        )
+        self.tmp_dir = _server_tmp_dir()
+        try:
+            self.proc = subprocess.Popen(
+                self.command(), stdout=self._log_file, stderr=subprocess.STDOUT,
+                env=self.environment(), start_new_session=True, preexec_fn=_die_with_parent,
+            )
+        except BaseException:
+            shutil.rmtree(self.tmp_dir, ignore_errors=True)
+            self.tmp_dir = None
+            raise
         _LIVE_SERVERS.add(self)
         self._launched_at = time.monotonic()
         return self
@@ -442,6 +478,9 @@ class VllmServer:
         if self._log_file is not None:
             self._log_file.close()
             self._log_file = None
+        if self.tmp_dir is not None:
+            shutil.rmtree(self.tmp_dir, ignore_errors=True)
+            self.tmp_dir = None
         _LIVE_SERVERS.discard(self)
 
     def _reap(self) -> None:

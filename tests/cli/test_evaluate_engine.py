@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,22 @@ PRIOR = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "cpu"
 CPU_TABLE = PRIOR / "table.json"
 
 
-def test_evaluate_counts_every_token_and_switches_arms_on_one_server(tmp_path, capsys):
+@pytest.fixture
+def system_tmp(monkeypatch):
+    """A fresh system temporary folder for the command under test (TMPDIR, which the vLLM
+    servers it starts inherit): what is in it afterwards is what the command left behind."""
+    import tempfile
+
+    # Short: vLLM's socket paths under it must fit a Unix socket's 107 bytes.
+    folder = Path(tempfile.mkdtemp(prefix="tt-", dir="/tmp"))
+    monkeypatch.setenv("TMPDIR", str(folder))
+    monkeypatch.setattr(tempfile, "tempdir", str(folder))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_evaluate_counts_every_token_and_switches_arms_on_one_server(tmp_path, capsys,
+                                                                      system_tmp):
     rc = main(["evaluate", "--max-k", "3", "--arms",
                f"table:{CPU_TABLE},fixed-table:1,controller:{PRIOR}", "--one-server",
                "--controller-settings", '{"rebuild_every_steps": 10}',
@@ -59,6 +75,8 @@ def test_evaluate_counts_every_token_and_switches_arms_on_one_server(tmp_path, c
     log = (tmp_path / "logs" / "shared-table-server.log").read_text()
     assert "TableTune compat: no fix is verified for vLLM 0.32.0; applying none" in log
     assert "TableTune controller on" in log
+    # Nothing of ours or of vLLM's (its ZeroMQ sockets, vllm_dist_* files) is left behind.
+    assert sorted(p.name for p in system_tmp.iterdir()) == []
 
 
 def _live_vllm_children() -> list[int]:
@@ -68,7 +86,8 @@ def _live_vllm_children() -> list[int]:
 
 
 @pytest.mark.several_engines
-def test_doctor_judges_each_length_and_transition_of_the_candidate_table(tmp_path, capsys):
+def test_doctor_judges_each_length_and_transition_of_the_candidate_table(tmp_path, capsys,
+                                                                        system_tmp):
     table = tmp_path / "candidate.json"
     table.write_text(json.dumps([[1, 1, 2], [2, 3, 1]]))
     rc = main(["doctor", "--max-k", "2", "--table", str(table), "--max-batch-size", "3",
@@ -91,6 +110,7 @@ def test_doctor_judges_each_length_and_transition_of_the_candidate_table(tmp_pat
     logs = sorted(p.name for p in (tmp_path / "doctor" / "logs").glob("*.log"))
     assert logs == ["fixed-k1-cpu.log", "fixed-k2-cpu.log", "table-cpu.log"]
     assert not _live_vllm_children()
+    assert sorted(p.name for p in system_tmp.iterdir()) == []
 
 
 def test_doctor_reports_an_engine_that_fails_to_start_and_does_not_fail_itself(tmp_path,
