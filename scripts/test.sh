@@ -5,50 +5,64 @@
 # docker-compose with apt-get when it is missing; it says so as it goes.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+started=$SECONDS
 log() { printf '[test] %s\n' "$*" >&2; }
-log "set-up: scripts/setup.sh (installs only what .venv lacks)"
+phase() { log "phase $1 ($((SECONDS - started)) s): $2"; }
+phase "1/4" "set-up: scripts/setup.sh (installs only what .venv lacks)"
 bash scripts/setup.sh
 # The compose validator for docker-compose.yaml (a Debian package; no Docker engine needed).
 if ! command -v docker-compose >/dev/null 2>&1; then
   log "docker-compose not found: installing Debian's package with apt-get (it validates" \
       "docker-compose.yaml in tests/infra; no Docker engine is needed)"
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends docker-compose >/dev/null
+  apt_log="$(mktemp -t tabletune-apt.XXXXXX)"
+  # apt and debconf talk on both streams ("delaying package configuration"): shown on failure.
+  if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+        --no-install-recommends docker-compose; } >"$apt_log" 2>&1; then
+    cat "$apt_log" >&2; rm -f "$apt_log"; log "installing docker-compose failed"; exit 1
+  fi
+  rm -f "$apt_log"
 fi
 export HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=1 TOKENIZERS_PARALLELISM=false
+# No third-party progress bars (vLLM's and the Hub's weight loading): pytest reports progress.
+export TQDM_DISABLE=1 HF_HUB_DISABLE_PROGRESS_BARS=1
 export TABLETUNE_SERVICES_DIR="${TABLETUNE_SERVICES_DIR:-/tmp/tabletune-services}"
 # Build the embedded model pair once, before any test times out waiting for it.
-log "embedded model pair: built once under the cache, then reused"
+phase "2/4" "embedded model pair: built once under the cache, then reused"
 .venv/bin/python -c "from tabletune.engine.model_pair import build_pair, greedy_agreement; greedy_agreement(build_pair())"
 status=0
 # Two streams side by side, because most of the suite waits rather than computes (vLLM start-ups
 # are one core's worth of imports, Airflow tests wait on the scheduler):
 #  - in the background, the service stack starts (from a clean state: an earlier stack's Airflow
 #    runs and registered models would change what the tests see; local secrets are kept), then
-#    the tests marked `services` run against it, their output kept in a log printed at the end;
+#    the tests marked `services` run against it, one line per test as it ends, prefixed
+#    "[services]" (the whole output is also kept in a log, printed again if they fail);
 #  - in the foreground, every other test on two pytest-xdist workers that take two tests at a
 #    time, the engine tests first (tests/conftest.py orders them and gives each worker's engines
 #    a core of their own): the long ones start early and the many short ones fill in at the end.
 trap 'infra/local/services.sh stop' EXIT
 services_log="$(mktemp -t tabletune-services-tests.XXXXXX)"
-log "services: starting from a clean state, then the services tests, in the background (log: $services_log)"
+phase "3/4" "tests: the services stack and its tests in the background (log: $services_log), every other test in the foreground (one line per test)"
 (
-  # The engines these tests start inside Airflow tasks run in one process (engine core and worker
-  # inside the API server: one import of vLLM instead of three); no services test times steps,
-  # and tests/engine/test_signals_engine.py checks the multi-process layout's clean-up.
-  export VLLM_ENABLE_V1_MULTIPROCESSING=0
-  infra/local/services.sh start --clean || { echo "[test] services failed to start"; exit 90; }
-  # shellcheck disable=SC1091
-  source "$TABLETUNE_SERVICES_DIR/env.sh"
-  # Airflow reads its configuration on first import: these tests get their own process.
-  exec .venv/bin/python -m pytest -p no:cacheprovider -q -ra --durations=10 -m services tests "$@"
-) > "$services_log" 2>&1 &
+  set -o pipefail  # the stream's status is the tests' (or 90), not sed's
+  (
+    # The engines these tests start inside Airflow tasks run in one process (engine core and
+    # worker inside the API server: one import of vLLM instead of three); no services test
+    # times steps, and tests/engine/test_signals_engine.py checks the multi-process clean-up.
+    export VLLM_ENABLE_V1_MULTIPROCESSING=0
+    infra/local/services.sh start --clean || { echo "[test] services failed to start"; exit 90; }
+    # shellcheck disable=SC1091
+    source "$TABLETUNE_SERVICES_DIR/env.sh"
+    # Airflow reads its configuration on first import: these tests get their own process.
+    exec .venv/bin/python -m pytest -p no:cacheprovider -v --no-header -ra --durations=10 \
+      -m services tests "$@"
+  ) 2>&1 | tee "$services_log" | sed -u 's/^/[services] /' >&2
+) &
 services_pid=$!
-.venv/bin/python -m pytest -p no:cacheprovider -q -ra --durations=15 -n 2 --dist load --maxschedchunk 2 \
-  -m "not services" tests "$@" || status=$?
+.venv/bin/python -m pytest -p no:cacheprovider -v --no-header -ra --durations=15 -n 2 \
+  --dist load --maxschedchunk 2 -m "not services" tests "$@" || status=$?
 services_rc=0
 wait "$services_pid" || services_rc=$?
-log "services tests (log: $services_log):"
-cat "$services_log" >&2
+phase "4/4" "done: foreground exit $status, services exit $services_rc (log: $services_log)"
 [ "$services_rc" -ne 90 ] || { log "services failed to start"; exit 1; }
 [ "$services_rc" -eq 0 ] || status=$services_rc
 exit $status
