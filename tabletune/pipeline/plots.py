@@ -30,27 +30,62 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
+# Marker per reason a cell is flagged, drawn in its length's colour: two reasons at one B stay
+# apart, and the legend has one entry per reason.
+FLAG_MARKERS = {"spread": "X", "inconsistent": "s", "drift": "D"}
+
+
+def _log_batch_axis(ax, batch_sizes: Sequence[int]) -> None:
+    """B on a log-2 axis with the batch sizes as ticks: the decisions sit at B = 1-4."""
+    from matplotlib.ticker import FixedLocator, NullFormatter, ScalarFormatter
+
+    ax.set_xscale("log", base=2)
+    ticks = [b for b in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024) if b <= max(batch_sizes)]
+    ax.xaxis.set_major_locator(FixedLocator(ticks))
+    ax.xaxis.set_major_formatter(ScalarFormatter())
+    ax.xaxis.set_minor_formatter(NullFormatter())
+
+
 def plot_step_times(profile: Profile, path: Path) -> Path:
-    """Measured step time against B, one line per draft length; flagged cells marked."""
+    """Measured step time against B (log axis), one line per draft length: the median of the
+    repeats with bars from the lowest to the highest repeat; flagged cells marked by reason."""
+    from matplotlib.lines import Line2D
+
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    flagged = [c for c in profile.cells if c.flagged]
-    for k in profile.lengths:
+    fig, ax = plt.subplots(figsize=(8.5, 4.8))
+    reasons_drawn: set[str] = set()
+    for i, k in enumerate(profile.lengths):
         cells = sorted((c for c in profile.cells if c.k == k), key=lambda c: c.batch_size)
+        colour = f"C{i % 10}"
         bs = [c.batch_size for c in cells]
-        ax.plot(bs, [c.step_ms for c in cells], marker="o", markersize=3, label=f"k={k}")
-    if flagged:
-        # Black squares: no line of the default colour cycle looks like them.
-        reasons = sorted({f for c in flagged for f in (c.flags or ("spread",))})
-        ax.scatter([c.batch_size for c in flagged], [c.step_ms for c in flagged], s=90,
-                   marker="s", facecolors="none", edgecolors="black", linewidths=1.2, zorder=3,
-                   label=f"flagged ({', '.join(reasons)})")
+        ms = np.array([c.step_ms for c in cells])
+        low = np.array([min(c.samples_ms) if c.samples_ms else c.step_ms for c in cells])
+        high = np.array([max(c.samples_ms) if c.samples_ms else c.step_ms for c in cells])
+        ax.errorbar(bs, ms, yerr=[np.clip(ms - low, 0, None), np.clip(high - ms, 0, None)],
+                    color=colour, marker="o", markersize=3, linewidth=1.2, capsize=2,
+                    elinewidth=0.8, label=f"k={k}")
+        for c in cells:
+            for reason in (c.flags or (("spread",) if c.flagged else ())):
+                marker = FLAG_MARKERS.get(reason, "P")
+                ax.scatter([c.batch_size], [c.step_ms], s=80, marker=marker, facecolors="none",
+                           edgecolors=colour, linewidths=1.4, zorder=4)
+                reasons_drawn.add(reason)
+    handles, labels = ax.get_legend_handles_labels()
+    for reason in sorted(reasons_drawn):
+        handles.append(Line2D([], [], linestyle="none", marker=FLAG_MARKERS.get(reason, "P"),
+                              markerfacecolor="none", markeredgecolor="black", markersize=8))
+        labels.append(f"flagged: {reason}")
     source = profile.meta.get("step_source", "client")
-    ax.set_xlabel("batch size B")
+    calibrated = any(c.serving_factor is not None for c in profile.cells)
+    _log_batch_axis(ax, [c.batch_size for c in profile.cells])
+    ax.set_xlabel("batch size B (profiled batch sizes only)")
     ax.set_ylabel(f"step time (ms, {source} timing)")
-    ax.set_title("Step time T(B, k), median of repeats")
-    ax.legend(loc="upper left", fontsize=8)
-    ax.grid(alpha=0.3)
+    what = ("reject-all profile scaled to serving (calibrated)" if calibrated
+            else "reject-all profile")
+    ax.set_title(f"Step time T(B, k), measured: {what}\nmedian of repeats, bars: lowest to "
+                 "highest repeat", fontsize=10)
+    ax.legend(handles, labels, loc="upper left", fontsize=8)
+    ax.grid(alpha=0.3, which="both")
     return _save(fig, path)
 
 
@@ -59,81 +94,118 @@ HEATMAP_FLOOR = 0.5
 
 
 def plot_goodput_heatmap(build: BuildResult, path: Path) -> Path:
-    """Goodput of each length relative to the best length at each B (1.0 = best)."""
+    """Goodput of each length relative to the best length at each B (1.0 = best), with the
+    table's k; batch sizes between profiled ones (T interpolated) are hatched."""
+    import matplotlib.patheffects as path_effects
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
     plt = _pyplot()
     rel = build.goodput / build.goodput.max(axis=1, keepdims=True)
     low = float(np.nanmin(rel))
     clipped = low < HEATMAP_FLOOR
-    fig, ax = plt.subplots(figsize=(9, 2.6 + 0.4 * len(build.lengths)))
+    n_b, n_k = len(build.batch_sizes), len(build.lengths)
+    fig, ax = plt.subplots(figsize=(9, 2.8 + 0.4 * n_k))
     im = ax.imshow(rel.T, aspect="auto", cmap="viridis", vmin=max(HEATMAP_FLOOR, low), vmax=1,
-                   extent=(0.5, len(build.batch_sizes) + 0.5, len(build.lengths) - 0.5, -0.5))
+                   extent=(0.5, n_b + 0.5, n_k - 0.5, -0.5))
+    interpolated = [b for b, interp in zip(build.batch_sizes, build.interpolated) if interp]
+    for b in interpolated:
+        ax.add_patch(plt.Rectangle((b - 0.5, -0.5), 1, n_k, fill=False, hatch="///",
+                                   edgecolor=(1, 1, 1, 0.35), linewidth=0))
+    # White with a black outline: visible on every colour of the map and in the legend.
+    outline = [path_effects.withStroke(linewidth=3.2, foreground="black")]
     ax.plot(build.batch_sizes, [build.lengths.index(k) for k in build.chosen], color="white",
-            linewidth=1.5, drawstyle="steps-mid", label="table's k")
-    ax.set_yticks(range(len(build.lengths)), [f"k={k}" for k in build.lengths])
-    ax.set_xlabel("batch size B (T interpolated between profiled B)")
-    ax.set_title("Goodput relative to the best length at each B (modelled)", loc="left",
-                 fontsize=11)
+            linewidth=1.6, drawstyle="steps-mid", path_effects=outline)
+    ax.set_yticks(range(n_k), [f"k={k}" for k in build.lengths])
+    ax.set_ylabel("draft length k")
+    ax.set_xlabel("batch size B")
+    ax.set_title("Goodput relative to the best length at each B: modelled, in-sample\n"
+                 "(from the profile and acceptance the table was chosen from)", loc="left",
+                 fontsize=10)
     label = "goodput / best"
     if clipped:
         label += f"\n(below {HEATMAP_FLOOR:g} drawn at {HEATMAP_FLOOR:g}; lowest {low:.2f})"
     fig.colorbar(im, ax=ax, label=label, extend="min" if clipped else "neither")
-    # Above the cells, beside the title: a legend inside would hide part of the map.
-    leg = ax.legend(loc="lower right", bbox_to_anchor=(1.0, 1.0), frameon=False, fontsize=9)
-    for text in leg.get_texts():
-        text.set_color("black")
-    leg.legend_handles[0].set_color("dimgray")
+    handles = [Line2D([], [], color="white", linewidth=1.6, path_effects=outline)]
+    labels = ["table's k"]
+    if interpolated:
+        handles.append(Patch(facecolor="gray", hatch="///", edgecolor="white"))
+        labels.append("T interpolated (B not profiled)")
+    # Below the axis label: inside it would hide part of the map, above it the title.
+    ax.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, -0.2), frameon=False,
+              fontsize=8, ncols=len(handles))
     return _save(fig, path)
+
+
+def _same_as_fixed(values: np.ndarray, build: BuildResult) -> str | None:
+    """The fixed length whose goodput curve a table's curve is everywhere, if any."""
+    for j, k in enumerate(build.lengths):
+        if np.allclose(values, build.goodput[:, j], equal_nan=False):
+            return f"fixed k={k}"
+    return None
 
 
 def plot_goodput(build: BuildResult, path: Path,
                  tables: dict[str, DraftTable] | None = None) -> Path:
-    """Goodput of every fixed length against B, and of the built table (and any others)."""
+    """Goodput of every fixed length against B (log axis), of the built table and of any
+    others; a table identical to a fixed length says so in the legend."""
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    fig, ax = plt.subplots(figsize=(8.5, 4.8))
     bs = np.asarray(build.batch_sizes)
     for j, k in enumerate(build.lengths):
-        ax.plot(bs, build.goodput[:, j], label=f"fixed k={k}", linewidth=1)
-    ax.plot(bs, build.chosen_goodput, color="black", linewidth=2.2, alpha=0.6,
+        ax.plot(bs, build.goodput[:, j], label=f"fixed k={k}", linewidth=1.4, zorder=2)
+    # Thin, dotted, black and on top: the fixed lengths it coincides with stay visible below.
+    chosen = build.chosen_goodput
+    ax.plot(bs, chosen, color="black", linestyle=(0, (1, 1.5)), linewidth=1.8, zorder=4,
             label="this table")
-    for name, table in (tables or {}).items():
-        cols = [build.lengths.index(min(table.k_for(int(b)), max(build.lengths)))
-                if table.k_for(int(b)) in build.lengths else None for b in bs]
-        vals = [build.goodput[i, c] if c is not None else np.nan for i, c in enumerate(cols)]
-        ax.plot(bs, vals, linestyle="--", linewidth=1.5, label=name)
+    for i, (name, table) in enumerate((tables or {}).items()):
+        cols = [build.lengths.index(table.k_for(int(b))) if table.k_for(int(b)) in build.lengths
+                else None for b in bs]
+        vals = np.array([build.goodput[r, c] if c is not None else np.nan
+                         for r, c in enumerate(cols)])
+        same = _same_as_fixed(vals, build)
+        label = f"{name} (= {same})" if same else name
+        ax.plot(bs, vals, linestyle=(0, (6, 3)), linewidth=1.4, color=f"C{(6 + i) % 10}",
+                zorder=3, label=label)
+    _log_batch_axis(ax, build.batch_sizes)
     ax.set_xlabel("batch size B")
     ax.set_ylabel("goodput (tokens/s)")
     ax.set_title("Table vs fixed draft lengths: modelled, in-sample\n(goodput from the profile "
                  "the table was chosen from; `tabletune evaluate` measures)", fontsize=10)
-    ax.legend()
-    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3, which="both")
     return _save(fig, path)
 
 
-def plot_tables(tables: dict[str, DraftTable], max_batch_size: int, path: Path) -> Path:
-    """k(B) of several tables on one axis."""
+def plot_tables(tables: dict[str, DraftTable], max_batch_size: int, path: Path,
+                title: str = "Draft-length tables k(B)") -> Path:
+    """k(B) of several tables on one axis (log B); identical tables say so in the legend."""
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(8, 3.5))
+    fig, ax = plt.subplots(figsize=(8.5, 3.6))
     bs = list(range(1, max_batch_size + 1))
-    styles = ["-", "--", ":", "-."]
+    styles = ["-", (0, (5, 2)), (0, (1, 1.2)), "-."]
     drawn: dict[tuple[int, ...], str] = {}
     for i, (name, table) in enumerate(tables.items()):
         ks = tuple(table.lookup(max_batch_size))
-        # Identical tables would hide each other: each gets its own dash pattern and a slight
-        # vertical offset, and the legend says which one it repeats.
+        # A table drawn over an identical one: thinner and dashed on top, so both show, at
+        # the true k (an offset would draw k = 3 at 3.05); the legend says which it repeats.
         label = f"{name} (identical to {drawn[ks]})" if ks in drawn else name
         drawn.setdefault(ks, name)
-        ax.step(bs, [k + 0.06 * i for k in ks], where="post", label=label,
-                linestyle=styles[i % len(styles)], linewidth=2.4 - 0.5 * min(i, 3), alpha=0.85)
+        ax.step(bs + [max_batch_size + 1], list(ks) + [ks[-1]], where="post", label=label,
+                linestyle=styles[i % len(styles)], linewidth=3.0 - 0.8 * min(i, 3),
+                color=f"C{i % 10}", zorder=2 + i)
     from matplotlib.ticker import MaxNLocator
 
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))  # k is a whole number of tokens
     top = max(max(t.lookup(max_batch_size)) for t in tables.values()) if tables else 1
-    ax.set_ylim(-0.3, top + 0.3 + 0.06 * len(tables))  # room for the offsets
+    ax.set_ylim(-0.3, top + 0.4)
+    _log_batch_axis(ax, [max_batch_size])
+    ax.set_xlim(1, max_batch_size + 1)
     ax.set_xlabel("batch size B")
     ax.set_ylabel("draft length k")
-    ax.set_title("Draft-length tables")
-    ax.legend()
-    ax.grid(alpha=0.3)
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3, which="both")
     return _save(fig, path)
 
 
