@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import os
 import statistics
+import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -400,7 +401,7 @@ class RoundRobin:
 
     def __init__(self, checkpoint, settings: ProfileSettings, *,
                  sleep: Callable[[float], None] = time.sleep,
-                 progress: Callable[[int, int], None] | None = None) -> None:
+                 progress: "ProfileProgress | None" = None) -> None:
         self.ckpt = checkpoint
         self.s = settings
         self.sleep = sleep
@@ -504,6 +505,9 @@ class RoundRobin:
                      "moved": moved, "bound": self._bound()}
             if self.window:
                 event["dropped"] = [list(key) for key in sorted({key for key, _ in self.window})]
+                if self.progress is not None:
+                    self.progress.more(len(self.window), "repeats timed again: the reference "
+                                       f"cell moved {moved:+.0%} (bound {self._bound():.0%})")
                 self.window = []
             event["action"] = ("dropped the repeats since the last good check; re-checking"
                                if attempt < self.s.drift_retries else
@@ -518,7 +522,7 @@ class RoundRobin:
     def _after_repeat(self) -> None:
         self.since_check += 1
         if self.progress is not None:
-            self.progress(1, 0)
+            self.progress.advance(1)
         if self.s.reference_every and self.since_check >= self.s.reference_every:
             self._check_reference()
         elif not self.s.reference_every:
@@ -547,6 +551,8 @@ class RoundRobin:
         if not keys:
             return
         self.flush()
+        if self.progress is not None:
+            self.progress.more(repeats * len(keys), f"re-timing {len(keys)} cells ({why})")
         self.remeasured.setdefault(why, []).extend([list(key) for key in keys])
         for key in keys:
             self.fresh[key] = RawCell(key[0], key[1], [], [])
@@ -587,6 +593,9 @@ def run_schedule(rr: RoundRobin, keys: Sequence[tuple[int, int]], settings: Prof
                  if not _steady(rr.ckpt.cells[key], settings.max_spread)}
         if not noisy:
             break
+        if rr.progress is not None:
+            rr.progress.more(len(noisy), f"one more repeat of {len(noisy)} cells whose spread "
+                             f"is above {settings.max_spread:.0%}")
         rr.run(noisy)
     if not repair:
         return
@@ -637,12 +646,21 @@ def profile_step_times(spec: EngineSpec, *, batch_sizes: Sequence[int], checkpoi
     todo = sum(max(settings.repeats - len(c.client_samples_ms), 0) for c in ckpt.cells.values())
     todo += settings.repeats * sum(1 for k in lengths for b in settings.batch_sizes
                                    if (b, k) not in ckpt.cells)
-    bar = _progress_bar(todo, progress)
-    rr = RoundRobin(ckpt, settings, progress=(lambda n, _: bar.update(n)) if bar else None)
+    bar: ProfileProgress | None = None
+    rr = RoundRobin(ckpt, settings)
+    cells = len(lengths) * len(settings.batch_sizes)
+    if progress and todo:
+        print(f"profile: starting vLLM ({mode}) to time {cells} cells x {settings.repeats} "
+              f"repeats ({todo} still to time; server log under {log_dir})", file=sys.stderr)
     started = time.time()
     try:
         for phase, server, pin in _servers_per_length(run_spec, lengths, settings, ckpt,
                                                        log_dir, mode):
+            if progress and todo:
+                print(f"profile: server up after {server.startup_s or 0:.0f} s; timing "
+                      f"k = {', '.join(map(str, phase))}", file=sys.stderr)
+                if bar is None:  # created once a server is up: no bar sits at 0 meanwhile
+                    bar = rr.progress = ProfileProgress(todo)
             if on_first_server_ready is not None:
                 on_first_server_ready()
                 on_first_server_ready = None
@@ -717,9 +735,26 @@ def _write_control(path: Path, force_k: int | None) -> None:
     write_control(path, force_k=force_k)
 
 
-def _progress_bar(total: int, enabled: bool):
-    if not enabled or total == 0:
-        return None
-    from tqdm import tqdm
+class ProfileProgress:
+    """The profile's bar, in repeats (one repeat = one timing of one cell, each cell gets
+    ``repeats`` of them): its total grows, with a line saying why, whenever the profile decides
+    to time more than it planned (a noisy cell, a drift of the reference cell, a cell that
+    breaks the physical order), so the count never runs past it; tqdm gives the rate and ETA."""
 
-    return tqdm(total=total, desc="profile cells", unit="cell")
+    def __init__(self, total: int) -> None:
+        from tqdm import tqdm
+
+        self._bar = tqdm(total=total, desc="profile repeats", unit="repeat")
+
+    def advance(self, n: int) -> None:
+        self._bar.update(n)
+
+    def more(self, n: int, why: str) -> None:
+        if n <= 0:
+            return
+        self._bar.total += n
+        self._bar.refresh()
+        self._bar.write(f"profile: +{n} repeats: {why}")
+
+    def close(self) -> None:
+        self._bar.close()

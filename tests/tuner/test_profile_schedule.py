@@ -166,3 +166,32 @@ def test_consistency_violations_respect_noise():
     # The same gaps within two combined standard errors are noise, not violations.
     noisy = {key: (ms, 0.06) for key, (ms, _) in cells.items()}
     assert consistency_violations(noisy) == []
+
+
+class CountingProgress:
+    """Stands in for the profile's bar: what was done, what was added to the plan and why."""
+
+    def __init__(self, total: int) -> None:
+        self.total, self.done, self.reasons = total, 0, []
+
+    def advance(self, n: int) -> None:
+        self.done += n
+
+    def more(self, n: int, why: str) -> None:
+        self.total += n
+        self.reasons.append(why)
+
+
+@pytest.mark.parametrize("load", [lambda t: 1.4 if 8 <= t < 14 else 1.0,  # a passing slowdown
+                                  lambda t: 1.5 if t >= 12 else 1.0])     # a lasting shift
+def test_the_progress_total_grows_with_every_repeat_timed_again_and_says_why(tmp_path, load):
+    machine = FakeMachine(load=load)
+    s = settings()
+    bar = CountingProgress(total=3 * len(KEYS))
+    ckpt = Checkpoint(tmp_path / "c.jsonl", {"engine": "fake"}, s)
+    rr = RoundRobin(ckpt, s, sleep=machine.sleep, progress=bar)
+    rr.attach(machine.measure, machine.pin, (1, 0))
+    run_schedule(rr, KEYS, s, repair=True)
+    # Every repeat timed (reference checks aside) was counted, and the count ends at the total.
+    assert bar.reasons and bar.done == bar.total > 3 * len(KEYS)
+    assert all("reference cell moved" in why or "re-timing" in why for why in bar.reasons)
