@@ -432,7 +432,7 @@ def cmd_evaluate(args) -> int:
     if not isinstance(controller_settings, dict):
         raise ContractError(f"--controller-settings: {args.controller_settings!r} is not a "
                             "JSON object")
-    from tabletune.controller.estimator import ControllerSettings
+    from tabletune.controller.settings import ControllerSettings
 
     ControllerSettings.from_dict(controller_settings, "--controller-settings")  # fail here
     out = Path(args.out_dir)

@@ -15,7 +15,9 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from tabletune.controller.estimator import ControllerSettings, Estimator, RebuildRecord
+from tabletune.controller.estimator import Estimator
+from tabletune.controller.records import RebuildRecord
+from tabletune.controller.settings import ControllerSettings
 from tabletune.controller.stale import profile_digest, write_stale_mark
 from tabletune.core.atomic import atomic_write_text
 from tabletune.core.builder import StepTimes, recorded_build_settings

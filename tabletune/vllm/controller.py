@@ -41,7 +41,7 @@ import logging
 import os
 from pathlib import Path
 
-from tabletune.controller.estimator import ControllerSettings
+from tabletune.controller.settings import ControllerSettings
 from tabletune.controller.runtime import UNKNOWN_VALUES, ControllerRuntime, build_runtime
 from tabletune.core.builder import recorded_build_settings
 from tabletune.core.errors import ContractError
