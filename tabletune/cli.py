@@ -102,32 +102,30 @@ def add_profile_args(p: argparse.ArgumentParser) -> None:
                         "(default: 65 on cpu, 129 on cuda, where steps are short and noisy)")
 
 
+def _profile_settings(args, spec):
+    from tabletune.tuner.profiler import ProfileSettings
+
+    output_tokens = args.output_tokens or (129 if spec.device == "cuda" else 65)
+    return ProfileSettings(batch_sizes=_grid(args), repeats=args.repeats,
+                           max_spread=args.max_spread, output_tokens=output_tokens,
+                           startup_timeout_s=args.startup_timeout,
+                           reference_every=args.reference_every, drift_bound=args.drift_bound)
+
+
 def _run_profile(args, spec, out_dir: Path, checkpoint: Path | None = None,
                  on_first_server_ready=None) -> Profile:
-    from tabletune.tuner.profiler import ProfileSettings, profile_step_times
+    from tabletune.tuner.tune import measure_step_times
 
-    grid = _grid(args)
-    output_tokens = args.output_tokens or (129 if spec.device == "cuda" else 65)
-    settings = ProfileSettings(batch_sizes=grid, repeats=args.repeats,
-                               max_spread=args.max_spread, output_tokens=output_tokens,
-                               startup_timeout_s=args.startup_timeout,
-                               reference_every=args.reference_every,
-                               drift_bound=args.drift_bound)
-    return profile_step_times(spec.with_(max_num_seqs=max(spec.max_num_seqs, max(grid))),
-                              batch_sizes=grid, settings=settings,
+    return measure_step_times(spec, batch_sizes=_grid(args), settings=_profile_settings(args, spec),
                               checkpoint=checkpoint or out_dir / "profile.ckpt.jsonl",
                               log_dir=out_dir / "logs", mode=args.mode,
                               on_first_server_ready=on_first_server_ready)
 
 
-def _acceptance_spec(spec):
-    return spec.with_(max_num_seqs=max(spec.max_num_seqs, 64))
-
-
 def _run_acceptance(args, spec, out_dir: Path) -> Acceptance:
-    from tabletune.tuner.acceptance import measure_acceptance
+    from tabletune.tuner.tune import acceptance_spec, measure_acceptance
 
-    return measure_acceptance(_acceptance_spec(spec), prompts_from_args(args),
+    return measure_acceptance(acceptance_spec(spec), prompts_from_args(args),
                               temperature=args.temperature, max_tokens=args.max_tokens,
                               log_dir=out_dir / "logs")
 
@@ -321,89 +319,41 @@ def _serving_plan(args, grid: tuple[int, ...]):
 
 
 def cmd_tune(args) -> int:
-    from tabletune.core.calibration import calibrate_profile
-    from tabletune.tuner.serving import (acceptance_and_serving, launch_serving_server,
-                                         measured_for_calibration)
+    from tabletune.tuner.tune import TunePlan, tune
 
     _validate_tune_args(args)
     out = Path(args.out_dir)
     grid = _grid(args)
-    plan = _serving_plan(args, grid)
+    serving = _serving_plan(args, grid)
     out.mkdir(parents=True, exist_ok=True)
     started = time.time()
     spec = engine_spec_from_args(args, max_batch_size=max(grid))
     print(f"tune: {spec.model} + {spec.drafter} ({spec.method}, K={spec.max_k}, {spec.device}); "
           f"B grid {list(grid)}; output {out}", flush=True)
-    t0 = time.time()
-    measured: dict = {}
     reused = load_json(args.acceptance, "acceptance") if args.acceptance else None
-    # One server measures acceptance (unless reused) and then serving step times (unless off).
-    need_server = reused is None or plan is not None
-    prompts = prompts_from_args(args) if need_server else None
-    if reused is None:
-        from tabletune.tuner.acceptance import check_acceptance_inputs
-
-        check_acceptance_inputs(prompts, args.temperature)
-
-    def measure_on(server, control) -> None:
-        t = time.time()
-        acc, cells = acceptance_and_serving(server, control, prompts,
-                                            measure_acceptance=reused is None, plan=plan,
-                                            temperature=args.temperature,
-                                            max_tokens=args.max_tokens)
-        measured["acceptance"] = acc or reused
-        measured["serving"] = cells
-        measured["acceptance_s"] = time.time() - t
-
-    def launch():
-        return launch_serving_server(_acceptance_spec(spec), max_batch_size=max(grid),
-                                     log_dir=out / "logs", startup_timeout_s=args.startup_timeout)
-
-    on_ready = None
-    if need_server and args.overlap_startups:
-        # The acceptance server starts beside the profile's; it is measured once both are up
-        # and before any cell is timed, so the two never share a timing window.
-        server, control = launch()
-        on_ready = lambda: measure_on(server, control)  # noqa: E731
-    try:
-        profile = _run_profile(args, spec, out, on_first_server_ready=on_ready)
-    finally:
-        if on_ready is not None and "acceptance" not in measured:
-            server.stop()
-    save_json(out / "profile.json", profile)
-    t_profile = time.time() - t0 - measured.get("acceptance_s", 0.0)
-    t0 = time.time()
-    if need_server and "acceptance" not in measured:
-        measure_on(*launch())
-    acceptance = measured.get("acceptance") or reused
-    if reused is None:
-        save_json(out / "acceptance.json", acceptance)
-    t_acceptance = time.time() - t0 + measured.get("acceptance_s", 0.0)
-    cells = measured.get("serving") or []
-    if cells:
-        profile = calibrate_profile(
-            profile, measured_for_calibration(cells),
-            meta={"method": "closed-loop windows with acceptance on, k pinned for every step; "
-                            "step = window / engine steps (vllm:iteration_tokens_total)",
-                  "plan": plan.to_dict(), "windows": [c.to_dict() for c in cells]})
-        save_json(out / "profile.json", profile)
-        print(_describe_calibration(profile))
-    built = build_document(profile, acceptance, lengths=args.lengths,
-                           tie_margin=args.tie_margin, max_batch_size=args.table_max_batch_size,
-                           provenance={"tune_wall_s": round(time.time() - started, 1)})
-    result, doc = built.build, built.document
+    plan = TunePlan(batch_sizes=grid, profile_settings=_profile_settings(args, spec),
+                    mode=args.mode, serving=serving, temperature=args.temperature,
+                    max_tokens=args.max_tokens, startup_timeout_s=args.startup_timeout,
+                    overlap_startups=args.overlap_startups, lengths=args.lengths,
+                    tie_margin=args.tie_margin, table_max_batch_size=args.table_max_batch_size)
+    need_prompts = reused is None or serving is not None
+    result = tune(spec, plan, out, prompts=prompts_from_args(args) if need_prompts else None,
+                  reused_acceptance=reused, started=started,
+                  on_calibrated=lambda profile: print(_describe_calibration(profile)))
+    profile, doc = result.profile, result.built.document
     save_json(out / "table.json", doc)
-    _write_plots(out / "plots", profile, result)
-    timing = {"profile_s": round(t_profile, 1), "acceptance_s": round(t_acceptance, 1),
+    _write_plots(out / "plots", profile, result.built.build)
+    timing = {"profile_s": round(result.profile_s, 1),
+              "acceptance_s": round(result.acceptance_s, 1),
               "total_s": round(time.time() - started, 1), "mode": args.mode,
               "cells": len(profile.cells), "batch_sizes": list(grid),
-              "serving_windows": len(cells)}
+              "serving_windows": len(result.serving_cells)}
     atomic_write_text(out / "timing.json", json.dumps(timing, indent=2) + "\n")
     summary = _describe_document(doc)
     atomic_write_text(out / "summary.txt", summary + "\n")
     print(summary)
-    print(f"tune finished in {timing['total_s']:.0f} s (profile {t_profile:.0f} s, acceptance "
-          f"and serving {t_acceptance:.0f} s); files in {out}")
+    print(f"tune finished in {timing['total_s']:.0f} s (profile {result.profile_s:.0f} s, "
+          f"acceptance and serving {result.acceptance_s:.0f} s); files in {out}")
     return 0
 
 

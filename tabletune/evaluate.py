@@ -25,7 +25,8 @@ from tabletune.core.files import check_output_dir, parse_json
 from tabletune.core.tables import DOCS_TABLE, DraftTable
 from tabletune.engine.client import run_load
 from tabletune.engine.server import EngineError, VllmServer, speculative_config
-from tabletune.engine.spec import EngineSpec, deployment_fingerprint
+from tabletune.engine.fingerprint import deployment_fingerprint
+from tabletune.engine.spec import EngineSpec
 from tabletune.engine_args import add_engine_args, engine_spec_from_args
 from tabletune.core.options import int_list, integer, number
 from tabletune.prompt_args import add_prompt_args, prompts_from_args

@@ -18,7 +18,8 @@ from tabletune.core.files import parse_json, read_text_file
 from tabletune.core.goodput import monotone_rates
 from tabletune.engine.client import run_batch
 from tabletune.engine.server import EngineError, VllmServer, speculative_config
-from tabletune.engine.spec import EngineSpec, deployment_fingerprint
+from tabletune.engine.fingerprint import deployment_fingerprint
+from tabletune.engine.spec import EngineSpec
 
 # An Airflow task's log shows these: a measurement takes minutes and should not look hung.
 log = logging.getLogger("tabletune.acceptance")

@@ -40,7 +40,8 @@ from tabletune.core.vllm_contract import CONTROL_FILE_ENV, SCHEDULER_CLS, write_
 from tabletune.engine.client import run_batch
 from tabletune.engine.model_pair import synthetic_prompts
 from tabletune.engine.server import EngineError, VllmServer, speculative_config
-from tabletune.engine.spec import EngineSpec, deployment_fingerprint
+from tabletune.engine.fingerprint import deployment_fingerprint
+from tabletune.engine.spec import EngineSpec
 
 CHECKPOINT_SCHEMA = "tabletune.profile-checkpoint/v1"
 # How far (relative) the engine's per-step log may sit from the client's step time and still

@@ -130,9 +130,9 @@ def _prior_with_fingerprint(tmp_path, fingerprint):
 @pytest.fixture
 def engine_env(monkeypatch):
     """A controller environment on a fixed vLLM version, with no escape hatch set."""
-    from tabletune.engine import spec as engine_spec
+    from tabletune.engine import fingerprint as engine_fingerprint
 
-    monkeypatch.setattr(engine_spec, "engine_version", lambda: ("vllm", "0.32.0"))
+    monkeypatch.setattr(engine_fingerprint, "engine_version", lambda: ("vllm", "0.32.0"))
     monkeypatch.delenv("TABLETUNE_CONTROLLER_ALLOW_FOREIGN_PRIOR", raising=False)
     for name in ("TABLETUNE_CONTROLLER_SETTINGS", "TABLETUNE_CONTROLLER_OUT",
                  "TABLETUNE_CONTROLLER_FAULT_AFTER_STEPS"):
@@ -165,14 +165,14 @@ def test_a_prior_from_another_deployment_is_refused_naming_each_field_and_both_v
 
 def test_a_rebuilt_model_is_noticed_by_its_config_hash(tmp_path, engine_env):
     from tabletune.vllm.controller import controller_from_env
-    from tabletune.engine.spec import _model_identity
+    from tabletune.engine.fingerprint import model_identity
 
     target, draft = tmp_path / "target", tmp_path / "draft"
     for path in (target, draft):
         path.mkdir()
         (path / "config.json").write_text('{"hidden_size": 64}')
-    folder = _prior_with_fingerprint(tmp_path, {**_SAME, "model": _model_identity(str(target)),
-                                                "drafter": _model_identity(str(draft))})
+    folder = _prior_with_fingerprint(tmp_path, {**_SAME, "model": model_identity(str(target)),
+                                                "drafter": model_identity(str(draft))})
     engine_env.setenv("TABLETUNE_CONTROLLER", str(folder))
     scheduler = _engine_scheduler(model=str(target), drafter=str(draft) + "/")
     assert controller_from_env(scheduler) is not None  # same files (a trailing / is no change)
@@ -184,15 +184,15 @@ def test_a_rebuilt_model_is_noticed_by_its_config_hash(tmp_path, engine_env):
 
 def test_the_gpu_name_is_compared_when_both_sides_know_it(tmp_path, engine_env):
     from tabletune.vllm.controller import controller_from_env
-    from tabletune.engine import spec as engine_spec
+    from tabletune.engine import fingerprint as engine_fingerprint
 
     folder = _prior_with_fingerprint(tmp_path, {**_SAME, "device": "cuda", "gpu": "NVIDIA H100"})
     engine_env.setenv("TABLETUNE_CONTROLLER", str(folder))
-    engine_env.setattr(engine_spec, "_gpu_inventory", lambda: {"gpu": "NVIDIA H200"})
+    engine_env.setattr(engine_fingerprint, "gpu_inventory", lambda: {"gpu": "NVIDIA H200"})
     with pytest.raises(ContractError, match="profile.fingerprint.gpu: 'NVIDIA H100' but the "
                                             "engine has 'NVIDIA H200'"):
         controller_from_env(_engine_scheduler(device="cuda"))
-    engine_env.setattr(engine_spec, "_gpu_inventory", lambda: {})  # no nvidia-smi: unknown
+    engine_env.setattr(engine_fingerprint, "gpu_inventory", lambda: {})  # no nvidia-smi: unknown
     assert controller_from_env(_engine_scheduler(device="cuda")) is not None
 
 
