@@ -515,10 +515,40 @@ def cmd_plot(args) -> int:
     return 0
 
 
+class CommandUnavailable(ImportError):
+    """A command's module cannot be imported: an installation problem, reported as one."""
+
+
+# Every ``tabletune`` command, in ``tabletune --help``'s order: the module it lives in and the
+# function there that adds its parser (and its ``func``). One place to find a command; a module
+# that cannot be imported stops the parser with its name instead of the command going missing.
+COMMANDS = (
+    ("tune, profile, acceptance, build, show, plot", "tabletune.cli", "add_tuner_parsers"),
+    ("registry", "tabletune.pipeline.cli", "add_registry_parser"),
+    ("simulate", "tabletune.simulator.cli", "add_simulate_parser"),
+    ("evaluate", "tabletune.evaluate", "add_evaluate_parsers"),
+    ("doctor", "tabletune.doctor", "add_doctor_parser"),
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
+    import importlib
+
     parser = HelpfulParser(prog="tabletune", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
+    for names, module, function in COMMANDS:
+        try:
+            # This module, also when it runs as ``python -m tabletune.cli`` (``__main__``).
+            home = sys.modules[__name__] if module == "tabletune.cli" else \
+                importlib.import_module(module)
+        except ImportError as exc:
+            raise CommandUnavailable(f"tabletune {names}: cannot import {module}: {exc}") from exc
+        getattr(home, function)(sub)
+    return parser
 
+
+def add_tuner_parsers(sub) -> None:
+    """The tuner's commands: tune, profile, acceptance, build, show, plot."""
     p = sub.add_parser("tune", help="profile + acceptance + build + plots (the main job)")
     add_engine_args(p)
     add_profile_args(p)
@@ -580,31 +610,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out-dir", required=True, type=Path, help="folder for the PNG files")
     p.set_defaults(func=cmd_plot)
 
-    sub.add_parser("registry", add_help=False,
-                   help="seed, show, promote or roll back registered tables in MLflow "
-                        "(tabletune registry --help)")
-    _add_optional_commands(sub)
-    return parser
-
-
-def _add_optional_commands(sub) -> None:
-    """Commands whose modules live elsewhere in the package (simulator, evaluation, registry)."""
-    try:
-        from tabletune.simulator.cli import add_simulate_parser
-    except ImportError:
-        pass
-    else:
-        add_simulate_parser(sub)
-    try:
-        from tabletune.evaluate import add_evaluate_parsers
-    except ImportError:
-        pass
-    else:
-        add_evaluate_parsers(sub)
-    from tabletune.doctor import add_doctor_parser
-
-    add_doctor_parser(sub)
-
 
 class Terminated(BaseException):
     """The process got SIGTERM or SIGHUP (a timeout, an Airflow task kill, a closed terminal).
@@ -649,13 +654,15 @@ def _main(argv: Sequence[str] | None) -> int:
     from tabletune.engine.server import EngineError, stop_all_servers
 
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["registry"]:
-        # Registered tables in MLflow (pipeline extra): its own parser, no engine needed.
-        from tabletune.pipeline.cli import registry_main
-
-        return registry_main(argv[1:])
-    parser = build_parser()
+    try:
+        parser = build_parser()
+    except CommandUnavailable as e:
+        print(f"tabletune: error: {e} (reinstall TableTune with its dependencies)",
+              file=sys.stderr)
+        return 1
     args = parser.parse_args(argv)
+    # "registry seed" for a registry command, so its errors name the subcommand as they always did.
+    where = getattr(args, "command_path", args.command)
     # SIGTERM and SIGHUP unwind like Ctrl-C: every `with server` and `finally` runs, so no
     # engine (API server, engine core, workers) outlives the command.
     previous = {}
@@ -668,19 +675,19 @@ def _main(argv: Sequence[str] | None) -> int:
         check_options(parser, args)  # every option's range, before any engine or file
         return int(args.func(args) or 0)
     except (ContractError, ValueError, EngineError) as e:
-        print(f"tabletune {args.command}: error: {e}", file=sys.stderr)
+        print(f"tabletune {where}: error: {e}", file=sys.stderr)
         return 2
     except BrokenPipeError:
         raise
     except OSError as e:
         # The one place an OS refusal (full disk, read-only file system, a folder that is a
         # file, permissions) becomes the command's one-line error: the path and the reason.
-        print(f"tabletune {args.command}: error: {describe_os_error(e)}", file=sys.stderr)
+        print(f"tabletune {where}: error: {describe_os_error(e)}", file=sys.stderr)
         return 2
     except (KeyboardInterrupt, Terminated) as e:
         stop_all_servers()
         why = e.args[0] if isinstance(e, Terminated) else "SIGINT"
-        parts = [f"tabletune {args.command}: interrupted ({why})"]
+        parts = [f"tabletune {where}: interrupted ({why})"]
         if args.command in _ENGINE_COMMANDS:
             parts.append("engines stopped")
         if args.command in _INTERRUPTED_KEEPS:
