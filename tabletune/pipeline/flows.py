@@ -35,7 +35,7 @@ from tabletune.core.pipeline_errors import GateFailed, PromotionConflict, Regist
 from tabletune.engine.fingerprint import fingerprint_key
 from tabletune.pipeline.deployment import flatten_params
 from tabletune.pipeline.gate import GateReport, GateSettings, run_gate
-from tabletune.pipeline.rebuild import goodput_rows, rebuild_table
+from tabletune.pipeline.candidate import build_candidate, goodput_rows
 
 __all__ = [
     "start_run",
@@ -343,7 +343,7 @@ def rebuild(
         "fingerprint_key": fingerprint_key(profile_doc.fingerprint),
         "built_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
     }
-    result = rebuild_table(
+    result = build_candidate(
         profile_doc, acceptance_doc, provenance=provenance,
         production_document=production.table if production else None,
         max_batch_size=max_batch_size, tie_margin=tie_margin,
