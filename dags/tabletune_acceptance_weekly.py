@@ -22,7 +22,6 @@ Everything is logged to MLflow; prompts never are. Logic lives in `tabletune.pip
 from __future__ import annotations
 
 import datetime as dt
-import os
 
 from _tabletune_tasks import gate_and_promote, rebuild, register, start_run, validate
 from airflow.sdk import Param, dag, task
@@ -38,6 +37,7 @@ from tabletune_airflow import (
     staging_key,
 )
 
+from tabletune.core import envs
 from tabletune.core.defaults import (
     DEFAULT_EDGE_TOLERANCE,
     DEFAULT_MAX_TOKENS,
@@ -46,9 +46,9 @@ from tabletune.core.defaults import (
     DEFAULT_TEMPERATURE,
 )
 
-_BUCKET = os.environ.get("TABLETUNE_PROMPTS_BUCKET", "tabletune")
-_PREFIX = os.environ.get("TABLETUNE_PROMPTS_PREFIX", "prompts/")
-_STAGING = os.environ.get("TABLETUNE_STAGING_PREFIX", "tabletune/staging")
+_BUCKET = envs.PROMPTS_BUCKET.get()
+_PREFIX = envs.PROMPTS_PREFIX.get()
+_STAGING = envs.STAGING_PREFIX.get()
 
 
 @dag(

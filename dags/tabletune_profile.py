@@ -34,6 +34,7 @@ from tabletune_airflow import (
     permanent_errors_fail_fast,
 )
 
+from tabletune.core import envs
 from tabletune.core.defaults import DEFAULT_EDGE_TOLERANCE, DEFAULT_REPEATS
 
 
@@ -64,7 +65,6 @@ def tabletune_profile():
     @task(queue=ENGINE_QUEUE, pool=ENGINE_POOL, execution_timeout=dt.timedelta(hours=3))
     @permanent_errors_fail_fast
     def profile(info: dict, params=None, run_id=None) -> dict:
-        import os
         import re
 
         from tabletune.pipeline import flows
@@ -73,7 +73,7 @@ def tabletune_profile():
         spec = TableTuneEngineHook().get_conn()
         batch_sizes = params["batch_sizes"] or list(default_grid(spec.max_num_seqs))
         # A retry resumes from the checkpoint instead of re-timing finished cells.
-        state = Path(os.environ.get("TABLETUNE_STATE_DIR", "/tmp/tabletune-state"))
+        state = Path(envs.STATE_DIR.get())
         checkpoint = state / "checkpoints" / re.sub(r"[^A-Za-z0-9._-]", "_", run_id) / "cells.json"
         return flows.profile_deployment(
             TableTuneMlflowHook().get_conn(), spec, mlflow_run_id=info["mlflow_run_id"],

@@ -6,7 +6,7 @@ every DAG's schedule, params, tasks and their upstream tasks, to compare two tre
 import json, os, sys, time
 repo = sys.argv[1]; out = sys.argv[2] if len(sys.argv) > 2 else None
 os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
-os.environ.setdefault("AIRFLOW_HOME", "/tmp/i23/airflow_home")
+os.environ.setdefault("AIRFLOW_HOME", os.path.join(os.environ.get("TMPDIR", "/tmp"), "tabletune-dag-parse"))
 sys.path[:0] = [repo, f"{repo}/dags", f"{repo}/plugins"]
 from airflow.models import DagBag  # noqa: E402  (airflow's own import cost is not the DAGs')
 before = set(sys.modules)

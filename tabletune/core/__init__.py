@@ -3,7 +3,8 @@
 Imports numpy and the standard library only, so the vLLM plugin, the Airflow tasks and the
 CLI can all use it without pulling in each other's dependencies. The names below are loaded on
 first use (PEP 562), so importing one light module (``core.defaults``, ``core.vllm_contract``,
-``core.envs``) does not load numpy: the DAG files import those at parse time.
+``core.envs``) does not load numpy: the DAG files import those at parse time. The goodput
+function is ``tabletune.core.goodput.goodput``: lazily, ``tabletune.core.goodput`` is the module.
 """
 
 from importlib import import_module
@@ -31,7 +32,6 @@ _HOMES = {
     "build_table": "tabletune.core.builder",
     "check_compatible": "tabletune.core.contracts",
     "fixed_length_goodput": "tabletune.core.builder",
-    "goodput": "tabletune.core.goodput",
     "goodput_loss": "tabletune.core.builder",
     "held_out_loss": "tabletune.core.builder",
     "load_json": "tabletune.core.contracts",
@@ -66,7 +66,6 @@ __all__ = [
     "build_table",
     "check_compatible",
     "fixed_length_goodput",
-    "goodput",
     "goodput_loss",
     "held_out_loss",
     "load_json",

@@ -41,6 +41,7 @@ import logging
 import os
 from pathlib import Path
 
+from tabletune.core import envs
 from tabletune.controller.settings import ControllerSettings
 from tabletune.controller.runtime import ControllerRuntime, build_runtime
 from tabletune.core.builder import recorded_build_settings
@@ -88,7 +89,7 @@ def load_prior(uri: str, *, cache_dir: Path | None = None) -> Prior:
 
 
 def _env_flag(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+    return envs.ENV_VARS[name].get()
 
 
 def _usable_out_dir(path: str | None) -> str | None:
