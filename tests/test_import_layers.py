@@ -143,7 +143,7 @@ def test_the_vllm_process_loads_no_pipeline_and_no_mlflow():
 
     code = (
         "import json, sys\n"
-        "import tabletune.vllm.controller, tabletune.vllm.lookup, tabletune.vllm.plugin\n"
+        "import tabletune.vllm.controller_setup, tabletune.vllm.lookup, tabletune.vllm.plugin\n"
         "import tabletune.adapters.mlflow_prior\n"
         "bad = sorted(m for m in sys.modules if m.startswith(('tabletune.pipeline', 'mlflow', "
         "'airflow', 'great_expectations', 'boto3', 'tabletune.adapters.mlflow_registry')))\n"

@@ -1,7 +1,7 @@
 """The controller's runtime: the per-step driver around the estimator, its checks of the prior
 against the engine, and its reporting (``rebuilds.jsonl``, ``state.json``, ``metrics.prom``).
 
-It runs inside a vLLM engine, wired up by ``tabletune.vllm.controller`` (which reads the
+It runs inside a vLLM engine, wired up by ``tabletune.vllm.controller_setup`` (which reads the
 environment and loads the prior), but imports no vLLM: the scheduler hands it plain numbers.
 """
 

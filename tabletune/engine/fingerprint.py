@@ -2,7 +2,7 @@
 
 One module for every side of it. ``deployment_fingerprint(spec)`` is what the tuner records in
 ``profile.json`` (cheap: starts nothing); ``engine_fingerprint(vllm_config)`` is the running
-engine's side, read inside vLLM by the controller (``tabletune.vllm.controller``);
+engine's side, read inside vLLM by the controller (``tabletune.vllm.controller_setup``);
 ``fingerprint_mismatches`` is the controller's check of a prior against that engine (only
 ``FINGERPRINT_FIELDS``, unknown values never count); ``fingerprint_key`` and
 ``fingerprint_changes`` are the pipeline's (the re-profile trigger and the registry's tags).
