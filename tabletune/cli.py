@@ -142,7 +142,7 @@ def add_build_args(p: argparse.ArgumentParser) -> None:
 
 
 def _write_plots(d: Path, profile: Profile, result) -> list[Path]:
-    from tabletune.pipeline import plots
+    from tabletune.report import plots
 
     return [
         plots.plot_step_times(profile, d / "step_times.png"),

@@ -360,7 +360,7 @@ def loss_table(results: Sequence[ArmResult], fixed_arms: Sequence[str]) -> dict:
 
 def _write_results(out_dir: Path, kind: str, spec: EngineSpec, results, losses, extra,
                    *, complete: bool = True) -> Path:
-    from tabletune.pipeline import plots
+    from tabletune.report import plots
 
     out_dir.mkdir(parents=True, exist_ok=True)
     doc = {"schema": RESULTS_SCHEMA, "kind": kind, "fingerprint": deployment_fingerprint(spec),

@@ -363,7 +363,7 @@ def rebuild(
 def _log_goodput_and_plots(registry: Any, run_id: str, result: Any, production: Any) -> None:
     import pandas as pd
 
-    from tabletune.pipeline.plots import plot_goodput, plot_goodput_heatmap, plot_tables
+    from tabletune.report.plots import plot_goodput, plot_goodput_heatmap, plot_tables
 
     with tempfile.TemporaryDirectory(prefix="tabletune-run-") as tmp:
         tmp_path = Path(tmp)

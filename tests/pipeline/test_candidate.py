@@ -9,7 +9,7 @@ from factories import make_acceptance, make_profile
 from tabletune.core.contracts import TableDocument
 from tabletune.core.errors import ContractError
 from tabletune.core.tables import DraftTable
-from tabletune.pipeline.plots import plot_goodput, plot_tables
+from tabletune.report.plots import plot_goodput, plot_tables
 from tabletune.pipeline.candidate import build_candidate, goodput_rows
 
 
