@@ -175,7 +175,7 @@ class Estimator:
         steps = self._steps + 1
         self._steps = steps
         if steps >= self._next_rebuild:
-            self._rebuild()
+            self.rebuild()
         if self._explore_every and steps % self._explore_every == 0:
             # Exploration does not move the hysteresis state: it is one step off the table.
             self._explorations += 1
@@ -217,10 +217,8 @@ class Estimator:
     # ----------------------------------------------------------------------------------- rebuild
 
     def rebuild(self) -> RebuildRecord:
-        """Rebuild now (also resets the countdown to the next automatic rebuild)."""
-        return self._rebuild()
-
-    def _rebuild(self) -> RebuildRecord:
+        """Rebuild the table now (``on_step`` calls it when due; a call also resets the
+        countdown to the next automatic rebuild)."""
         blend, live = self._blend, self._live
         drafted, accepted = blend.live_counts()
         w = blend.prior_weight

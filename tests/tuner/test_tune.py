@@ -9,7 +9,7 @@ from tabletune.engine.spec import EngineSpec
 from tabletune.tuner import profiler, serving
 from tabletune.tuner.profiler import ProfileSettings
 from tabletune.tuner.tune import TunePlan, acceptance_spec, tune
-from tests.support.factories import make_acceptance, make_profile
+from factories import make_acceptance, make_profile
 
 
 @pytest.fixture
