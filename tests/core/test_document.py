@@ -11,7 +11,7 @@ import numpy as np
 from factories import make_acceptance, make_profile
 
 from tabletune.cli import main
-from tabletune.controller.estimator import ControllerSettings, Estimator
+from tabletune.controller import ControllerSettings, Estimator
 from tabletune.core.builder import StepTimes, goodput_loss, table_loss
 from tabletune.core.contracts import Profile, TableDocument, load_json, save_json
 from tabletune.core.tables import DraftTable
