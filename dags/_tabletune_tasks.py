@@ -9,7 +9,14 @@ from parsing it as a DAG file of its own.
 from __future__ import annotations
 
 from airflow.sdk import Asset, task
-from tabletune_airflow import TableTuneMlflowHook, permanent_errors_fail_fast
+from tabletune_airflow import (
+    TableTuneEngineHook,
+    TableTuneMlflowHook,
+    model_name_for,
+    permanent_errors_fail_fast,
+    publish_run_link,
+    skip_if_missed_schedule,
+)
 
 # tabletune_reprofile emits it when the deployment changed; tabletune_profile runs on it.
 FINGERPRINT_CHANGED = Asset(name="tabletune_fingerprint_changed",
@@ -19,6 +26,45 @@ FINGERPRINT_CHANGED = Asset(name="tabletune_fingerprint_changed",
 # DAG params that set the gate, by GateSettings field; a DAG without one gets the library's default.
 _GATE_PARAMS = {"edge_tolerance": "edge_tolerance", "edge_tolerance_per_length": "per_length",
                 "compare_edges": "compare_edges"}
+
+
+@task
+@permanent_errors_fail_fast
+def start_run(kind: str, params=None, run_id=None, dag_run=None, ti=None) -> dict:
+    """Open the MLflow run (named after this DAG run) and pin the production version; ``kind``
+    is the run's kind (``acceptance``, ``profile``). A scheduled run due before the DAG was
+    unpaused is skipped (a no-op for manual and asset-triggered runs)."""
+    from tabletune.pipeline import flows
+
+    skip_if_missed_schedule(dag_run)
+    key = params["deployment_key"]
+    # The engine spec is only needed to derive the key; an explicit key skips building it.
+    spec = None if key else TableTuneEngineHook().get_conn()
+    info = flows.start_run(
+        TableTuneMlflowHook().get_conn(), run_name=run_id,
+        model_name=model_name_for(spec, key), kind=kind,
+        settings={k: v for k, v in params.items() if k != "deployment_key"},
+        tags={"airflow.dag_id": dag_run.dag_id},
+    )
+    publish_run_link(ti, info["run_url"])
+    return info
+
+
+@task
+@permanent_errors_fail_fast
+def rebuild(info: dict, profile: dict | None = None, acceptance: dict | None = None,
+            params=None, run_id=None) -> dict:
+    """Build the candidate from what this run measured (``profile`` or ``acceptance``) and
+    production's other document."""
+    from tabletune.pipeline import flows
+
+    return flows.rebuild(
+        TableTuneMlflowHook().get_conn(), mlflow_run_id=info["mlflow_run_id"],
+        run_name=run_id, model_name=info["model_name"],
+        production_version=info["production_version"], profile=profile,
+        acceptance=acceptance, max_batch_size=params["max_batch_size"],
+        tie_margin=params["tie_margin"],
+    )
 
 
 @task

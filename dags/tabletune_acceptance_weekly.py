@@ -22,9 +22,8 @@ Everything is logged to MLflow; prompts never are. Logic lives in `tabletune.pip
 from __future__ import annotations
 
 import datetime as dt
-import os
 
-from _tabletune_tasks import gate_and_promote, register, validate
+from _tabletune_tasks import gate_and_promote, rebuild, register, start_run, validate
 from airflow.sdk import Param, dag, task
 from tabletune_airflow import (
     DEFAULT_ARGS,
@@ -34,21 +33,22 @@ from tabletune_airflow import (
     TableTuneEngineHook,
     TableTuneMlflowHook,
     TableTuneS3Hook,
-    model_name_for,
     permanent_errors_fail_fast,
-    publish_run_link,
-    skip_if_missed_schedule,
     staging_key,
 )
 
-from tabletune.adapters.s3_prompts import DEFAULT_PARTITION
-from tabletune.pipeline.gate import DEFAULT_EDGE_TOLERANCE
-from tabletune.tuner.acceptance import (DEFAULT_MAX_TOKENS, DEFAULT_NUM_PROMPTS,
-                                        DEFAULT_TEMPERATURE)
+from tabletune.core import envs
+from tabletune.core.defaults import (
+    DEFAULT_EDGE_TOLERANCE,
+    DEFAULT_MAX_TOKENS,
+    DEFAULT_NUM_PROMPTS,
+    DEFAULT_PARTITION,
+    DEFAULT_TEMPERATURE,
+)
 
-_BUCKET = os.environ.get("TABLETUNE_PROMPTS_BUCKET", "tabletune")
-_PREFIX = os.environ.get("TABLETUNE_PROMPTS_PREFIX", "prompts/")
-_STAGING = os.environ.get("TABLETUNE_STAGING_PREFIX", "tabletune/staging")
+_BUCKET = envs.PROMPTS_BUCKET.get()
+_PREFIX = envs.PROMPTS_PREFIX.get()
+_STAGING = envs.STAGING_PREFIX.get()
 
 
 @dag(
@@ -99,24 +99,6 @@ _STAGING = os.environ.get("TABLETUNE_STAGING_PREFIX", "tabletune/staging")
 def tabletune_acceptance_weekly():
     @task
     @permanent_errors_fail_fast
-    def start_run(params=None, run_id=None, dag_run=None, ti=None) -> dict:
-        from tabletune.pipeline import flows
-
-        skip_if_missed_schedule(dag_run)
-        key = params["deployment_key"]
-        # The engine spec is only needed to derive the key; an explicit key skips building it.
-        spec = None if key else TableTuneEngineHook().get_conn()
-        settings = {k: v for k, v in params.items() if k != "deployment_key"}
-        info = flows.start_run(
-            TableTuneMlflowHook().get_conn(), run_name=run_id,
-            model_name=model_name_for(spec, key), kind="acceptance",
-            settings=settings, tags={"airflow.dag_id": dag_run.dag_id},
-        )
-        publish_run_link(ti, info["run_url"])
-        return info
-
-    @task
-    @permanent_errors_fail_fast
     def sample_prompts(info: dict, params=None, run_id=None, dag_run=None) -> dict:
         from tabletune.pipeline import flows
         from tabletune.core.sampling import seed_for_run
@@ -147,22 +129,10 @@ def tabletune_acceptance_weekly():
             max_tokens=params["max_tokens"],
         )
 
-    @task
-    @permanent_errors_fail_fast
-    def rebuild(info: dict, acceptance: dict, params=None, run_id=None) -> dict:
-        from tabletune.pipeline import flows
-
-        return flows.rebuild(
-            TableTuneMlflowHook().get_conn(), mlflow_run_id=info["mlflow_run_id"],
-            run_name=run_id, model_name=info["model_name"],
-            production_version=info["production_version"], acceptance=acceptance,
-            max_batch_size=params["max_batch_size"], tie_margin=params["tie_margin"],
-        )
-
-    info = start_run()
+    info = start_run(kind="acceptance")
     sample = sample_prompts(info)
     acceptance = measure_acceptance(info, sample)
-    built = rebuild(info, acceptance)
+    built = rebuild(info, acceptance=acceptance)
     report = validate(info, built)
     version = register(info, built, report)
     gate_and_promote(info, version, report)

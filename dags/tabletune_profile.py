@@ -15,7 +15,14 @@ from __future__ import annotations
 import datetime as dt
 from pathlib import Path
 
-from _tabletune_tasks import FINGERPRINT_CHANGED, gate_and_promote, register, validate
+from _tabletune_tasks import (
+    FINGERPRINT_CHANGED,
+    gate_and_promote,
+    rebuild,
+    register,
+    start_run,
+    validate,
+)
 from airflow.sdk import Param, dag, task
 from tabletune_airflow import (
     DEFAULT_ARGS,
@@ -24,13 +31,11 @@ from tabletune_airflow import (
     MLFLOW_RUN_CALLBACKS,
     TableTuneEngineHook,
     TableTuneMlflowHook,
-    model_name_for,
     permanent_errors_fail_fast,
-    publish_run_link,
 )
 
-from tabletune.pipeline.gate import DEFAULT_EDGE_TOLERANCE
-from tabletune.tuner.profiler import DEFAULT_REPEATS
+from tabletune.core import envs
+from tabletune.core.defaults import DEFAULT_EDGE_TOLERANCE, DEFAULT_REPEATS
 
 
 @dag(
@@ -57,25 +62,9 @@ from tabletune.tuner.profiler import DEFAULT_REPEATS
     },
 )
 def tabletune_profile():
-    @task
-    @permanent_errors_fail_fast
-    def start_run(params=None, run_id=None, dag_run=None, ti=None) -> dict:
-        from tabletune.pipeline import flows
-
-        spec = TableTuneEngineHook().get_conn()
-        info = flows.start_run(
-            TableTuneMlflowHook().get_conn(), run_name=run_id,
-            model_name=model_name_for(spec, params["deployment_key"]), kind="profile",
-            settings={k: v for k, v in params.items() if k != "deployment_key"},
-            tags={"airflow.dag_id": dag_run.dag_id},
-        )
-        publish_run_link(ti, info["run_url"])
-        return info
-
     @task(queue=ENGINE_QUEUE, pool=ENGINE_POOL, execution_timeout=dt.timedelta(hours=3))
     @permanent_errors_fail_fast
     def profile(info: dict, params=None, run_id=None) -> dict:
-        import os
         import re
 
         from tabletune.pipeline import flows
@@ -84,7 +73,7 @@ def tabletune_profile():
         spec = TableTuneEngineHook().get_conn()
         batch_sizes = params["batch_sizes"] or list(default_grid(spec.max_num_seqs))
         # A retry resumes from the checkpoint instead of re-timing finished cells.
-        state = Path(os.environ.get("TABLETUNE_STATE_DIR", "/tmp/tabletune-state"))
+        state = Path(envs.STATE_DIR.get())
         checkpoint = state / "checkpoints" / re.sub(r"[^A-Za-z0-9._-]", "_", run_id) / "cells.json"
         return flows.profile_deployment(
             TableTuneMlflowHook().get_conn(), spec, mlflow_run_id=info["mlflow_run_id"],
@@ -92,21 +81,9 @@ def tabletune_profile():
             checkpoint=checkpoint,
         )
 
-    @task
-    @permanent_errors_fail_fast
-    def rebuild(info: dict, measured: dict, params=None, run_id=None) -> dict:
-        from tabletune.pipeline import flows
-
-        return flows.rebuild(
-            TableTuneMlflowHook().get_conn(), mlflow_run_id=info["mlflow_run_id"],
-            run_name=run_id, model_name=info["model_name"],
-            production_version=info["production_version"], profile=measured,
-            max_batch_size=params["max_batch_size"], tie_margin=params["tie_margin"],
-        )
-
-    info = start_run()
+    info = start_run(kind="profile")
     measured = profile(info)
-    built = rebuild(info, measured)
+    built = rebuild(info, profile=measured)
     report = validate(info, built)
     version = register(info, built, report)
     gate_and_promote(info, version, report)

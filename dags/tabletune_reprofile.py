@@ -49,8 +49,7 @@ def tabletune_reprofile():
     @task(queue=ENGINE_QUEUE)
     @permanent_errors_fail_fast
     def check_fingerprint(params=None) -> dict:
-        import os
-
+        from tabletune.core import envs
         from tabletune.pipeline import flows
 
         spec = TableTuneEngineHook().get_conn()
@@ -58,7 +57,7 @@ def tabletune_reprofile():
         # The online controller's stale mark on this worker is a trigger too.
         result = flows.check_fingerprint(TableTuneMlflowHook().get_conn(), spec,
                                          model_name=model_name, force=params["force"],
-                                         controller_out=os.environ.get("TABLETUNE_CONTROLLER_OUT"))
+                                         controller_out=envs.CONTROLLER_OUT.get())
         return {**result, "model_name": model_name}
 
     @task(outlets=[FINGERPRINT_CHANGED])

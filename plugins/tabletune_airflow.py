@@ -29,22 +29,24 @@ from typing import Any
 from airflow.plugins_manager import AirflowPlugin
 from airflow.sdk import BaseHook, BaseOperatorLink
 
+from tabletune.core import envs
+
 S3_CONN_ID = "tabletune_s3"
 MLFLOW_CONN_ID = "tabletune_mlflow"
 ENGINE_CONN_ID = "tabletune_engine"
 # Engine tasks go to the worker that owns the accelerator. With CeleryExecutor the queue routes
 # them to the GPU worker; the pool (one slot) keeps two engines from sharing one device. The
 # LocalExecutor ignores queues, so locally the pool alone serializes them.
-ENGINE_QUEUE = os.environ.get("TABLETUNE_ENGINE_QUEUE", "gpu")
-ENGINE_POOL = os.environ.get("TABLETUNE_ENGINE_POOL", "gpu")
+ENGINE_QUEUE = envs.ENGINE_QUEUE.get()
+ENGINE_POOL = envs.ENGINE_POOL.get()
 RUN_LINK_XCOM_KEY = "tabletune_mlflow_run_url"
 
 DEFAULT_ARGS = {
     "owner": "tabletune",
     # Transient failures (S3 or MLflow briefly down) get retried; permanent ones are converted
     # to AirflowFailException by `permanent_errors_fail_fast` and fail at once.
-    "retries": int(os.environ.get("TABLETUNE_TASK_RETRIES", "1")),
-    "retry_delay": dt.timedelta(seconds=int(os.environ.get("TABLETUNE_RETRY_DELAY_S", "20"))),
+    "retries": envs.TASK_RETRIES.get(),
+    "retry_delay": dt.timedelta(seconds=envs.RETRY_DELAY_S.get()),
 }
 
 
@@ -156,7 +158,7 @@ def model_name_for(spec: Any, deployment_key: str | None) -> str:
     from tabletune.pipeline.deployment import deployment_key as derive
     from tabletune.pipeline.deployment import registered_model_name
 
-    key = deployment_key or os.environ.get("TABLETUNE_DEPLOYMENT_KEY")
+    key = deployment_key or envs.DEPLOYMENT_KEY.get()
     if not key:
         if spec is None:
             raise ValueError("deployment_key: not given and no engine spec to derive it from")

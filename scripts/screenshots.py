@@ -36,9 +36,10 @@ from typing import Any
 from websockets.sync.client import connect
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO / "tests" / "support"), str(REPO / "plugins")]
+# The local stack's Airflow REST client (infra/local), not a test helper.
+sys.path[:0] = [str(REPO / "infra" / "local"), str(REPO / "plugins")]
 
-from airflow_api import AirflowApi  # noqa: E402
+from local_airflow import AirflowApi  # noqa: E402
 
 from tabletune.adapters.mlflow_registry import MlflowRegistry  # noqa: E402
 from tabletune.adapters.s3_prompts import make_s3_client  # noqa: E402

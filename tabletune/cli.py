@@ -102,32 +102,30 @@ def add_profile_args(p: argparse.ArgumentParser) -> None:
                         "(default: 65 on cpu, 129 on cuda, where steps are short and noisy)")
 
 
+def _profile_settings(args, spec):
+    from tabletune.tuner.profiler import ProfileSettings
+
+    output_tokens = args.output_tokens or (129 if spec.device == "cuda" else 65)
+    return ProfileSettings(batch_sizes=_grid(args), repeats=args.repeats,
+                           max_spread=args.max_spread, output_tokens=output_tokens,
+                           startup_timeout_s=args.startup_timeout,
+                           reference_every=args.reference_every, drift_bound=args.drift_bound)
+
+
 def _run_profile(args, spec, out_dir: Path, checkpoint: Path | None = None,
                  on_first_server_ready=None) -> Profile:
-    from tabletune.tuner.profiler import ProfileSettings, profile_step_times
+    from tabletune.tuner.tune import measure_step_times
 
-    grid = _grid(args)
-    output_tokens = args.output_tokens or (129 if spec.device == "cuda" else 65)
-    settings = ProfileSettings(batch_sizes=grid, repeats=args.repeats,
-                               max_spread=args.max_spread, output_tokens=output_tokens,
-                               startup_timeout_s=args.startup_timeout,
-                               reference_every=args.reference_every,
-                               drift_bound=args.drift_bound)
-    return profile_step_times(spec.with_(max_num_seqs=max(spec.max_num_seqs, max(grid))),
-                              batch_sizes=grid, settings=settings,
+    return measure_step_times(spec, batch_sizes=_grid(args), settings=_profile_settings(args, spec),
                               checkpoint=checkpoint or out_dir / "profile.ckpt.jsonl",
                               log_dir=out_dir / "logs", mode=args.mode,
                               on_first_server_ready=on_first_server_ready)
 
 
-def _acceptance_spec(spec):
-    return spec.with_(max_num_seqs=max(spec.max_num_seqs, 64))
-
-
 def _run_acceptance(args, spec, out_dir: Path) -> Acceptance:
-    from tabletune.tuner.acceptance import measure_acceptance
+    from tabletune.tuner.tune import acceptance_spec, measure_acceptance
 
-    return measure_acceptance(_acceptance_spec(spec), prompts_from_args(args),
+    return measure_acceptance(acceptance_spec(spec), prompts_from_args(args),
                               temperature=args.temperature, max_tokens=args.max_tokens,
                               log_dir=out_dir / "logs")
 
@@ -144,7 +142,7 @@ def add_build_args(p: argparse.ArgumentParser) -> None:
 
 
 def _write_plots(d: Path, profile: Profile, result) -> list[Path]:
-    from tabletune.pipeline import plots
+    from tabletune.report import plots
 
     return [
         plots.plot_step_times(profile, d / "step_times.png"),
@@ -325,89 +323,41 @@ def _serving_plan(args, grid: tuple[int, ...]):
 
 
 def cmd_tune(args) -> int:
-    from tabletune.core.calibration import calibrate_profile
-    from tabletune.tuner.serving import (acceptance_and_serving, launch_serving_server,
-                                         measured_for_calibration)
+    from tabletune.tuner.tune import TunePlan, tune
 
     _validate_tune_args(args)
     out = Path(args.out_dir)
     grid = _grid(args)
-    plan = _serving_plan(args, grid)
+    serving = _serving_plan(args, grid)
     out.mkdir(parents=True, exist_ok=True)
     started = time.time()
     spec = engine_spec_from_args(args, max_batch_size=max(grid))
     print(f"tune: {spec.model} + {spec.drafter} ({spec.method}, K={spec.max_k}, {spec.device}); "
           f"B grid {list(grid)}; output {out}", flush=True)
-    t0 = time.time()
-    measured: dict = {}
     reused = load_json(args.acceptance, "acceptance") if args.acceptance else None
-    # One server measures acceptance (unless reused) and then serving step times (unless off).
-    need_server = reused is None or plan is not None
-    prompts = prompts_from_args(args) if need_server else None
-    if reused is None:
-        from tabletune.tuner.acceptance import check_acceptance_inputs
-
-        check_acceptance_inputs(prompts, args.temperature)
-
-    def measure_on(server, control) -> None:
-        t = time.time()
-        acc, cells = acceptance_and_serving(server, control, prompts,
-                                            measure_acceptance=reused is None, plan=plan,
-                                            temperature=args.temperature,
-                                            max_tokens=args.max_tokens)
-        measured["acceptance"] = acc or reused
-        measured["serving"] = cells
-        measured["acceptance_s"] = time.time() - t
-
-    def launch():
-        return launch_serving_server(_acceptance_spec(spec), max_batch_size=max(grid),
-                                     log_dir=out / "logs", startup_timeout_s=args.startup_timeout)
-
-    on_ready = None
-    if need_server and args.overlap_startups:
-        # The acceptance server starts beside the profile's; it is measured once both are up
-        # and before any cell is timed, so the two never share a timing window.
-        server, control = launch()
-        on_ready = lambda: measure_on(server, control)  # noqa: E731
-    try:
-        profile = _run_profile(args, spec, out, on_first_server_ready=on_ready)
-    finally:
-        if on_ready is not None and "acceptance" not in measured:
-            server.stop()
-    save_json(out / "profile.json", profile)
-    t_profile = time.time() - t0 - measured.get("acceptance_s", 0.0)
-    t0 = time.time()
-    if need_server and "acceptance" not in measured:
-        measure_on(*launch())
-    acceptance = measured.get("acceptance") or reused
-    if reused is None:
-        save_json(out / "acceptance.json", acceptance)
-    t_acceptance = time.time() - t0 + measured.get("acceptance_s", 0.0)
-    cells = measured.get("serving") or []
-    if cells:
-        profile = calibrate_profile(
-            profile, measured_for_calibration(cells),
-            meta={"method": "closed-loop windows with acceptance on, k pinned for every step; "
-                            "step = window / engine steps (vllm:iteration_tokens_total)",
-                  "plan": plan.to_dict(), "windows": [c.to_dict() for c in cells]})
-        save_json(out / "profile.json", profile)
-        print(_describe_calibration(profile))
-    built = build_document(profile, acceptance, lengths=args.lengths,
-                           tie_margin=args.tie_margin, max_batch_size=args.table_max_batch_size,
-                           provenance={"tune_wall_s": round(time.time() - started, 1)})
-    result, doc = built.build, built.document
+    plan = TunePlan(batch_sizes=grid, profile_settings=_profile_settings(args, spec),
+                    mode=args.mode, serving=serving, temperature=args.temperature,
+                    max_tokens=args.max_tokens, startup_timeout_s=args.startup_timeout,
+                    overlap_startups=args.overlap_startups, lengths=args.lengths,
+                    tie_margin=args.tie_margin, table_max_batch_size=args.table_max_batch_size)
+    need_prompts = reused is None or serving is not None
+    result = tune(spec, plan, out, prompts=prompts_from_args(args) if need_prompts else None,
+                  reused_acceptance=reused, started=started,
+                  on_calibrated=lambda profile: print(_describe_calibration(profile)))
+    profile, doc = result.profile, result.built.document
     save_json(out / "table.json", doc)
-    _write_plots(out / "plots", profile, result)
-    timing = {"profile_s": round(t_profile, 1), "acceptance_s": round(t_acceptance, 1),
+    _write_plots(out / "plots", profile, result.built.build)
+    timing = {"profile_s": round(result.profile_s, 1),
+              "acceptance_s": round(result.acceptance_s, 1),
               "total_s": round(time.time() - started, 1), "mode": args.mode,
               "cells": len(profile.cells), "batch_sizes": list(grid),
-              "serving_windows": len(cells)}
+              "serving_windows": len(result.serving_cells)}
     atomic_write_text(out / "timing.json", json.dumps(timing, indent=2) + "\n")
     summary = _describe_document(doc)
     atomic_write_text(out / "summary.txt", summary + "\n")
     print(summary)
-    print(f"tune finished in {timing['total_s']:.0f} s (profile {t_profile:.0f} s, acceptance "
-          f"and serving {t_acceptance:.0f} s); files in {out}")
+    print(f"tune finished in {timing['total_s']:.0f} s (profile {result.profile_s:.0f} s, "
+          f"acceptance and serving {result.acceptance_s:.0f} s); files in {out}")
     return 0
 
 
@@ -569,10 +519,40 @@ def cmd_plot(args) -> int:
     return 0
 
 
+class CommandUnavailable(ImportError):
+    """A command's module cannot be imported: an installation problem, reported as one."""
+
+
+# Every ``tabletune`` command, in ``tabletune --help``'s order: the module it lives in and the
+# function there that adds its parser (and its ``func``). One place to find a command; a module
+# that cannot be imported stops the parser with its name instead of the command going missing.
+COMMANDS = (
+    ("tune, profile, acceptance, build, show, plot", "tabletune.cli", "add_tuner_parsers"),
+    ("registry", "tabletune.pipeline.cli", "add_registry_parser"),
+    ("simulate", "tabletune.simulator.cli", "add_simulate_parser"),
+    ("evaluate", "tabletune.evaluate", "add_evaluate_parsers"),
+    ("doctor", "tabletune.doctor", "add_doctor_parser"),
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
+    import importlib
+
     parser = HelpfulParser(prog="tabletune", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
+    for names, module, function in COMMANDS:
+        try:
+            # This module, also when it runs as ``python -m tabletune.cli`` (``__main__``).
+            home = sys.modules[__name__] if module == "tabletune.cli" else \
+                importlib.import_module(module)
+        except ImportError as exc:
+            raise CommandUnavailable(f"tabletune {names}: cannot import {module}: {exc}") from exc
+        getattr(home, function)(sub)
+    return parser
 
+
+def add_tuner_parsers(sub) -> None:
+    """The tuner's commands: tune, profile, acceptance, build, show, plot."""
     p = sub.add_parser("tune", help="profile + acceptance + build + plots (the main job)")
     add_engine_args(p)
     add_profile_args(p)
@@ -634,31 +614,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out-dir", required=True, type=Path, help="folder for the PNG files")
     p.set_defaults(func=cmd_plot)
 
-    sub.add_parser("registry", add_help=False,
-                   help="seed, show, promote or roll back registered tables in MLflow "
-                        "(tabletune registry --help)")
-    _add_optional_commands(sub)
-    return parser
-
-
-def _add_optional_commands(sub) -> None:
-    """Commands whose modules live elsewhere in the package (simulator, evaluation, registry)."""
-    try:
-        from tabletune.simulator.cli import add_simulate_parser
-    except ImportError:
-        pass
-    else:
-        add_simulate_parser(sub)
-    try:
-        from tabletune.evaluate import add_evaluate_parsers
-    except ImportError:
-        pass
-    else:
-        add_evaluate_parsers(sub)
-    from tabletune.doctor import add_doctor_parser
-
-    add_doctor_parser(sub)
-
 
 class Terminated(BaseException):
     """The process got SIGTERM or SIGHUP (a timeout, an Airflow task kill, a closed terminal).
@@ -703,13 +658,15 @@ def _main(argv: Sequence[str] | None) -> int:
     from tabletune.engine.server import EngineError, stop_all_servers
 
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["registry"]:
-        # Registered tables in MLflow (pipeline extra): its own parser, no engine needed.
-        from tabletune.pipeline.cli import registry_main
-
-        return registry_main(argv[1:])
-    parser = build_parser()
+    try:
+        parser = build_parser()
+    except CommandUnavailable as e:
+        print(f"tabletune: error: {e} (reinstall TableTune with its dependencies)",
+              file=sys.stderr)
+        return 1
     args = parser.parse_args(argv)
+    # "registry seed" for a registry command, so its errors name the subcommand as they always did.
+    where = getattr(args, "command_path", args.command)
     # SIGTERM and SIGHUP unwind like Ctrl-C: every `with server` and `finally` runs, so no
     # engine (API server, engine core, workers) outlives the command.
     previous = {}
@@ -722,19 +679,19 @@ def _main(argv: Sequence[str] | None) -> int:
         check_options(parser, args)  # every option's range, before any engine or file
         return int(args.func(args) or 0)
     except (ContractError, ValueError, EngineError) as e:
-        print(f"tabletune {args.command}: error: {e}", file=sys.stderr)
+        print(f"tabletune {where}: error: {e}", file=sys.stderr)
         return 2
     except BrokenPipeError:
         raise
     except OSError as e:
         # The one place an OS refusal (full disk, read-only file system, a folder that is a
         # file, permissions) becomes the command's one-line error: the path and the reason.
-        print(f"tabletune {args.command}: error: {describe_os_error(e)}", file=sys.stderr)
+        print(f"tabletune {where}: error: {describe_os_error(e)}", file=sys.stderr)
         return 2
     except (KeyboardInterrupt, Terminated) as e:
         stop_all_servers()
         why = e.args[0] if isinstance(e, Terminated) else "SIGINT"
-        parts = [f"tabletune {args.command}: interrupted ({why})"]
+        parts = [f"tabletune {where}: interrupted ({why})"]
         if args.command in _ENGINE_COMMANDS:
             parts.append("engines stopped")
         if args.command in _INTERRUPTED_KEEPS:

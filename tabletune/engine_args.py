@@ -9,8 +9,8 @@ line. Nothing else assembles engine settings from the command line.
 from __future__ import annotations
 
 import argparse
-import os
 
+from tabletune.core import envs
 from tabletune.core.errors import ContractError
 from tabletune.core.files import check_output_dir
 from tabletune.core.builder import MAX_BATCH_SIZE
@@ -90,7 +90,7 @@ def check_engine_options(args: argparse.Namespace) -> None:
     if args.model is None:
         from tabletune.engine.model_pair import default_cache_dir
 
-        where = "TABLETUNE_CACHE" if os.environ.get("TABLETUNE_CACHE") else "the model cache"
+        where = envs.CACHE.name if envs.CACHE.get() else "the model cache"
         check_output_dir(default_cache_dir(), where)
 
 

@@ -25,7 +25,8 @@ from tabletune.core.files import check_output_dir, parse_json
 from tabletune.core.tables import DOCS_TABLE, DraftTable
 from tabletune.engine.client import run_load
 from tabletune.engine.server import EngineError, VllmServer, speculative_config
-from tabletune.engine.spec import EngineSpec, deployment_fingerprint
+from tabletune.engine.fingerprint import deployment_fingerprint
+from tabletune.engine.spec import EngineSpec
 from tabletune.engine_args import add_engine_args, engine_spec_from_args
 from tabletune.core.options import int_list, integer, number
 from tabletune.prompt_args import add_prompt_args, prompts_from_args
@@ -359,7 +360,7 @@ def loss_table(results: Sequence[ArmResult], fixed_arms: Sequence[str]) -> dict:
 
 def _write_results(out_dir: Path, kind: str, spec: EngineSpec, results, losses, extra,
                    *, complete: bool = True) -> Path:
-    from tabletune.pipeline import plots
+    from tabletune.report import plots
 
     out_dir.mkdir(parents=True, exist_ok=True)
     doc = {"schema": RESULTS_SCHEMA, "kind": kind, "fingerprint": deployment_fingerprint(spec),
@@ -432,7 +433,7 @@ def cmd_evaluate(args) -> int:
     if not isinstance(controller_settings, dict):
         raise ContractError(f"--controller-settings: {args.controller_settings!r} is not a "
                             "JSON object")
-    from tabletune.controller.estimator import ControllerSettings
+    from tabletune.controller.settings import ControllerSettings
 
     ControllerSettings.from_dict(controller_settings, "--controller-settings")  # fail here
     out = Path(args.out_dir)

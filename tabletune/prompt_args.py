@@ -12,8 +12,8 @@ from pathlib import Path
 
 from tabletune.core.errors import ContractError
 from tabletune.core.options import integer, number
-from tabletune.tuner.acceptance import (DEFAULT_MAX_TOKENS, DEFAULT_NUM_PROMPTS,
-                                        DEFAULT_TEMPERATURE, load_prompts)
+from tabletune.core.defaults import DEFAULT_MAX_TOKENS, DEFAULT_NUM_PROMPTS, DEFAULT_TEMPERATURE
+from tabletune.tuner.acceptance import load_prompts
 
 
 def add_prompt_args(p: argparse.ArgumentParser) -> None:

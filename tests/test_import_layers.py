@@ -4,7 +4,7 @@ other, directly or round a loop.
 
 Layers, lowest first (docs/architecture.md, "Layers"):
 
-    core  <-  engine, tuner, controller, simulator  <-  adapters  <-  pipeline
+    core  <-  engine, tuner, controller, simulator, report  <-  adapters  <-  pipeline
           <-  cli (top-level tabletune/*.py), tabletune/vllm, dags/, plugins/
 """
 
@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 LAYERS = {
     "core": 0,
-    "engine": 1, "tuner": 1, "controller": 1, "simulator": 1,
+    "engine": 1, "tuner": 1, "controller": 1, "simulator": 1, "report": 1,
     "adapters": 2,
     "pipeline": 3,
     "cli": 4, "vllm": 4, "dags": 4, "plugins": 4,
@@ -143,7 +143,7 @@ def test_the_vllm_process_loads_no_pipeline_and_no_mlflow():
 
     code = (
         "import json, sys\n"
-        "import tabletune.vllm.controller, tabletune.vllm.lookup, tabletune.vllm.plugin\n"
+        "import tabletune.vllm.controller_setup, tabletune.vllm.lookup, tabletune.vllm.plugin\n"
         "import tabletune.adapters.mlflow_prior\n"
         "bad = sorted(m for m in sys.modules if m.startswith(('tabletune.pipeline', 'mlflow', "
         "'airflow', 'great_expectations', 'boto3', 'tabletune.adapters.mlflow_registry')))\n"
@@ -152,6 +152,50 @@ def test_the_vllm_process_loads_no_pipeline_and_no_mlflow():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, timeout=120, cwd=ROOT)
     assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+
+
+# The estimator and its parts are pure: the core and each other only (the runtime, which checks
+# the prior against the engine's fingerprint, may import the engine).
+PURE_CONTROLLER = ("estimator", "settings", "acceptance_blend", "live_steps", "step_model",
+                   "drift", "hold", "records", "state", "stale", "step_clock")
+
+
+def test_the_estimator_and_its_parts_import_only_the_core_and_each_other():
+    wrong = [f"{path.name}:{line}: {name}"
+             for module in PURE_CONTROLLER
+             for path in [ROOT / "tabletune" / "controller" / f"{module}.py"]
+             for line, name in _imports(path)
+             if _unit(name) not in ("core", "controller")]
+    assert wrong == []
+
+
+def test_the_lock_uses_the_registry_only_through_what_the_registry_passes_it():
+    """No circle inside the adapters: the registry imports the lock, never the other way."""
+    lock = ROOT / "tabletune" / "adapters" / "mlflow_lock.py"
+    assert [name for _, name in _imports(lock) if "mlflow_registry" in name] == []
+    assert "._call(" not in lock.read_text() and "._client" not in lock.read_text()
+
+
+def test_what_the_dag_files_import_at_parse_time_loads_no_numpy_aiohttp_or_tuner():
+    """The DAG files import these modules at parse time (params' defaults, env variables)."""
+    import json
+    import subprocess
+    import sys
+
+    code = (
+        "import json, sys\n"
+        "import tabletune.core.defaults, tabletune.core.envs\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('numpy', "
+        "'aiohttp') or m.startswith('tabletune.tuner'))))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=120, cwd=ROOT)
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+    at_parse = {node.module for path in ROOT.glob("dags/*.py")
+                for node in ast.parse(path.read_text()).body  # module level: run at parse time
+                if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tabletune.")}
+    # ``from tabletune.core import envs`` names the package (it loads its own names lazily).
+    assert at_parse <= {"tabletune.core", "tabletune.core.defaults", "tabletune.core.envs"}, at_parse
 
 
 @pytest.mark.parametrize("graph, cycle", [

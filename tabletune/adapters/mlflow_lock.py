@@ -2,8 +2,10 @@
 
 Held as a registered model ``<name>.lock``: creating a registered model is the one
 compare-and-set MLflow offers (names are unique in its database), so this works across hosts with
-nothing but the tracking server. ``MlflowRegistry.promotion_lock`` hands it out; every call goes
-through the registry's retrying ``_call``.
+nothing but the tracking server. ``MlflowRegistry.promotion_lock`` hands it out. The lock
+needs four operations on registered models (``LockStore``: create if absent, read tags, set a
+tag, delete if present), which ``MlflowRegistry`` offers publicly, each retried and named after
+``what`` the lock is doing; this module never imports the registry (one arrow: registry -> lock).
 """
 
 from __future__ import annotations
@@ -14,14 +16,11 @@ import logging
 import time
 import uuid
 from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from tabletune.core.pipeline_errors import PromotionConflict
 
-if TYPE_CHECKING:
-    from tabletune.adapters.mlflow_registry import MlflowRegistry
-
-__all__ = ["LOCK_EXPIRES_TAG", "LOCK_OWNER_TAG", "PromotionLease", "promotion_lock"]
+__all__ = ["LOCK_EXPIRES_TAG", "LOCK_OWNER_TAG", "LockStore", "PromotionLease", "promotion_lock"]
 
 log = logging.getLogger("tabletune.mlflow")
 
@@ -32,9 +31,27 @@ LOCK_EXPIRES_TAG = "tabletune.lock_expires_at"
 _CLAIM_LEASE_S = 120.0
 
 
+class LockStore(Protocol):
+    """The registered-model operations the lock is made of (``MlflowRegistry`` has them). Each
+    call retries transient failures and names ``what`` in its log lines and errors."""
+
+    def create_model_if_absent(self, name: str, *, tags: Mapping[str, str], description: str,
+                               what: str) -> bool:
+        """Create registered model ``name``; False if it exists (MLflow's compare-and-set)."""
+
+    def model_tags_if_present(self, name: str, *, what: str) -> dict[str, str] | None:
+        """The tags of registered model ``name``; None if there is no such model."""
+
+    def set_existing_model_tag(self, name: str, key: str, value: str, *, what: str) -> None:
+        """Set one tag of an existing registered model."""
+
+    def delete_model_if_present(self, name: str, *, what: str) -> None:
+        """Delete registered model ``name`` if it exists."""
+
+
 @contextlib.contextmanager
 def promotion_lock(
-    registry: MlflowRegistry, name: str, *, owner: str, timeout_s: float = 30.0,
+    registry: LockStore, name: str, *, owner: str, timeout_s: float = 30.0,
     lease_s: float = 600.0,
 ) -> Iterator[PromotionLease]:
     """Exclusive lock on ``name``'s aliases, held as a registered model ``<name>.lock``.
@@ -54,21 +71,20 @@ def promotion_lock(
 
     while True:
         tags = {LOCK_OWNER_TAG: token, LOCK_EXPIRES_TAG: f"{time.time() + lease_s:.3f}"}
-        if registry._call(f"acquiring the promotion lock of {name!r}",
-                          lambda tags=tags: _create_lock_model(
-                              registry, lock_name, tags, f"Promotion lock of {name}; deleted "
-                                                         f"when the promotion ends.")):
+        if registry.create_model_if_absent(
+                lock_name, tags=tags,
+                description=f"Promotion lock of {name}; deleted when the promotion ends.",
+                what=f"acquiring the promotion lock of {name!r}"):
             break
-        held = registry._call(f"reading the promotion lock of {name!r}",
-                              lambda: _lock_holder(registry, lock_name))
+        held = _lock_holder(registry, lock_name, what=f"reading the promotion lock of {name!r}")
         if held is not None and held[1] < time.time():
             if _end_lock(registry, lock_name, held[0], only_if_expired=True):
                 log.warning("broke the expired promotion lock of %s held by %s", name,
                             held[0])
                 continue
             # Someone else ended that instance first (or is ending it, or it was renewed).
-            held = registry._call(f"reading the promotion lock of {name!r}",
-                                  lambda: _lock_holder(registry, lock_name))
+            held = _lock_holder(registry, lock_name,
+                                what=f"reading the promotion lock of {name!r}")
         if time.monotonic() >= deadline:
             who = held[0] if held else "a promotion that just finished"
             raise PromotionConflict(
@@ -84,30 +100,12 @@ def promotion_lock(
                         "lease ran out and another promotion took it)", name, token)
 
 
-def _create_lock_model(registry: MlflowRegistry, name: str, tags: Mapping[str, str],
-                       description: str) -> bool:
-    """Create registered model ``name``; False if it exists (MLflow's compare-and-set)."""
-    from mlflow.exceptions import MlflowException
-
-    try:
-        registry._client.create_registered_model(name, tags=dict(tags), description=description)
-        return True
-    except MlflowException as exc:
-        if _error_code(exc) != "RESOURCE_ALREADY_EXISTS":
-            raise
-        return False
-
-
-def _lock_holder(registry: MlflowRegistry, lock_name: str) -> tuple[str | None, float] | None:
+def _lock_holder(registry: LockStore, lock_name: str, *,
+                 what: str) -> tuple[str | None, float] | None:
     """(owner token, lease expiry as a Unix time) of a lock or claim; None if there is none."""
-    from mlflow.exceptions import MlflowException
-
-    try:
-        tags = registry._client.get_registered_model(lock_name).tags or {}
-    except MlflowException as exc:
-        if _error_code(exc) == "RESOURCE_DOES_NOT_EXIST":
-            return None
-        raise
+    tags = registry.model_tags_if_present(lock_name, what=what)
+    if tags is None:
+        return None
     try:
         expires = float(tags.get(LOCK_EXPIRES_TAG, "0"))
     except ValueError:
@@ -115,7 +113,7 @@ def _lock_holder(registry: MlflowRegistry, lock_name: str) -> tuple[str | None, 
     return tags.get(LOCK_OWNER_TAG), expires
 
 
-def _end_lock(registry: MlflowRegistry, lock_name: str, token: str | None, *,
+def _end_lock(registry: LockStore, lock_name: str, token: str | None, *,
               only_if_expired: bool) -> bool:
     """Delete ``lock_name`` only if it is still the instance holding ``token`` (and, when
     breaking, still expired). True if this call deleted it.
@@ -134,13 +132,12 @@ def _end_lock(registry: MlflowRegistry, lock_name: str, token: str | None, *,
         claim = f"{base}-{generation}"
         tags = {LOCK_OWNER_TAG: str(token),
                 LOCK_EXPIRES_TAG: f"{time.time() + _CLAIM_LEASE_S:.3f}"}
-        if registry._call(f"claiming {lock_name!r}",
-                          lambda claim=claim, tags=tags: _create_lock_model(
-                              registry, claim, tags, f"Claim to end one instance of "
-                                                     f"{lock_name}; deleted within seconds.")):
+        if registry.create_model_if_absent(
+                claim, tags=tags,
+                description=f"Claim to end one instance of {lock_name}; deleted within seconds.",
+                what=f"claiming {lock_name!r}"):
             break
-        held = registry._call(f"reading claim {claim!r}",
-                              lambda claim=claim: _lock_holder(registry, claim))
+        held = _lock_holder(registry, claim, what=f"reading claim {claim!r}")
         if held is None:
             continue  # that claim just ended: try the same one again
         if held[1] >= time.time():
@@ -149,35 +146,23 @@ def _end_lock(registry: MlflowRegistry, lock_name: str, token: str | None, *,
     else:
         return False
     try:
-        current = registry._call(f"reading {lock_name!r}",
-                                 lambda: _lock_holder(registry, lock_name))
+        current = _lock_holder(registry, lock_name, what=f"reading {lock_name!r}")
         if current is None or current[0] != token:
             return False
         if only_if_expired and current[1] >= time.time():
             return False  # renewed since it was seen expired
-        registry._call(f"deleting {lock_name!r}",
-                       lambda: _delete_model_if_exists(registry, lock_name))
+        registry.delete_model_if_present(lock_name, what=f"deleting {lock_name!r}")
         return True
     finally:
         for g in range(generation, 0, -1):  # ours, and any left by a dead claimant
-            registry._call(f"deleting claim of {lock_name!r}",
-                           lambda g=g: _delete_model_if_exists(registry, f"{base}-{g}"))
-
-
-def _delete_model_if_exists(registry: MlflowRegistry, name: str) -> None:
-    from mlflow.exceptions import MlflowException
-
-    try:
-        registry._client.delete_registered_model(name)
-    except MlflowException as exc:
-        if _error_code(exc) != "RESOURCE_DOES_NOT_EXIST":
-            raise
+            registry.delete_model_if_present(f"{base}-{g}",
+                                             what=f"deleting claim of {lock_name!r}")
 
 
 class PromotionLease:
     """A holder's handle on its promotion lock (yielded by ``MlflowRegistry.promotion_lock``)."""
 
-    def __init__(self, registry: MlflowRegistry, name: str, lock_name: str, token: str,
+    def __init__(self, registry: LockStore, name: str, lock_name: str, token: str,
                  lease_s: float) -> None:
         self._registry = registry
         self.name = name
@@ -195,18 +180,16 @@ class PromotionLease:
         registry, lock_name = self._registry, self.lock_name
 
         def read() -> tuple[str | None, float] | None:
-            return registry._call(f"reading the promotion lock of {self.name!r}",
-                                  lambda: _lock_holder(registry, lock_name))
+            return _lock_holder(registry, lock_name,
+                                what=f"reading the promotion lock of {self.name!r}")
 
         held = read()
         margin = min(60.0, self.lease_s / 4)
         if held is None or held[0] != self.token or held[1] - time.time() < margin:
             raise self._lost(held)
-        registry._call(
-            f"renewing the promotion lock of {self.name!r}",
-            lambda: registry._client.set_registered_model_tag(
-                lock_name, LOCK_EXPIRES_TAG, f"{time.time() + self.lease_s:.3f}"),
-        )
+        registry.set_existing_model_tag(lock_name, LOCK_EXPIRES_TAG,
+                                        f"{time.time() + self.lease_s:.3f}",
+                                        what=f"renewing the promotion lock of {self.name!r}")
         held = read()
         if held is None or held[0] != self.token:
             raise self._lost(held)
@@ -222,8 +205,3 @@ class PromotionLease:
             f"lost the promotion lock of {self.name} ({state}; lease {self.lease_s:.0f} s, a "
             f"call took too long?); stopped before moving any alias"
         )
-
-
-# The same two lines as in mlflow_registry: MLflow puts the error code on its exceptions.
-def _error_code(exc: BaseException) -> str | None:
-    return getattr(exc, "error_code", None)

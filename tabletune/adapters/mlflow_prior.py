@@ -1,7 +1,7 @@
 """The controller's prior from the MLflow registry: the ``production`` version over REST, with a
 local cache.
 
-This is what the vLLM process runs (``tabletune.vllm.controller``), so it uses the standard
+This is what the vLLM process runs (``tabletune.vllm.controller_setup``), so it uses the standard
 library only — no ``mlflow`` import, explicit timeouts and one retry, JSON documents only
 (nothing is ever unpickled) — and imports nothing but the core. It keeps a local cache, checksummed
 per file, that it falls back to when the registry is down or answers with anything but MLflow's

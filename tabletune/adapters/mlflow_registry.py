@@ -533,6 +533,57 @@ class MlflowRegistry:
     # ---------------------------------------------------------------------------------------
     # promotion
 
+    # The promotion lock's operations (``tabletune.adapters.mlflow_lock.LockStore``): registered
+    # models as compare-and-set records, each call retried like every other.
+
+    def create_model_if_absent(self, name: str, *, tags: Mapping[str, str], description: str,
+                               what: str) -> bool:
+        """Create registered model ``name``; False if it exists (MLflow's compare-and-set)."""
+        from mlflow.exceptions import MlflowException
+
+        def create() -> bool:
+            try:
+                self._client.create_registered_model(name, tags=dict(tags),
+                                                     description=description)
+                return True
+            except MlflowException as exc:
+                if _error_code(exc) != "RESOURCE_ALREADY_EXISTS":
+                    raise
+                return False
+
+        return self._call(what, create)
+
+    def model_tags_if_present(self, name: str, *, what: str) -> dict[str, str] | None:
+        """The tags of registered model ``name``; None if there is no such model."""
+        from mlflow.exceptions import MlflowException
+
+        def read() -> dict[str, str] | None:
+            try:
+                return dict(self._client.get_registered_model(name).tags or {})
+            except MlflowException as exc:
+                if _error_code(exc) == "RESOURCE_DOES_NOT_EXIST":
+                    return None
+                raise
+
+        return self._call(what, read)
+
+    def set_existing_model_tag(self, name: str, key: str, value: str, *, what: str) -> None:
+        """Set one tag of an existing registered model (``set_model_tag`` creates the model)."""
+        self._call(what, lambda: self._client.set_registered_model_tag(name, key, value))
+
+    def delete_model_if_present(self, name: str, *, what: str) -> None:
+        """Delete registered model ``name`` if it exists."""
+        from mlflow.exceptions import MlflowException
+
+        def delete() -> None:
+            try:
+                self._client.delete_registered_model(name)
+            except MlflowException as exc:
+                if _error_code(exc) != "RESOURCE_DOES_NOT_EXIST":
+                    raise
+
+        self._call(what, delete)
+
     def promotion_lock(
         self, name: str, *, owner: str, timeout_s: float = 30.0, lease_s: float = 600.0
     ) -> contextlib.AbstractContextManager[PromotionLease]:

@@ -17,6 +17,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from tabletune.core.defaults import DEFAULT_PARTITION
 from tabletune.core.pipeline_errors import (
     PromptObjectUnreadable,
     PromptSourceError,
@@ -41,7 +42,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("tabletune.s3")
-DEFAULT_PARTITION = "dt={date:%Y-%m-%d}/"
 # Errors that mean "this request can never succeed as asked", as opposed to an unreachable or
 # overloaded endpoint.
 _PERMANENT_CODES = {"NoSuchBucket", "AccessDenied", "InvalidAccessKeyId",

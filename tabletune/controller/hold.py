@@ -24,8 +24,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["GainNoise", "Comparison", "hold_within_noise", "keep_monotone", "merge_narrow_ranges",
-           "runs"]
+from tabletune.controller.records import HELD_BY
+
+__all__ = ["GainNoise", "Comparison", "apply_hold_rule", "hold_within_noise", "keep_monotone",
+           "merge_narrow_ranges", "runs"]
 
 
 @dataclass(frozen=True)
@@ -242,3 +244,20 @@ def merge_narrow_ranges(lookup: Sequence[int], min_width: int,
         for b in batch_sizes:
             out[b - 1] = new_k
         changed += len(batch_sizes)
+
+
+def apply_hold_rule(candidate: list[int], current: list[int], noise: GainNoise, *, edge_z: float,
+                    min_width: int) -> tuple[list[int], dict[str, int]]:
+    """The builder's table ``candidate`` against the table in use ``current``: noise, then
+    monotonicity, then minimum width; edge_z = 0 turns the first two off. Returns the lookup to
+    install and how many batch sizes each kind of evidence held back (HELD_BY)."""
+    held_by = {key: 0 for key in HELD_BY}
+    lookup = candidate
+    if edge_z > 0.0:
+        lookup, held_by["acceptance_noise"], held_by["step_time_noise"] = hold_within_noise(
+            candidate, current, noise, edge_z)
+        lookup, held_by["monotonicity"] = keep_monotone(lookup, noise, edge_z, current)
+    if min_width > 1:
+        lookup, held_by["min_width"] = merge_narrow_ranges(lookup, min_width, noise.goodput(),
+                                                           noise.col, noise.observed)
+    return lookup, held_by

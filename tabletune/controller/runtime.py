@@ -1,7 +1,7 @@
 """The controller's runtime: the per-step driver around the estimator, its checks of the prior
 against the engine, and its reporting (``rebuilds.jsonl``, ``state.json``, ``metrics.prom``).
 
-It runs inside a vLLM engine, wired up by ``tabletune.vllm.controller`` (which reads the
+It runs inside a vLLM engine, wired up by ``tabletune.vllm.controller_setup`` (which reads the
 environment and loads the prior), but imports no vLLM: the scheduler hands it plain numbers.
 """
 
@@ -10,12 +10,13 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from tabletune.controller.estimator import ControllerSettings, Estimator, RebuildRecord
+from tabletune.controller.estimator import Estimator
+from tabletune.controller.records import RebuildRecord
+from tabletune.controller.settings import ControllerSettings
 from tabletune.controller.stale import profile_digest, write_stale_mark
 from tabletune.core.atomic import atomic_write_text
 from tabletune.core.builder import StepTimes, recorded_build_settings
@@ -23,6 +24,7 @@ from tabletune.core.errors import ContractError
 from tabletune.core.prior import Prior
 from tabletune.core.tables import DraftTable
 from tabletune.core.vllm_contract import ALLOW_FOREIGN_ENV, FAULT_ENV, START_TABLE_ENV
+from tabletune.engine.fingerprint import fingerprint_mismatches
 
 # Under "vllm." so records go through vLLM's own log handlers in the engine process.
 logger = logging.getLogger("vllm.tabletune.controller")
@@ -42,42 +44,10 @@ def check_prior_fits_engine(prior: Prior, *, num_spec_tokens: int) -> None:
             f"{num_spec_tokens}")
 
 
-# Fingerprint fields that must agree between the prior's profile and the running engine: a
-# prior measured on another vLLM, model pair, method or device has other step times.
-FINGERPRINT_FIELDS = ("engine", "engine_version", "model", "drafter", "method", "device", "gpu",
-                      "tensor_parallel_size")
-# Fingerprint values that mean "not known" (never a mismatch).
-UNKNOWN_VALUES = (None, "", "unknown", "not-installed")
-
-
-def _same_model(a: str, b: str) -> bool:
-    """Identities ``path#confighash``: paths compared normalized, hashes when both have one."""
-    path_a, _, hash_a = str(a).partition("#")
-    path_b, _, hash_b = str(b).partition("#")
-    if os.path.normpath(path_a) != os.path.normpath(path_b):
-        return False
-    return not (hash_a and hash_b) or hash_a == hash_b
-
-
-def fingerprint_mismatches(prior: Prior, engine: Mapping) -> list[str]:
-    """``field: prior value vs engine value`` for each field both sides know and disagree on."""
-    recorded = prior.profile.fingerprint
-    out = []
-    for key in FINGERPRINT_FIELDS:
-        theirs, ours = recorded.get(key), engine.get(key)
-        if theirs in UNKNOWN_VALUES or ours in UNKNOWN_VALUES:
-            continue  # a key missing on either side is not a mismatch
-        same = (_same_model(theirs, ours) if key in ("model", "drafter")
-                else str(theirs) == str(ours))
-        if not same:
-            out.append(f"prior profile.fingerprint.{key}: {theirs!r} but the engine has {ours!r}")
-    return out
-
-
 def check_prior_matches_engine(prior: Prior, engine: Mapping, *,
                                allow_foreign: bool = False) -> None:
     """Refuse a prior measured on another deployment (unless ``allow_foreign``: then warn)."""
-    mismatches = fingerprint_mismatches(prior, engine)
+    mismatches = fingerprint_mismatches(prior.profile.fingerprint, engine)
     if not mismatches:
         return
     if allow_foreign:
@@ -333,8 +303,9 @@ def build_runtime(prior: Prior, *, static_lookup: list[int], num_spec_tokens: in
     """Controller starting from the engine's own table (or ``start_table``), with the prior's
     step times and rates.
 
-    ``engine`` is the running engine's fingerprint (``engine_fingerprint``); when given, the
-    prior's must agree with it (see ``check_prior_matches_engine``).
+    ``engine`` is the running engine's fingerprint
+    (``tabletune.engine.fingerprint.engine_fingerprint``); when given, the prior's must agree
+    with it (see ``check_prior_matches_engine``).
     """
     check_prior_fits_engine(prior, num_spec_tokens=num_spec_tokens)
     if engine is not None:

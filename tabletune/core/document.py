@@ -1,7 +1,7 @@
 """The one table-document builder: profile + acceptance in, a ``TableDocument`` out.
 
-``tabletune build``/``tune`` (the CLI) and a pipeline run's rebuild (``pipeline.rebuild``, whose
-candidate the gate checks) both call ``build_document``, so a table has the same provenance,
+``tabletune build``/``tune`` (the CLI) and a pipeline run's candidate (``pipeline.candidate``, which
+the gate checks) both call ``build_document``, so a table has the same provenance,
 goodput block and out-of-sample figure whichever way it was made. The table itself comes from
 ``builder.build_table``, which the online controller and the simulator call directly: they choose
 tables but write no document.

@@ -3,7 +3,9 @@
 The launchers (the tuner's profiler, ``tabletune evaluate``, ``doctor``, the engine launcher in
 ``tabletune.engine.server``) set these environment variables, pass ``SCHEDULER_CLS`` and write the
 control file; ``tabletune.vllm`` (plugin, scheduler, controller wiring) reads them inside the
-engine process. Both sides import this module, so neither imports the other.
+engine process. Both sides import this module, so neither imports the other. The variables
+themselves (default, parser, why) are in the one table of ``tabletune.core.envs``; the
+``*_ENV`` names here are its names.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 
+from tabletune.core import envs
 from tabletune.core.atomic import atomic_write_text
 from tabletune.core.tables import DraftTable
 
@@ -33,25 +36,18 @@ __all__ = [
 # ``--scheduler-cls`` for ``vllm serve``: TableTune's scheduler (tabletune/vllm/scheduler.py).
 SCHEDULER_CLS = "tabletune.vllm.scheduler.TableTuneScheduler"
 
-# ``1``: the plugin rejects every draft after drafter and verifier have run (profiling on the CPU
-# build, where vLLM's synthetic rejection mode is unavailable).
-REJECT_ALL_ENV = "TABLETUNE_REJECT_ALL"
-
-# Path of the control file the scheduler polls once per step (see ``write_control``).
-CONTROL_FILE_ENV = "TABLETUNE_CONTROL_FILE"
-
-# The online controller (tabletune/vllm/controller.py says what each holds).
-PRIOR_ENV = "TABLETUNE_CONTROLLER"
-SETTINGS_ENV = "TABLETUNE_CONTROLLER_SETTINGS"
-OUT_ENV = "TABLETUNE_CONTROLLER_OUT"
-ALLOW_FOREIGN_ENV = "TABLETUNE_CONTROLLER_ALLOW_FOREIGN_PRIOR"
-START_TABLE_ENV = "TABLETUNE_CONTROLLER_START_TABLE"
-PRIOR_CACHE_ENV = "TABLETUNE_PRIOR_CACHE"
-# Fault injection for tests of the fallback path: raise inside k_for_step after N steps.
-FAULT_ENV = "TABLETUNE_CONTROLLER_FAULT_AFTER_STEPS"
-# Fault injection for tests of step-time drift: the scheduler sleeps this many ms per drafted
-# position (k) in every step, like a drafter whose work grows with the draft.
-SLOW_FAULT_ENV = "TABLETUNE_CONTROLLER_FAULT_SLOW_MS_PER_DRAFT"
+# The variables a launcher sets for the engine process and the engine-side code reads (what each
+# holds: tabletune.core.envs).
+REJECT_ALL_ENV = envs.REJECT_ALL.name
+CONTROL_FILE_ENV = envs.CONTROL_FILE.name  # the control file (see ``write_control``)
+PRIOR_ENV = envs.CONTROLLER.name
+SETTINGS_ENV = envs.CONTROLLER_SETTINGS.name
+OUT_ENV = envs.CONTROLLER_OUT.name
+ALLOW_FOREIGN_ENV = envs.CONTROLLER_ALLOW_FOREIGN_PRIOR.name
+START_TABLE_ENV = envs.CONTROLLER_START_TABLE.name
+PRIOR_CACHE_ENV = envs.PRIOR_CACHE.name
+FAULT_ENV = envs.CONTROLLER_FAULT_AFTER_STEPS.name
+SLOW_FAULT_ENV = envs.CONTROLLER_FAULT_SLOW_MS_PER_DRAFT.name
 
 
 def write_control(path: str | os.PathLike[str], *, force_k: int | None = None,

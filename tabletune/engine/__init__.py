@@ -1,6 +1,7 @@
 """Adapters to the vLLM engine: what to start (spec), how (server) and how to load it (client)."""
 
 from tabletune.engine.server import EngineError, VllmServer
-from tabletune.engine.spec import EngineSpec, deployment_fingerprint
+from tabletune.engine.fingerprint import deployment_fingerprint
+from tabletune.engine.spec import EngineSpec
 
 __all__ = ["EngineError", "EngineSpec", "VllmServer", "deployment_fingerprint"]

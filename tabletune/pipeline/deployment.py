@@ -16,7 +16,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["deployment_key", "registered_model_name", "fingerprint_changes", "flatten_params"]
+__all__ = ["deployment_key", "registered_model_name", "flatten_params"]
 
 MODEL_PREFIX = "tabletune"
 
@@ -45,18 +45,6 @@ def registered_model_name(key: str) -> str:
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", key):
         raise ValueError(f"deployment_key: {key!r} may only contain letters, digits, '.', '_', '-'")
     return key if key.startswith(f"{MODEL_PREFIX}-") else f"{MODEL_PREFIX}-{key}"
-
-
-def fingerprint_changes(
-    old: Mapping[str, Any] | None, new: Mapping[str, Any]
-) -> dict[str, dict[str, Any]]:
-    """Fields whose value differs, as ``{field: {"old": ..., "new": ...}}``."""
-    old = dict(old or {})
-    return {
-        key: {"old": old.get(key), "new": new.get(key)}
-        for key in sorted(set(old) | set(new))
-        if old.get(key) != new.get(key)
-    }
 
 
 def flatten_params(prefix: str, value: Any) -> dict[str, Any]:

@@ -32,9 +32,10 @@ from tabletune.core.builder import DEFAULT_TIE_MARGIN
 from tabletune.core.contracts import Acceptance, Profile, TableDocument
 from tabletune.core.files import parse_json
 from tabletune.core.pipeline_errors import GateFailed, PromotionConflict, RegistryStateError, Superseded
-from tabletune.pipeline.deployment import fingerprint_changes, flatten_params
+from tabletune.engine.fingerprint import fingerprint_key
+from tabletune.pipeline.deployment import flatten_params
 from tabletune.pipeline.gate import GateReport, GateSettings, run_gate
-from tabletune.pipeline.rebuild import goodput_rows, rebuild_table
+from tabletune.pipeline.candidate import build_candidate, goodput_rows
 
 __all__ = [
     "start_run",
@@ -65,12 +66,6 @@ STALE_MARK_HANDLED_TAG = "tabletune.stale_mark_handled"
 # unpaused (or while the scheduler was down): it is skipped instead of catching up.
 MISSED_SCHEDULE_GRACE = dt.timedelta(hours=1)
 RunKind = Literal["acceptance", "profile", "seed"]
-
-
-def _fingerprint_key(fingerprint: Mapping[str, Any]) -> str:
-    from tabletune.engine.spec import fingerprint_key
-
-    return fingerprint_key(dict(fingerprint))
 
 
 # -------------------------------------------------------------------------------------------
@@ -120,7 +115,7 @@ def start_run(
     }
     if production is not None:
         docs = registry.read_version(model_name, production)
-        params["production_fingerprint_key"] = _fingerprint_key(docs.profile.fingerprint)
+        params["production_fingerprint_key"] = fingerprint_key(docs.profile.fingerprint)
         if kind == "acceptance":  # the table is built from production's profile
             params.update(flatten_params("fingerprint", docs.profile.fingerprint))
             params["fingerprint_key"] = params["production_fingerprint_key"]
@@ -190,7 +185,7 @@ def measure_acceptance(
 ) -> dict[str, Any]:
     """Run the engine on the staged sample and log the measured acceptance."""
     from tabletune.adapters.s3_prompts import S3Location, read_staged_sample
-    from tabletune.tuner import measure_acceptance as measure
+    from tabletune.tuner.tune import measure_acceptance as measure
 
     prompts = read_staged_sample(s3_client, S3Location.parse(sample_uri))
     # The engine's own log may echo requests; it stays in a private directory that is removed
@@ -217,10 +212,10 @@ def check_fingerprint(
     (``TABLETUNE_CONTROLLER_OUT``): a stale mark there about production's profile, not acted on
     before, triggers a re-profile too (see ``tabletune.controller.stale``); ``reason`` says which.
     """
-    from tabletune.engine.spec import deployment_fingerprint
+    from tabletune.engine import fingerprint as fingerprints
 
-    fingerprint = deployment_fingerprint(spec)
-    key = _fingerprint_key(fingerprint)
+    fingerprint = fingerprints.deployment_fingerprint(spec)
+    key = fingerprint_key(fingerprint)
     tags = registry.model_tags(model_name)
     raw = tags.get(LAST_PROFILED_TAG)
     last = parse_json(raw, LAST_PROFILED_TAG, "tag") if raw else None
@@ -228,8 +223,8 @@ def check_fingerprint(
     if last is None:
         production = registry.read_production(model_name)
         last = production.profile.fingerprint if production else None
-    last_key = _fingerprint_key(last) if last is not None else None
-    changes = fingerprint_changes(last, fingerprint)
+    last_key = fingerprint_key(last) if last is not None else None
+    changes = fingerprints.fingerprint_changes(last, fingerprint)
     stale = _stale_mark_to_act_on(registry, model_name, controller_out, tags, production)
     if last_key != key:
         reason = "fingerprint changed"
@@ -281,15 +276,15 @@ def profile_deployment(
     checkpoint: Path,
 ) -> dict[str, Any]:
     """Profile step times on the engine worker; log the profile and remember its fingerprint."""
-    from tabletune.tuner import profile_step_times
+    from tabletune.tuner.tune import measure_step_times
 
     checkpoint.parent.mkdir(parents=True, exist_ok=True)
-    profile = profile_step_times(spec, batch_sizes=list(batch_sizes), checkpoint=checkpoint,
+    profile = measure_step_times(spec, batch_sizes=list(batch_sizes), checkpoint=checkpoint,
                                  repeats=repeats)
     registry.log_json(mlflow_run_id, "table/profile.json", profile)
     registry.log_params(mlflow_run_id, {
         **flatten_params("fingerprint", profile.fingerprint),
-        "fingerprint_key": _fingerprint_key(profile.fingerprint),
+        "fingerprint_key": fingerprint_key(profile.fingerprint),
     })
     # Recorded as soon as the profile exists, so a candidate that fails the gate does not make
     # the hourly check re-profile the same deployment again and again.
@@ -345,10 +340,10 @@ def rebuild(
         "acceptance_from": (
             "measured" if acceptance is not None else f"version {production_version}"
         ),
-        "fingerprint_key": _fingerprint_key(profile_doc.fingerprint),
+        "fingerprint_key": fingerprint_key(profile_doc.fingerprint),
         "built_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
     }
-    result = rebuild_table(
+    result = build_candidate(
         profile_doc, acceptance_doc, provenance=provenance,
         production_document=production.table if production else None,
         max_batch_size=max_batch_size, tie_margin=tie_margin,
@@ -368,7 +363,7 @@ def rebuild(
 def _log_goodput_and_plots(registry: Any, run_id: str, result: Any, production: Any) -> None:
     import pandas as pd
 
-    from tabletune.pipeline.plots import plot_goodput, plot_goodput_heatmap, plot_tables
+    from tabletune.report.plots import plot_goodput, plot_goodput_heatmap, plot_tables
 
     with tempfile.TemporaryDirectory(prefix="tabletune-run-") as tmp:
         tmp_path = Path(tmp)
@@ -416,7 +411,7 @@ def validate(
     reason_skipped = None
     if production is None:
         reason_skipped = "no production table"
-    elif _fingerprint_key(production.profile.fingerprint) != _fingerprint_key(
+    elif fingerprint_key(production.profile.fingerprint) != fingerprint_key(
         profile.fingerprint
     ):
         reason_skipped = "re-profile after a fingerprint change"
@@ -641,7 +636,7 @@ def seed_registry(
                         settings={"max_batch_size": max_batch_size, "tie_margin": tie_margin})
     run_id = started["mlflow_run_id"]
     registry.log_params(run_id, {**flatten_params("fingerprint", profile.fingerprint),
-                                 "fingerprint_key": _fingerprint_key(profile.fingerprint)})
+                                 "fingerprint_key": fingerprint_key(profile.fingerprint)})
     built = rebuild(registry, mlflow_run_id=run_id, run_name=run_name, model_name=model_name,
                     production_version=None, profile=profile.to_dict(),
                     acceptance=acceptance.to_dict(), max_batch_size=max_batch_size,

@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 from tabletune.core.contracts import Acceptance, Profile, TableDocument
+from tabletune.core.defaults import DEFAULT_EDGE_TOLERANCE
 from tabletune.core.errors import ContractError
 from tabletune.core.tables import DraftTable
 
@@ -43,7 +44,6 @@ __all__ = [
     "vllm_table_problems",
 ]
 
-DEFAULT_EDGE_TOLERANCE = 0.25
 
 
 @dataclass(frozen=True)

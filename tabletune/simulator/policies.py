@@ -23,7 +23,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from tabletune.controller.estimator import ControllerSettings, Estimator
+from tabletune.controller.estimator import Estimator
+from tabletune.controller.settings import ControllerSettings
 from tabletune.core.builder import StepTimes
 from tabletune.core.errors import check_int, check_nonnegative, check_positive, fail
 from tabletune.core.goodput import monotone_rates

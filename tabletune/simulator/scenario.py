@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from tabletune.controller.estimator import ControllerSettings
+from tabletune.controller.settings import ControllerSettings
 from tabletune.core.builder import BuildResult, StepTimes, build_table
 from tabletune.core.contracts import Profile, load_json, read_json_file
 from tabletune.core.errors import (

@@ -13,21 +13,18 @@ from pathlib import Path
 from typing import Sequence
 
 from tabletune.core.contracts import Acceptance
+from tabletune.core.defaults import DEFAULT_MAX_TOKENS, DEFAULT_NUM_PROMPTS, DEFAULT_TEMPERATURE
 from tabletune.core.errors import ContractError
 from tabletune.core.files import parse_json, read_text_file
 from tabletune.core.goodput import monotone_rates
 from tabletune.engine.client import run_batch
 from tabletune.engine.server import EngineError, VllmServer, speculative_config
-from tabletune.engine.spec import EngineSpec, deployment_fingerprint
+from tabletune.engine.fingerprint import deployment_fingerprint
+from tabletune.engine.spec import EngineSpec
 
 # An Airflow task's log shows these: a measurement takes minutes and should not look hung.
 log = logging.getLogger("tabletune.acceptance")
 
-# What an acceptance measurement uses unless told otherwise (the CLI's and the weekly DAG's
-# defaults come from here): prompts measured on, serving temperature, tokens per prompt.
-DEFAULT_NUM_PROMPTS = 160
-DEFAULT_TEMPERATURE = 0.0
-DEFAULT_MAX_TOKENS = 64
 
 
 # A prompts file is prompts, not a corpus: far larger is the wrong file.

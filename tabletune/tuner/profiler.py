@@ -35,20 +35,20 @@ from typing import Any, Callable, Iterable, Sequence
 
 from tabletune.core.consistency import consistency_violations
 from tabletune.core.contracts import Profile, ProfileCell
+from tabletune.core.defaults import DEFAULT_REPEATS
 from tabletune.core.errors import (ContractError, check_dict, check_int, check_number,
                                    check_sequence, fail)
 from tabletune.core.vllm_contract import CONTROL_FILE_ENV, SCHEDULER_CLS, write_control
 from tabletune.engine.client import run_batch
 from tabletune.engine.model_pair import synthetic_prompts
 from tabletune.engine.server import EngineError, VllmServer, speculative_config
-from tabletune.engine.spec import EngineSpec, deployment_fingerprint
+from tabletune.engine.fingerprint import deployment_fingerprint
+from tabletune.engine.spec import EngineSpec
 
 CHECKPOINT_SCHEMA = "tabletune.profile-checkpoint/v1"
 # How far (relative) the engine's per-step log may sit from the client's step time and still
 # count as the same quantity.
 ENGINE_AGREEMENT = 0.3
-# Timing windows per (B, k) cell unless told otherwise (the CLI's and the profile DAG's default).
-DEFAULT_REPEATS = 3
 DEFAULT_MAX_SPREAD = 0.25       # (max - min) / median of a cell's repeats
 DEFAULT_REFERENCE_EVERY = 8
 DEFAULT_REFERENCE_DRIFT_BOUND = 0.10

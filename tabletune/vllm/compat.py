@@ -6,7 +6,8 @@ upstream issue it works around. On any other version nothing is applied and that
 once; every applied fix logs one line; a fix that fails to apply is logged and skipped. Nothing
 here may stop the engine from starting: :func:`install` never raises.
 
-``TABLETUNE_COMPAT=0`` turns the layer off (``tabletune doctor`` compares with and without it).
+``TABLETUNE_COMPAT=0`` turns the layer off, to compare a server with and without it (start one
+of each; ``tabletune doctor`` measures whichever layer the engine it starts has).
 ``TABLETUNE_TRACE_GRAPHS=1`` adds a diagnostic, not a fix: every CUDA-graph dispatch of the V2
 runner is counted per (graph manager, graph mode, uniform query length) and the counts are logged
 every few seconds, so a step that leaves its full graph is visible in the server log.
@@ -17,18 +18,20 @@ from __future__ import annotations
 import importlib.abc
 import importlib.util
 import logging
-import os
 import sys
 import time
 from collections import Counter
 from dataclasses import dataclass
 from typing import Callable
 
+from tabletune.core import envs
+
 # Under "vllm." so records go through vLLM's own log handlers in the engine processes.
 logger = logging.getLogger("vllm.tabletune.compat")
 
-COMPAT_ENV = "TABLETUNE_COMPAT"
-TRACE_ENV = "TABLETUNE_TRACE_GRAPHS"
+# The two switches (defaults and parsers in tabletune.core.envs).
+COMPAT_ENV = envs.COMPAT.name
+TRACE_ENV = envs.TRACE_GRAPHS.name
 # Set on the speculator by the runner wrapper: the draft length the scheduler chose for the
 # drafts of the step being run.
 SCHEDULED_K_ATTR = "_tabletune_scheduled_k"
@@ -348,7 +351,7 @@ def install(version: str | None = None, fixes: tuple[Fix, ...] | None = None) ->
         if _installed_in_process:
             return APPLIED
         _installed_in_process = True
-        if os.environ.get(COMPAT_ENV, "1").strip().lower() in ("0", "off", "false", "no"):
+        if not envs.COMPAT.get():
             logger.info("TableTune compat: disabled by %s; vLLM runs unpatched", COMPAT_ENV)
             return APPLIED
         version = version or vllm_version()
@@ -358,7 +361,7 @@ def install(version: str | None = None, fixes: tuple[Fix, ...] | None = None) ->
                         version)
         for fix in chosen:
             _when_imported(fix.module, lambda fix=fix: _apply(fix, version, APPLIED))
-        if chosen and os.environ.get(TRACE_ENV, "") not in ("", "0"):
+        if chosen and envs.TRACE_GRAPHS.get():
             _when_imported(chosen[0].module, _apply_trace)
     except Exception as e:  # nothing here may stop the engine from starting
         logger.warning("TableTune compat: skipped (%s: %s)", type(e).__name__, e)

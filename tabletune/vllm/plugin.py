@@ -13,9 +13,8 @@ unless asked, so installing TableTune never changes an engine that does not opt 
 from __future__ import annotations
 
 import logging
-import os
 
-from tabletune.core.vllm_contract import REJECT_ALL_ENV
+from tabletune.core import envs
 
 logger = logging.getLogger("vllm.tabletune.plugin")
 
@@ -26,7 +25,7 @@ def register() -> None:
     from tabletune.vllm.compat import install
 
     install()  # logs what it applied; never raises
-    if os.environ.get(REJECT_ALL_ENV, "") not in ("", "0"):
+    if envs.REJECT_ALL.get():
         _install_reject_all()
 
 

@@ -79,7 +79,7 @@ class TableTuneScheduler(Scheduler):
                     type(self).__name__, "on" if isinstance(self, AsyncScheduler) else "off")
         if os.environ.get(PRIOR_ENV):
             from tabletune.controller.runtime import write_controller_off
-            from tabletune.vllm.controller import controller_from_env
+            from tabletune.vllm.controller_setup import controller_from_env
 
             reason = None
             try:

@@ -224,7 +224,7 @@ def test_a_cache_without_checksums_is_refused(tracking, tmp_path, dead_url):
 def test_the_controller_refuses_a_tampered_cache_and_says_why(tracking, tmp_path, dead_url,
                                                               monkeypatch):
     """The refusal is a ContractError, which the scheduler logs before serving its static table."""
-    from tabletune.vllm.controller import load_prior
+    from tabletune.vllm.controller_setup import load_prior
     from tabletune.core.errors import ContractError
 
     _fill_cache(tracking, tmp_path)

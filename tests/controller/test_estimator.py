@@ -59,16 +59,10 @@ def restore(state: dict) -> Estimator:
     est = Estimator(DraftTable.from_ranges(s["start_table"]),
                     StepTimes({(b, k): ms for b, k, ms in s["step_times"]}), s["prior_rates"],
                     ControllerSettings.from_dict(s["settings"]), history=s["history_limit"])
-    est._live_d = np.array(s["carried_drafted"], dtype=float)
-    est._live_a = np.array(s["carried_accepted"], dtype=float)
-    # The new counts as histograms whose tail sums give them back (all that the rebuild uses).
-    for hist, total, carried in ((est._hist_d, s["drafted"], s["carried_drafted"]),
-                                 (est._hist_a, s["accepted"], s["carried_accepted"])):
-        new = [t - c for t, c in zip(total, carried)] + [0.0]
-        for i in range(1, len(new)):
-            hist[i] = new[i - 1] - new[i]
+    est.acceptance_blend.restore(s)
+    est.live_steps.restore(s)
+    est.drift.restore(s)
     est._rates = tuple(s["rates"])
-    est._w = s["prior_weight"]
     est._steps = s["steps"]
     est._last_rebuild_step = s["last_rebuild_step"]
     est._next_rebuild = est._last_rebuild_step + est._every
@@ -77,23 +71,12 @@ def restore(state: dict) -> Estimator:
     est._switches = s["switches"]
     est._history.extend(record_from_dict(r) for r in s["history"])
     est._last_b = s["last_batch_size"]
-    for b, k, steps, ratio_sum, ratio_sq in s["step_time_carried"]:
-        est.step_model.restore(b, k, steps, ratio_sum, ratio_sq)
-    est._step_obs = {(b, k): [n, total, sq] for b, k, n, total, sq in s["step_samples"]}
-    for b, n in s["batch_size_steps"]:
-        est._b_steps[b - 1] = n
-    for b, level, n in s["shared_factor_baseline"]:
-        i = est._tb.index(b)
-        est._baseline[i], est._baseline_n[i], est._baseline_sum[i] = level, n, level * n
     est._moved_total = dict(s["rebuilds_moved_by"])
     est._held_total = dict(s["held_batch_sizes"])
     est._probes = s["timing_probes"]
     est._probe_now, est._probe_left = s["timing_probe_run"]
     for b, k in s["timing_probe_plan"]:
         est._probe_k[b - 1] = k
-    est._stalls = s["step_stalls"]
-    est._drift_streak = s["drift_streak"]
-    est._stale = s["profile_stale"]
     est._timing = StepTimes({(b, k): ms for b, k, ms in s["step_times_in_use"]})
     est._install(DraftTable.from_ranges(s["table"]))
     est._held = list(zip(est._lo, est._hi, est._rk)).index(tuple(s["held_range"]))

@@ -96,3 +96,16 @@ def test_a_narrow_range_at_the_traffic_widens_over_a_neighbour_the_traffic_never
     lookup, changed = merge_narrow_ranges([0, 2, 2, 2, 2, 2, 2, 2], 2, g, {0: 0, 1: 1, 2: 2},
                                           observed)
     assert lookup == [0, 0, 2, 2, 2, 2, 2, 2] and changed == 1
+
+
+def test_apply_hold_rule_counts_what_held_each_batch_size_and_zero_z_takes_the_candidate():
+    from tabletune.controller.hold import apply_hold_rule
+
+    goodput = crossing()
+    candidate = [3] * 5 + [1] * 5
+    current = [1] * 10
+    noisy = noise_for(goodput, rate_se=0.2)
+    held, by = apply_hold_rule(candidate, current, noisy, edge_z=2.0, min_width=1)
+    assert held == current and by["acceptance_noise"] == 5 and by["min_width"] == 0
+    taken, by = apply_hold_rule(candidate, current, noisy, edge_z=0.0, min_width=1)
+    assert taken == candidate and sum(by.values()) == 0

@@ -9,10 +9,10 @@ import pytest
 from fake_vllm import install_fake_schedulers
 
 from tabletune.controller import ControllerSettings
-from tabletune.vllm.lookup import ControlFile, StepLookup
 from tabletune.controller.runtime import build_runtime
 from tabletune.core.prior import Prior
-from tabletune.vllm.controller import load_prior
+from tabletune.vllm.controller_setup import load_prior
+from tabletune.vllm.lookup import ControlFile, StepLookup
 from tabletune.core.builder import StepTimes, build_table
 from tabletune.core.contracts import save_json
 from tabletune.core.errors import ContractError
@@ -70,39 +70,6 @@ def test_runtime_starts_from_the_engine_table_and_reports_rebuilds(tmp_path):
     assert "tabletune_rebuilds_total 1" in metrics
 
 
-class _Exploding:
-    def __init__(self, table):
-        self.calls = 0
-        self.estimator = type("E", (), {"table": table})()
-
-    def k_for_step(self, batch_size):
-        self.calls += 1
-        raise RuntimeError("boom")
-
-
-def test_lookup_falls_back_to_the_controllers_last_table_and_logs_once(caplog):
-    from tabletune.core.tables import DraftTable
-
-    learned = DraftTable.from_ranges([[1, 4, 3], [5, 8, 1]])
-    controller = _Exploding(learned)
-    lookup = StepLookup([0] + [0] * 8, 3, ControlFile(None), controller)
-    with caplog.at_level(logging.ERROR, logger="vllm.tabletune.scheduler"):
-        ks = [lookup[b] for b in (1, 4, 6, 8, 2)]
-    assert ks == [3, 3, 1, 1, 3]
-    assert controller.calls == 1  # dropped after the first failure
-    assert sum("running on the last good table" in r.message for r in caplog.records) == 1
-
-
-def test_control_file_pins_k_and_clamps_to_max(tmp_path):
-    path = tmp_path / "control.json"
-    lookup = StepLookup([0] + [2] * 8, 3, ControlFile(str(path)))
-    assert lookup[5] == 2  # no file: the static table
-    path.write_text(json.dumps({"force_k": 1}))
-    assert lookup[5] == 1 and lookup[1] == 1
-    path.write_text(json.dumps({"force_k": 9, "pad": "x"}))  # size change → re-read
-    assert lookup[3] == 3
-
-
 # --------------------------------------------------------------------------------------------
 # The prior's fingerprint against the running engine
 
@@ -130,9 +97,9 @@ def _prior_with_fingerprint(tmp_path, fingerprint):
 @pytest.fixture
 def engine_env(monkeypatch):
     """A controller environment on a fixed vLLM version, with no escape hatch set."""
-    from tabletune.engine import spec as engine_spec
+    from tabletune.engine import fingerprint as engine_fingerprint
 
-    monkeypatch.setattr(engine_spec, "engine_version", lambda: ("vllm", "0.32.0"))
+    monkeypatch.setattr(engine_fingerprint, "engine_version", lambda: ("vllm", "0.32.0"))
     monkeypatch.delenv("TABLETUNE_CONTROLLER_ALLOW_FOREIGN_PRIOR", raising=False)
     for name in ("TABLETUNE_CONTROLLER_SETTINGS", "TABLETUNE_CONTROLLER_OUT",
                  "TABLETUNE_CONTROLLER_FAULT_AFTER_STEPS"):
@@ -147,7 +114,7 @@ _SAME = {"engine": "vllm", "engine_version": "0.32.0", "device": "cpu",
 
 def test_a_prior_from_another_deployment_is_refused_naming_each_field_and_both_values(
         tmp_path, engine_env):
-    from tabletune.vllm.controller import controller_from_env
+    from tabletune.vllm.controller_setup import controller_from_env
 
     folder = _prior_with_fingerprint(tmp_path, {**_SAME, "engine_version": "0.31.0",
                                                 "model": "/models/other", "method": "eagle3"})
@@ -164,15 +131,15 @@ def test_a_prior_from_another_deployment_is_refused_naming_each_field_and_both_v
 
 
 def test_a_rebuilt_model_is_noticed_by_its_config_hash(tmp_path, engine_env):
-    from tabletune.vllm.controller import controller_from_env
-    from tabletune.engine.spec import _model_identity
+    from tabletune.vllm.controller_setup import controller_from_env
+    from tabletune.engine.fingerprint import model_identity
 
     target, draft = tmp_path / "target", tmp_path / "draft"
     for path in (target, draft):
         path.mkdir()
         (path / "config.json").write_text('{"hidden_size": 64}')
-    folder = _prior_with_fingerprint(tmp_path, {**_SAME, "model": _model_identity(str(target)),
-                                                "drafter": _model_identity(str(draft))})
+    folder = _prior_with_fingerprint(tmp_path, {**_SAME, "model": model_identity(str(target)),
+                                                "drafter": model_identity(str(draft))})
     engine_env.setenv("TABLETUNE_CONTROLLER", str(folder))
     scheduler = _engine_scheduler(model=str(target), drafter=str(draft) + "/")
     assert controller_from_env(scheduler) is not None  # same files (a trailing / is no change)
@@ -183,21 +150,21 @@ def test_a_rebuilt_model_is_noticed_by_its_config_hash(tmp_path, engine_env):
 
 
 def test_the_gpu_name_is_compared_when_both_sides_know_it(tmp_path, engine_env):
-    from tabletune.vllm.controller import controller_from_env
-    from tabletune.engine import spec as engine_spec
+    from tabletune.vllm.controller_setup import controller_from_env
+    from tabletune.engine import fingerprint as engine_fingerprint
 
     folder = _prior_with_fingerprint(tmp_path, {**_SAME, "device": "cuda", "gpu": "NVIDIA H100"})
     engine_env.setenv("TABLETUNE_CONTROLLER", str(folder))
-    engine_env.setattr(engine_spec, "_gpu_inventory", lambda: {"gpu": "NVIDIA H200"})
+    engine_env.setattr(engine_fingerprint, "gpu_inventory", lambda: {"gpu": "NVIDIA H200"})
     with pytest.raises(ContractError, match="profile.fingerprint.gpu: 'NVIDIA H100' but the "
                                             "engine has 'NVIDIA H200'"):
         controller_from_env(_engine_scheduler(device="cuda"))
-    engine_env.setattr(engine_spec, "_gpu_inventory", lambda: {})  # no nvidia-smi: unknown
+    engine_env.setattr(engine_fingerprint, "gpu_inventory", lambda: {})  # no nvidia-smi: unknown
     assert controller_from_env(_engine_scheduler(device="cuda")) is not None
 
 
 def test_keys_missing_on_either_side_are_not_a_mismatch(tmp_path, engine_env):
-    from tabletune.vllm.controller import controller_from_env
+    from tabletune.vllm.controller_setup import controller_from_env
 
     # An older profile that recorded only the engine and the device, and an engine whose
     # speculative config says nothing about a drafter (e.g. MTP).
@@ -208,7 +175,7 @@ def test_keys_missing_on_either_side_are_not_a_mismatch(tmp_path, engine_env):
 
 
 def test_the_escape_hatch_serves_a_foreign_prior_with_a_warning(tmp_path, engine_env, caplog):
-    from tabletune.vllm.controller import controller_from_env
+    from tabletune.vllm.controller_setup import controller_from_env
 
     folder = _prior_with_fingerprint(tmp_path, {**_SAME, "model": "/models/other"})
     engine_env.setenv("TABLETUNE_CONTROLLER", str(folder))
@@ -296,7 +263,7 @@ def test_the_controller_starts_from_the_start_table_given_in_its_environment(tmp
                                                                               monkeypatch):
     from types import SimpleNamespace
 
-    from tabletune.vllm.controller import controller_from_env
+    from tabletune.vllm.controller_setup import controller_from_env
 
     folder = _write_prior(tmp_path / "prior", _prior())
     monkeypatch.setenv("TABLETUNE_CONTROLLER", str(folder))
@@ -319,7 +286,7 @@ def test_the_controller_starts_from_the_start_table_given_in_its_environment(tmp
 def test_a_bad_start_table_is_refused_naming_the_variable(tmp_path, monkeypatch, raw, message):
     from types import SimpleNamespace
 
-    from tabletune.vllm.controller import controller_from_env
+    from tabletune.vllm.controller_setup import controller_from_env
 
     folder = _write_prior(tmp_path / "prior", _prior())
     monkeypatch.setenv("TABLETUNE_CONTROLLER", str(folder))
@@ -333,7 +300,7 @@ def test_a_bad_start_table_is_refused_naming_the_variable(tmp_path, monkeypatch,
 
 def test_the_controller_rebuilds_with_the_tie_margin_and_lengths_the_table_records(
         tmp_path, engine_env):
-    from tabletune.vllm.controller import controller_from_env
+    from tabletune.vllm.controller_setup import controller_from_env
 
     profile = make_profile(fingerprint=_SAME)
     acceptance = make_acceptance()
@@ -514,7 +481,7 @@ def _scheduler():
 ])
 def test_controller_environment_that_is_not_strict_json_or_out_of_range_is_refused_by_name(
         tmp_path, monkeypatch, variable, raw, message):
-    from tabletune.vllm.controller import controller_from_env
+    from tabletune.vllm.controller_setup import controller_from_env
 
     monkeypatch.setenv("TABLETUNE_CONTROLLER", str(_write_prior(tmp_path / "prior", _prior())))
     monkeypatch.setenv("TABLETUNE_CONTROLLER_ALLOW_FOREIGN_PRIOR", "1")
@@ -526,7 +493,7 @@ def test_controller_environment_that_is_not_strict_json_or_out_of_range_is_refus
 
 def test_an_out_folder_that_is_a_file_keeps_the_prior_and_writes_nothing(tmp_path, monkeypatch,
                                                                          caplog):
-    from tabletune.vllm.controller import controller_from_env
+    from tabletune.vllm.controller_setup import controller_from_env
 
     out = tmp_path / "out"
     out.write_text("a file")
@@ -540,25 +507,3 @@ def test_an_out_folder_that_is_a_file_keeps_the_prior_and_writes_nothing(tmp_pat
     assert out.read_text() == "a file"
     assert any(f"TABLETUNE_CONTROLLER_OUT: {out}: {out} is a file, not a directory" in
                r.getMessage() for r in caplog.records)
-
-
-def test_a_control_file_that_is_a_fifo_never_stalls_a_step(tmp_path):
-    import os
-    import threading
-
-    fifo = tmp_path / "control.json"
-    os.mkfifo(fifo)
-    lookup = StepLookup([0] + [2] * 8, 3, ControlFile(str(fifo)))
-    box = {}
-    t = threading.Thread(target=lambda: box.setdefault("k", lookup[4]), daemon=True)
-    t.start()
-    t.join(5)
-    assert not t.is_alive(), "the step blocked opening the FIFO"
-    assert box["k"] == 2  # the static table is served
-
-
-def test_a_control_file_with_duplicate_keys_is_not_half_applied(tmp_path):
-    path = tmp_path / "control.json"
-    path.write_text('{"force_k": 1, "force_k": 3}')
-    lookup = StepLookup([0] + [2] * 8, 3, ControlFile(str(path)))
-    assert lookup[4] == 2

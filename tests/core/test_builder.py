@@ -20,11 +20,11 @@ from tabletune.core import (
     TableDocument,
     build_table,
     fixed_length_goodput,
-    goodput,
     load_json,
     save_json,
     table_loss,
 )
+from tabletune.core.goodput import goodput
 
 PAPER_RATES = (0.7, 0.5, 0.3)
 

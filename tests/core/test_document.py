@@ -11,11 +11,11 @@ import numpy as np
 from factories import make_acceptance, make_profile
 
 from tabletune.cli import main
-from tabletune.controller.estimator import ControllerSettings, Estimator
+from tabletune.controller import ControllerSettings, Estimator
 from tabletune.core.builder import StepTimes, goodput_loss, table_loss
 from tabletune.core.contracts import Profile, TableDocument, load_json, save_json
 from tabletune.core.tables import DraftTable
-from tabletune.pipeline.rebuild import rebuild_table
+from tabletune.pipeline.candidate import build_candidate
 
 
 def noisy_profile() -> Profile:
@@ -48,7 +48,7 @@ def test_cli_build_and_pipeline_rebuild_write_the_same_document(tmp_path, capsys
     capsys.readouterr()
     from_cli = load_json(tmp_path / "table.json", "table").to_dict()
 
-    from_pipeline = rebuild_table(profile, acceptance, provenance={}, lengths=(0, 1, 3),
+    from_pipeline = build_candidate(profile, acceptance, provenance={}, lengths=(0, 1, 3),
                                   tie_margin=0.01).document.to_dict()
 
     assert without_build_time(from_pipeline) == without_build_time(from_cli)
@@ -64,7 +64,7 @@ def test_cli_build_and_pipeline_rebuild_write_the_same_document(tmp_path, capsys
 
 def test_the_controller_without_traffic_rebuilds_the_documents_table():
     profile, acceptance = noisy_profile(), make_acceptance()
-    built = rebuild_table(profile, acceptance, provenance={}, lengths=(0, 1, 3),
+    built = build_candidate(profile, acceptance, provenance={}, lengths=(0, 1, 3),
                           tie_margin=0.01)
     table = built.document.table
     estimator = Estimator(table, StepTimes.from_profile(profile), acceptance.rates,
@@ -78,7 +78,7 @@ def test_the_controller_without_traffic_rebuilds_the_documents_table():
 
 def test_show_scores_a_document_with_the_same_loss_as_table_loss():
     profile, acceptance = noisy_profile(), make_acceptance()
-    built = rebuild_table(profile, acceptance, provenance={}).build
+    built = build_candidate(profile, acceptance, provenance={}).build
     # What `tabletune show` has: the document's goodput block, no profile.
     g = TableDocument.from_dict(json.loads(json.dumps(built.to_document({}).to_dict()))).goodput
     steps = StepTimes.from_profile(profile)

@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tabletune.core import ContractError, goodput, monotone_rates, tau, validate_rates
+from tabletune.core import ContractError, monotone_rates, tau, validate_rates
+from tabletune.core.goodput import goodput
 
 PAPER_RATES = (0.7, 0.5, 0.3)
 

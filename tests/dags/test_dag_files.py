@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
-from airflow_api import AirflowApi
+from local_airflow import AirflowApi
 
 pytestmark = pytest.mark.services
 REPO = Path(__file__).resolve().parents[2]

@@ -21,7 +21,7 @@ import time
 
 import psutil
 import pytest
-from airflow_api import AirflowApi
+from local_airflow import AirflowApi
 from factories import make_acceptance, make_profile
 
 from tabletune.pipeline import flows

@@ -70,12 +70,12 @@ def task_states(dag_run) -> dict[str, str]:
 @pytest.fixture
 def engine(monkeypatch):
     fake = FakeEngine()
-    import tabletune.engine.spec
-    import tabletune.tuner
+    import tabletune.engine.fingerprint
+    import tabletune.tuner.tune
 
-    monkeypatch.setattr(tabletune.engine.spec, "deployment_fingerprint",
+    monkeypatch.setattr(tabletune.engine.fingerprint, "deployment_fingerprint",
                         fake.deployment_fingerprint)
-    monkeypatch.setattr(tabletune.tuner, "profile_step_times", fake.profile_step_times)
+    monkeypatch.setattr(tabletune.tuner.tune, "measure_step_times", fake.profile_step_times)
     monkeypatch.setenv("AIRFLOW_CONN_TABLETUNE_ENGINE", json.dumps({
         "conn_type": "generic",
         "extra": {"spec": {"model": "/models/fake-target", "drafter": "/models/fake-drafter",

@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 
 import pytest
-from airflow_api import AirflowApi
+from local_airflow import AirflowApi
 from factories import make_acceptance, make_profile
 
 from tabletune.adapters.mlflow_prior import load_production_prior

@@ -9,7 +9,8 @@ import pytest
 from tabletune.cli import build_parser
 from tabletune.engine_args import engine_spec_from_args
 from tabletune.engine.server import VllmServer, speculative_config
-from tabletune.engine.spec import EngineSpec, deployment_fingerprint
+from tabletune.engine.fingerprint import deployment_fingerprint
+from tabletune.engine.spec import EngineSpec
 
 
 def _spec(**kw):

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 from factories import make_profile
 
-import tabletune.engine.spec as engine_spec
+import tabletune.engine.fingerprint as engine_fingerprint
 from tabletune.controller.stale import STALE_MARK_FILE, profile_digest, write_stale_mark
 from tabletune.pipeline import flows
 
@@ -36,7 +36,7 @@ class FakeRegistry:
 
 @pytest.fixture(autouse=True)
 def fixed_fingerprint(monkeypatch):
-    monkeypatch.setattr(engine_spec, "deployment_fingerprint", lambda spec: dict(FINGERPRINT))
+    monkeypatch.setattr(engine_fingerprint, "deployment_fingerprint", lambda spec: dict(FINGERPRINT))
 
 
 def _check(registry, out):

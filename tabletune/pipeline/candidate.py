@@ -1,8 +1,9 @@
-"""Rebuild a table from a profile and an acceptance, with the numbers a run logs about it.
+"""A pipeline run's candidate table: built from a profile and an acceptance, with the numbers
+the run logs about it (the DAGs' ``rebuild`` task, ``flows.rebuild``, calls ``build_candidate``).
 
 Pure apart from numpy: it calls the core's one document builder and computes the worst-load
 loss of the new table, of the production table and of every fixed length, all under the new
-acceptance, so a reviewer sees in one run what the rebuild gains and what keeping the old table
+acceptance, so a reviewer sees in one run what the candidate gains and what keeping the old table
 would cost.
 """
 
@@ -24,7 +25,7 @@ from tabletune.core.document import build_document
 from tabletune.core.goodput import tau
 from tabletune.core.tables import DraftTable
 
-__all__ = ["CandidateBuild", "rebuild_table", "goodput_rows"]
+__all__ = ["CandidateBuild", "build_candidate", "goodput_rows"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -36,7 +37,7 @@ class CandidateBuild:
     metrics: dict[str, float]
 
 
-def rebuild_table(
+def build_candidate(
     profile: Profile,
     acceptance: Acceptance,
     *,

@@ -41,8 +41,9 @@ import logging
 import os
 from pathlib import Path
 
-from tabletune.controller.estimator import ControllerSettings
-from tabletune.controller.runtime import UNKNOWN_VALUES, ControllerRuntime, build_runtime
+from tabletune.core import envs
+from tabletune.controller.settings import ControllerSettings
+from tabletune.controller.runtime import ControllerRuntime, build_runtime
 from tabletune.core.builder import recorded_build_settings
 from tabletune.core.errors import ContractError
 from tabletune.core.files import check_output_dir, parse_json
@@ -87,38 +88,8 @@ def load_prior(uri: str, *, cache_dir: Path | None = None) -> Prior:
     return Prior.from_folder(folder, source=uri)
 
 
-def engine_fingerprint(scheduler, *, want_gpu: bool = True) -> dict:
-    """The running engine's side of ``deployment_fingerprint``, from the scheduler's vllm_config.
-
-    Model and drafter identities are computed as the profiler computed them (path plus a hash of
-    ``config.json``, ``tabletune.engine.spec._model_identity``), the vLLM version by the same
-    function. Whatever cannot be read is left out (and so never counts as a mismatch).
-    """
-    from tabletune.engine import spec as engine_spec
-
-    config = getattr(scheduler, "vllm_config", None)
-    model_config = getattr(config, "model_config", None)
-    spec_config = getattr(config, "speculative_config", None)
-    device_config = getattr(config, "device_config", None)
-    parallel = getattr(config, "parallel_config", None)
-    dist, version = engine_spec.engine_version()
-    device = getattr(device_config, "device_type", None) or getattr(device_config, "device", None)
-    fp = {
-        "engine": dist,
-        "engine_version": version,
-        "model": engine_spec._model_identity(getattr(model_config, "model", None)),
-        "drafter": engine_spec._model_identity(getattr(spec_config, "model", None)),
-        "method": getattr(spec_config, "method", None),
-        "device": None if device is None else str(device),
-        "tensor_parallel_size": getattr(parallel, "tensor_parallel_size", None),
-    }
-    if want_gpu and fp["device"] == "cuda":
-        fp["gpu"] = engine_spec._gpu_inventory().get("gpu")  # nvidia-smi, as the profiler did
-    return {k: v for k, v in fp.items() if v not in UNKNOWN_VALUES}
-
-
 def _env_flag(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+    return envs.ENV_VARS[name].get()
 
 
 def _usable_out_dir(path: str | None) -> str | None:
@@ -156,7 +127,10 @@ def controller_from_env(scheduler) -> ControllerRuntime | None:
         # The table document's build settings are the defaults; the env's fields override them.
         settings = ControllerSettings.from_dict({**recorded_build_settings(prior.table),
                                                  **overrides})
-    engine = engine_fingerprint(scheduler, want_gpu="gpu" in prior.profile.fingerprint)
+    from tabletune.engine.fingerprint import engine_fingerprint
+
+    engine = engine_fingerprint(getattr(scheduler, "vllm_config", None),
+                                want_gpu="gpu" in prior.profile.fingerprint)
     runtime = build_runtime(prior, static_lookup=list(scheduler.dynamic_sd_lookup),
                             num_spec_tokens=scheduler.num_spec_tokens,
                             max_num_seqs=scheduler.scheduler_config.max_num_seqs,

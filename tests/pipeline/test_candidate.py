@@ -1,4 +1,4 @@
-"""Rebuilding a table and what a run logs about it."""
+"""A pipeline run's candidate table (pipeline.candidate) and what a run logs about it."""
 
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ from factories import make_acceptance, make_profile
 from tabletune.core.contracts import TableDocument
 from tabletune.core.errors import ContractError
 from tabletune.core.tables import DraftTable
-from tabletune.pipeline.plots import plot_goodput, plot_tables
-from tabletune.pipeline.rebuild import goodput_rows, rebuild_table
+from tabletune.report.plots import plot_goodput, plot_tables
+from tabletune.pipeline.candidate import build_candidate, goodput_rows
 
 
 def test_rebuild_reports_losses_against_fixed_lengths_and_production():
     production = DraftTable.from_ranges([[1, 128, 3]])
-    result = rebuild_table(make_profile(), make_acceptance(), provenance={"by": "test"},
+    result = build_candidate(make_profile(), make_acceptance(), provenance={"by": "test"},
                            production=production)
     m = result.metrics
     assert m["rebuild_max_batch_size"] == 128  # production's reach, not only the profile's
@@ -32,11 +32,11 @@ def test_rebuild_reports_losses_against_fixed_lengths_and_production():
 
 def test_rebuild_refuses_acceptance_shorter_than_the_profile():
     with pytest.raises(ContractError, match="K mismatch"):
-        rebuild_table(make_profile(max_k=3), make_acceptance((0.8, 0.6)), provenance={})
+        build_candidate(make_profile(max_k=3), make_acceptance((0.8, 0.6)), provenance={})
 
 
 def test_goodput_rows_are_one_per_batch_size_and_length(tmp_path):
-    result = rebuild_table(make_profile(), make_acceptance(), provenance={})
+    result = build_candidate(make_profile(), make_acceptance(), provenance={})
     frame = pd.DataFrame(goodput_rows(result.build))
     assert len(frame) == 128 * 4
     chosen = frame[frame.chosen].set_index("batch_size")["k"]
@@ -56,11 +56,11 @@ def test_rebuild_uses_the_tie_margin_and_lengths_production_was_built_with():
     profile, acceptance = make_profile(), make_acceptance()
     production = build_table(StepTimes.from_profile(profile), acceptance.rates,
                              lengths=(0, 1), tie_margin=0.03).to_document({})
-    result = rebuild_table(profile, acceptance, provenance={}, production_document=production)
+    result = build_candidate(profile, acceptance, provenance={}, production_document=production)
     assert result.build.tie_margin == 0.03 and result.build.lengths == (0, 1)
     assert result.metrics["rebuild_tie_margin"] == 0.03
     assert result.document.goodput["allowed_lengths"] == [0, 1]
     # An explicit margin wins; without a production document the defaults apply.
-    assert rebuild_table(profile, acceptance, provenance={}, production_document=production,
+    assert build_candidate(profile, acceptance, provenance={}, production_document=production,
                          tie_margin=0.0).build.tie_margin == 0.0
-    assert rebuild_table(profile, acceptance, provenance={}).build.tie_margin == 0.005
+    assert build_candidate(profile, acceptance, provenance={}).build.tie_margin == 0.005

@@ -1,0 +1,35 @@
+"""The estimator's state export on its own (tabletune.controller.state): the schema, every key
+state.json has always had, and JSON all the way down."""
+
+import json
+
+from tabletune.controller import ControllerSettings, Estimator
+from tabletune.controller.state import STATE_SCHEMA, estimator_state
+from tabletune.core.builder import StepTimes
+from tabletune.core.tables import DOCS_TABLE
+
+KEYS = [
+    "schema", "settings", "start_table", "table", "prior_rates", "rates", "prior_weight",
+    "drafted", "accepted", "carried_drafted", "carried_accepted", "steps", "last_rebuild_step",
+    "num_rebuilds", "explorations", "switches", "last_batch_size", "held_range",
+    "max_batch_size", "allowed_lengths", "step_times", "history", "history_limit",
+    "step_time_cells", "step_time_carried", "batch_size_steps", "step_samples",
+    "shared_factor_baseline", "rebuilds_moved_by", "held_batch_sizes", "timing_probes",
+    "timing_probe_run", "timing_probe_plan", "step_times_in_use", "step_stalls",
+    "drift_streak", "profile_stale",
+]
+
+
+def test_the_state_has_every_key_in_order_and_survives_json():
+    times = StepTimes({(b, k): 5.0 + 0.02 * b + k * (0.4 + 0.03 * b)
+                       for b in (1, 32, 128) for k in range(4)})
+    est = Estimator(DOCS_TABLE, times, (0.7, 0.5, 0.3),
+                    ControllerSettings.recommended(rebuild_every_steps=20))
+    for _ in range(45):
+        k = est.on_step(4)
+        est.observe_many([k] * 4, [min(k, 1)] * 4)
+        est.observe_step_time(4, k, 5.2 + 0.5 * k)
+    state = estimator_state(est)
+    assert list(state) == KEYS
+    assert state["schema"] == STATE_SCHEMA and state["num_rebuilds"] == 2
+    assert json.loads(json.dumps(state)) == est.state()

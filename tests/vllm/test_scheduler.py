@@ -1,0 +1,61 @@
+"""TableTune's scheduler (``tabletune.vllm.scheduler``) on stand-ins for vLLM's scheduler modules
+(no vLLM import): steady steps timed for the controller, the slow-draft fault."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+from fake_vllm import install_fake_schedulers
+from fake_vllm import scheduler_output as _output
+
+from tabletune.controller.step_clock import StepClock
+
+
+@pytest.fixture
+def scheduler_module(monkeypatch):
+    """``tabletune.vllm.scheduler`` on stand-ins for vLLM's scheduler modules (no vLLM import)."""
+    import importlib
+    import sys
+
+    import tabletune.vllm
+
+    class FakeScheduler:
+        def __init__(self, vllm_config):
+            self.vllm_config = vllm_config
+            self.dynamic_sd_lookup = [0] + [2] * 8
+            self.num_spec_tokens = 3
+            self.scheduler_config = SimpleNamespace(max_num_seqs=8, async_scheduling=False)
+
+        def update_from_output(self, scheduler_output, model_runner_output):
+            return {}
+
+    install_fake_schedulers(monkeypatch, FakeScheduler)
+    for name in ("TABLETUNE_CONTROLLER", "TABLETUNE_CONTROL_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delitem(sys.modules, "tabletune.vllm.scheduler", raising=False)
+    monkeypatch.setattr(tabletune.vllm, "scheduler", None, raising=False)  # undone after the test
+    module = importlib.import_module("tabletune.vllm.scheduler")
+    monkeypatch.setitem(sys.modules, "tabletune.vllm.scheduler", module)
+    return module
+
+
+def test_the_scheduler_times_steady_steps_and_the_fault_sleeps_per_drafted_position(
+        scheduler_module, monkeypatch):
+    heard = []
+    controller = SimpleNamespace(observe_step_time=lambda b, k, ms: heard.append((b, k, ms)))
+    scheduler = scheduler_module.TableTuneScheduler(SimpleNamespace())
+    scheduler._tabletune_lookup.controller = controller
+    scheduler._tabletune_slow_s = 0.040  # what TABLETUNE_CONTROLLER_FAULT_SLOW_MS_PER_DRAFT=40 sets
+    now = iter([1.0, 1.1, 1.2, 1.3, 1.4])
+    scheduler._tabletune_clock = StepClock(clock=lambda: next(now))
+    slept = []
+    monkeypatch.setattr(scheduler_module.time, "sleep", slept.append)
+    steps = [_output(2, 0, 2, new=2), _output(2, 2, 2), _output(2, 2, 1), _output(2, 1, 1),
+             _output(0, 0, 1)]
+    for out in steps:
+        assert scheduler.update_from_output(out, None) == {}
+    # The fault follows the k each step drafts; an empty step drafts nothing and sleeps nothing.
+    assert slept == pytest.approx([0.080, 0.080, 0.040, 0.040])
+    assert [(b, k) for b, k, _ in heard] == [(2, 2), (2, 1)]
+    assert [ms for _, _, ms in heard] == pytest.approx([100.0, 100.0])
