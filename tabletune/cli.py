@@ -1,9 +1,14 @@
-"""``tabletune`` command line: profile, acceptance, build, tune, show, plot, simulate, ..."""
+"""tabletune: measure the draft-length table vLLM's dynamic speculative decoding takes
+(num_speculative_tokens_per_batch_size) and keep it right.
+
+Start with `tabletune tune --out-dir out` (the embedded CPU model pair), then
+`tabletune show out`. `tabletune <command> --help` says more."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import signal
 import sys
@@ -430,8 +435,12 @@ def _describe_edges(g: dict) -> list[str]:
     held = check_sequence(g.get("held_by_noise_batch_sizes") or [],
                           "table.goodput.held_by_noise_batch_sizes")
     if held:
-        out.append(f"  kept the previous length within the noise at {len(held)} batch sizes "
-                   f"({held[0]}–{held[-1]})")
+        interpolated = set(g.get("interpolated_batch_sizes") or [])
+        named = ", ".join(f"{b}{' (interpolated)' if b in interpolated else ''}" for b in held)
+        out.append(f"  kept the previous length within the noise at "
+                   f"{'B = ' if len(held) == 1 else 'batch sizes '}{named}"
+                   + (": T there is interpolated between profiled batch sizes, so that noise "
+                      "is the neighbours'" if interpolated & set(held) else ""))
     return out
 
 
@@ -500,6 +509,13 @@ def _goodput_block(g: dict):
 
 
 def cmd_show(args) -> int:
+    table = Path(args.table)
+    if table.is_dir():
+        # The folder `tune` wrote (it names it at the end): its table.json.
+        if not (table / "table.json").is_file():
+            raise ContractError(f"{args.table}: is a folder without a table.json (give a table "
+                                "document, or the --out-dir of `tabletune tune`)")
+        args.table = table / "table.json"
     doc = load_json(args.table, "table")
     try:
         text = _describe_document(doc)
@@ -538,7 +554,9 @@ COMMANDS = (
 def build_parser() -> argparse.ArgumentParser:
     import importlib
 
-    parser = HelpfulParser(prog="tabletune", description=__doc__)
+    parser = HelpfulParser(prog="tabletune", description=__doc__,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"tabletune {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     for names, module, function in COMMANDS:
         try:
@@ -549,6 +567,15 @@ def build_parser() -> argparse.ArgumentParser:
             raise CommandUnavailable(f"tabletune {names}: cannot import {module}: {exc}") from exc
         getattr(home, function)(sub)
     return parser
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("tabletune")
+    except PackageNotFoundError:  # a source tree run without installing
+        return "unknown (not installed)"
 
 
 def add_tuner_parsers(sub) -> None:
@@ -604,7 +631,8 @@ def add_tuner_parsers(sub) -> None:
     p.set_defaults(func=cmd_build)
 
     p = sub.add_parser("show", help="print a table: ranges, vLLM config, loss vs fixed lengths")
-    p.add_argument("table", type=Path, help="a table file (tabletune.table/v1)")
+    p.add_argument("table", type=Path,
+                   help="a table file (tabletune.table/v1), or the folder `tabletune tune` wrote")
     p.set_defaults(func=cmd_show)
 
     p = sub.add_parser("plot", help="plots from a profile and an acceptance file")
@@ -639,6 +667,35 @@ _INTERRUPTED_KEEPS = {
     "evaluate": "the levels measured so far are in --out-dir's evaluate.json (complete: false)",
 }
 _ENGINE_COMMANDS = ("tune", "profile", "acceptance", "evaluate", "doctor")
+
+
+# Commands whose long phases (a server starting, acceptance prompts answered, serving windows)
+# report through the tuner's loggers; the user sees those lines on stderr.
+PHASE_LOGGING_COMMANDS = ("tune", "acceptance")
+PHASE_LOGGERS = ("tabletune.acceptance", "tabletune.serving")
+
+
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever sys.stderr is when a line is logged (a test's capture, a redirect),
+    not to the stream of the moment the handler was made."""
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value) -> None:
+        pass
+
+
+def _show_phase_logs() -> None:
+    for name in PHASE_LOGGERS:
+        logger = logging.getLogger(name)
+        logger.setLevel(logging.INFO)
+        if not any(isinstance(h, _StderrHandler) for h in logger.handlers):
+            handler = _StderrHandler()
+            handler.setFormatter(logging.Formatter("%(message)s"))
+            logger.addHandler(handler)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -677,6 +734,8 @@ def _main(argv: Sequence[str] | None) -> int:
             pass
     try:
         check_options(parser, args)  # every option's range, before any engine or file
+        if args.command in PHASE_LOGGING_COMMANDS:
+            _show_phase_logs()
         return int(args.func(args) or 0)
     except (ContractError, ValueError, EngineError) as e:
         print(f"tabletune {where}: error: {e}", file=sys.stderr)

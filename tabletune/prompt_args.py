@@ -22,10 +22,10 @@ def add_prompt_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-prompts", type=integer(1, 10**6), default=DEFAULT_NUM_PROMPTS,
                    help="prompts to measure acceptance on (a sample if the file has more)")
     p.add_argument("--temperature", type=number(0, 100), default=DEFAULT_TEMPERATURE,
-                   help="the serving temperature")
+                   help="the serving temperature (default: %(default)s)")
     p.add_argument("--max-tokens", type=integer(1), default=DEFAULT_MAX_TOKENS,
                    help="tokens generated per prompt")
-    p.add_argument("--seed", type=integer(0), default=0, help="prompt sampling seed")
+    p.add_argument("--seed", type=integer(0), default=0, help="prompt sampling seed (default: %(default)s)")
 
 
 # Where prompts_from_args keeps what it read on the namespace: the file is read once, up front

@@ -82,7 +82,10 @@ def measure_acceptance_on(server: VllmServer, prompts: Sequence[str], *, max_k: 
              len(prompts), max_k, max_tokens, temperature)
 
     def progress(done: int, total: int, elapsed_s: float) -> None:
-        log.info("acceptance: %d/%d prompts answered after %.0f s", done, total, elapsed_s)
+        left = (f"; ~{elapsed_s / done * (total - done):.0f} s left"
+                if 0 < done < total else "")
+        log.info("acceptance: %d/%d prompts answered after %.0f s%s", done, total, elapsed_s,
+                 left)
 
     # Every request its own sampling seed (run_batch does that): with one seed for all, their
     # random accept/reject draws coincide position by position (see client.request_seed).
@@ -136,7 +139,12 @@ def acceptance_from(server: VllmServer, prompts: Sequence[str], *,
 def with_provenance(acc: Acceptance, spec: EngineSpec) -> Acceptance:
     """``acc`` with the deployment it was measured on in its meta."""
     meta = dict(acc.meta)
-    meta["fingerprint"] = deployment_fingerprint(spec)
+    # The measuring server's max_num_seqs (room for the acceptance batch, often above the
+    # profile's) is not the deployment's and does not change acceptance: recorded apart, so the
+    # two files' fingerprints do not seem to disagree.
+    fingerprint = deployment_fingerprint(spec)
+    meta["server_max_num_seqs"] = fingerprint.pop("max_num_seqs")
+    meta["fingerprint"] = fingerprint
     if spec.synthetic_acceptance is not None:
         meta["synthetic_acceptance"] = list(spec.synthetic_acceptance)
     return Acceptance(rates=acc.rates, num_drafts=acc.num_drafts,

@@ -280,3 +280,34 @@ def test_build_and_show_label_in_sample_figures_and_name_untrustworthy_cells(doc
     doc = json.loads((docs / "table.json").read_text())
     assert doc["provenance"]["worst_loss_kind"].startswith("modelled, in-sample")
     assert doc["goodput"]["edges"], "the document says by how much each new length won"
+
+
+def test_version_and_a_help_without_markup(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0
+    assert re.fullmatch(r"tabletune \S+\n", capsys.readouterr().out)
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = capsys.readouterr().out
+    assert "``" not in text and "tabletune tune --out-dir out" in text
+    with pytest.raises(SystemExit):
+        main(["acceptance", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "the serving temperature (default: 0.0)" in text
+    assert "prompt sampling seed (default: 0)" in text
+
+
+def test_show_takes_the_folder_tune_wrote_and_names_one_without_a_table(docs, capsys):
+    assert build(docs, "--out", str(docs / "table.json")) == 0
+    capsys.readouterr()
+    assert main(["show", str(docs / "table.json")]) == 0
+    direct = capsys.readouterr().out
+    assert main(["show", str(docs)]) == 0
+    assert capsys.readouterr().out == direct
+    empty = docs / "empty"
+    empty.mkdir()
+    assert main(["show", str(empty)]) == 2
+    assert capsys.readouterr().err == (
+        f"tabletune show: error: {empty}: is a folder without a table.json (give a table "
+        "document, or the --out-dir of `tabletune tune`)\n")
