@@ -430,7 +430,7 @@ def install(version: str | None = None, fixes: tuple[Fix, ...] | None = None) ->
         if _installed_in_process:
             return APPLIED
         _installed_in_process = True
-        if os.environ.get(COMPAT_ENV, "1").strip().lower() in ("0", "off", "false", "no"):
+        if layer_disabled():
             logger.info("TableTune compat: disabled by %s; vLLM runs unpatched", COMPAT_ENV)
             return APPLIED
         version = version or vllm_version()
@@ -457,6 +457,11 @@ def install(version: str | None = None, fixes: tuple[Fix, ...] | None = None) ->
     except Exception as e:  # nothing here may stop the engine from starting
         logger.warning("TableTune compat: skipped (%s: %s)", type(e).__name__, e)
     return APPLIED
+
+
+def layer_disabled(environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether ``TABLETUNE_COMPAT`` turns the layer off in this environment."""
+    return environ.get(COMPAT_ENV, "1").strip().lower() in ("0", "off", "false", "no")
 
 
 def _names(csv: str) -> set[str]:
