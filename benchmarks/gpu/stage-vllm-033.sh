@@ -71,7 +71,9 @@ else
   rm -rf "$work/site/bin"
   wheels_mb=$(du -sm "$work/wheels" | cut -f1); site_mb=$(du -sm "$work/site" | cut -f1)
   rm -rf "$out" && mkdir -p "$out"
-  tar -C "$work/site" -cf - . | nice -n 19 xz -T0 -4 > "$work/site.tar.xz"
+  # xz -1, not the 0.26 script's -4: on 20 MB of cuDNN here -1 took 8.5 s for 2.38 MB and -4
+  # 56 s for 2.28 MB (4 % smaller, 6.6 times the time; on ~5 GB that is an hour on two cores).
+  tar -C "$work/site" -cf - . | nice -n 19 xz -T0 "${XZ_LEVEL:--1}" > "$work/site.tar.xz"
   split -b "$part_bytes" -d -a 2 "$work/site.tar.xz" "$work/bundle."
   i=0
   for f in "$work"/bundle.*; do

@@ -157,6 +157,12 @@ def _fix_speculator_honours_k() -> None:
 # 2 534 eager q = 3 target steps in one profile. The fix adds, for every query length missing
 # from a token count's list, the smallest graph of that length that fits, ahead of the
 # piecewise fallback.
+#
+# 0.33.0 (source read, not measured): the cause is still there. _init_candidates groups each
+# graph mode's descriptors by token count and gives every count the FULL group of the smallest
+# captured size >= it, then the PIECEWISE group, so a missing q now runs the piecewise graph
+# instead of eagerly. Until that is measured on a GPU the fix is unverified there (not applied;
+# TABLETUNE_COMPAT_TRY=graph-candidates-for-every-length applies it to measure it).
 
 
 def complete_candidates(candidates: dict, capture_descs: dict) -> int:
