@@ -13,7 +13,9 @@ token per step, and answers three questions:
    measured after it had been running already.
 
 A runner is fit to deploy when it starts and every cost stays within the tolerance. The doctor
-reports an engine that fails; it never fails itself (bad arguments still exit 2).
+reports an engine that fails; it never fails itself (bad arguments still exit 2). Its first line
+(and ``doctor.json`` ``vllm_compat``) names the vLLM build and what TableTune's compatibility
+layer does on it, fix by fix.
 """
 
 from __future__ import annotations
