@@ -99,8 +99,11 @@ for ((i = 1; i <= n; i++)); do
   if [ "$i" -eq 1 ]; then step="mkdir -p /tmp/stage && cp .gpu033/$p/* /tmp/stage/"
   else step="cp .gpu033/$p/* /tmp/stage/"; fi
   if [ "$i" -eq "$n" ]; then
-    step="$step && [ \"\$(cat /tmp/stage/bundle.* | sha256sum | cut -c1-64)\" = $(cat "$out/SHA256") ] && mkdir -p /tmp/site033 && cat /tmp/stage/bundle.* | xz -dc -T16 | tar -x -C /tmp/site033 && rm -rf /tmp/stage && export PYTHONPATH=/tmp/site033 && python3 -c 'import torch, vllm; print(torch.__version__, vllm.__version__, torch.cuda.is_available())' && <your command>"
+    step="$step && [ \"\$(cat /tmp/stage/bundle.* | sha256sum | cut -c1-64)\" = $(cat "$out/SHA256") ] && mkdir -p /tmp/site033 && cat /tmp/stage/bundle.* | xz -dc -T16 | tar -x -C /tmp/site033 && rm -rf /tmp/stage && export PYTHONPATH=/tmp/site033 && python3 -c 'import torch, vllm; x = torch.ones(64, 64, device=\"cuda\"); print(torch.__version__, vllm.__version__, float((x @ x).sum()), torch.backends.cudnn.version())' && <your command>"
   fi
   printf '  %2d. carry ["%s"]:  %s\n' "$i" ".gpu033/$p" "$step"
 done
 echo "Later calls on the same machine: start with  export PYTHONPATH=/tmp/site033;"
+# The bundle's nvidia/cu13 holds only the libraries whose versions changed (cuBLAS); torch finds
+# the others (cuFFT, cuRAND, ...) in the image's nvidia/cu13 when it preloads its CUDA libraries,
+# which the matrix product in the last call checks.
