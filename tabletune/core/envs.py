@@ -103,6 +103,10 @@ COMPAT = EnvVar(
 TRACE_GRAPHS = EnvVar(
     "TABLETUNE_TRACE_GRAPHS", False, flag_set,
     "Log which CUDA graph each V2-runner step dispatched to (a diagnostic, not a fix).")
+COMPAT_TRY = EnvVar(
+    "TABLETUNE_COMPAT_TRY", None, text_or_none,
+    "Comma-separated compat fix names to apply on a vLLM version they are not verified on, to "
+    "measure them there (a warning names each).")
 
 # ------------------------------------------------------------------------------ the launchers
 
@@ -145,6 +149,6 @@ ENV_VARS: dict[str, EnvVar] = {var.name: var for var in (
     REJECT_ALL, CONTROL_FILE, CONTROLLER, CONTROLLER_SETTINGS, CONTROLLER_OUT,
     CONTROLLER_ALLOW_FOREIGN_PRIOR, CONTROLLER_START_TABLE, PRIOR_CACHE,
     CONTROLLER_FAULT_AFTER_STEPS, CONTROLLER_FAULT_SLOW_MS_PER_DRAFT, COMPAT, TRACE_GRAPHS,
-    CACHE, ENGINE_QUEUE, ENGINE_POOL, TASK_RETRIES, RETRY_DELAY_S, DEPLOYMENT_KEY,
+    COMPAT_TRY, CACHE, ENGINE_QUEUE, ENGINE_POOL, TASK_RETRIES, RETRY_DELAY_S, DEPLOYMENT_KEY,
     PROMPTS_BUCKET, PROMPTS_PREFIX, STAGING_PREFIX, STATE_DIR,
 )}

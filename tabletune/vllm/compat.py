@@ -1,16 +1,21 @@
 """Engine-compatibility layer: version-gated fixes that let vLLM serve a draft-length table.
 
 Loaded by TableTune's ``vllm.general_plugins`` entry point (:func:`tabletune.vllm.plugin.register`)
-in every vLLM process. Each :class:`Fix` names the vLLM versions it was verified on and the
-upstream issue it works around. On any other version nothing is applied and that is logged
-once; every applied fix logs one line; a fix that fails to apply is logged and skipped. Nothing
-here may stop the engine from starting: :func:`install` never raises.
+in every vLLM process. Each :class:`Fix` names the vLLM versions it was verified on, the
+upstream issue it works around and the versions whose own code already does the same
+(:func:`fix_statuses` is the per-version table; ``tabletune doctor`` reports it). On a version
+no fix is verified for, nothing is applied and that is logged once; every applied fix logs one
+line; a fix that fails to apply is logged and skipped. Nothing here may stop the engine from
+starting: :func:`install` never raises.
 
 ``TABLETUNE_COMPAT=0`` turns the layer off, to compare a server with and without it (start one
 of each; ``tabletune doctor`` measures whichever layer the engine it starts has).
 ``TABLETUNE_TRACE_GRAPHS=1`` adds a diagnostic, not a fix: every CUDA-graph dispatch of the V2
 runner is counted per (graph manager, graph mode, uniform query length) and the counts are logged
-every few seconds, so a step that leaves its full graph is visible in the server log.
+every few seconds, so a step that leaves its full graph is visible in the server log (on the
+versions in :data:`TRACE_VERSIONS`, whether or not a fix applies there).
+``TABLETUNE_COMPAT_TRY=name,...`` applies the named fixes on a version they are not verified
+on, to measure them there.
 """
 
 from __future__ import annotations
@@ -21,17 +26,21 @@ import logging
 import sys
 import time
 from collections import Counter
-from dataclasses import dataclass
-from typing import Callable
+from dataclasses import dataclass, field
+from typing import Callable, Mapping
 
 from tabletune.core import envs
 
 # Under "vllm." so records go through vLLM's own log handlers in the engine processes.
 logger = logging.getLogger("vllm.tabletune.compat")
 
-# The two switches (defaults and parsers in tabletune.core.envs).
+# The switches (defaults and parsers in tabletune.core.envs).
 COMPAT_ENV = envs.COMPAT.name
 TRACE_ENV = envs.TRACE_GRAPHS.name
+# Fix names to apply on a vLLM version they are not verified on, to measure them there.
+TRY_ENV = envs.COMPAT_TRY.name
+# The trace goes in when the V2 runner is imported (cudagraph_utils is imported by then).
+TRACE_MODULE = "vllm.v1.worker.gpu.model_runner"
 # Set on the speculator by the runner wrapper: the draft length the scheduler chose for the
 # drafts of the step being run.
 SCHEDULED_K_ATTR = "_tabletune_scheduled_k"
@@ -48,6 +57,9 @@ class Fix:
     # Applied when this module is first imported (at once if it already is), so processes that
     # never load the code being fixed (the API server, the V1 runner) import nothing for it.
     module: str = "vllm.v1.worker.gpu.model_runner"
+    # vLLM version -> the upstream code that does the same, read in that version's source; on
+    # those versions the fix is not needed and not applied.
+    upstream_in: Mapping[str, str] = field(default_factory=dict)
 
 
 def _patch(owner, name: str, flag: str, make: Callable[[Callable], Callable]) -> None:
@@ -148,6 +160,12 @@ def _fix_speculator_honours_k() -> None:
 # 2 534 eager q = 3 target steps in one profile. The fix adds, for every query length missing
 # from a token count's list, the smallest graph of that length that fits, ahead of the
 # piecewise fallback.
+#
+# 0.33.0 (source read, not measured): the cause is still there. _init_candidates groups each
+# graph mode's descriptors by token count and gives every count the FULL group of the smallest
+# captured size >= it, then the PIECEWISE group, so a missing q now runs the piecewise graph
+# instead of eagerly. Until that is measured on a GPU the fix is unverified there (not applied;
+# TABLETUNE_COMPAT_TRY=graph-candidates-for-every-length applies it to measure it).
 
 
 def complete_candidates(candidates: dict, capture_descs: dict) -> int:
@@ -159,22 +177,27 @@ def complete_candidates(candidates: dict, capture_descs: dict) -> int:
     """
     from bisect import bisect_left
 
-    by_length: dict[tuple[int, int], list] = {}
+    # 0.33 adds microbatched (DBO) twins of some graphs; a step matches only a graph of its own
+    # microbatch count, so each count is a family of its own (0.26's descriptors have none: 1).
+    def family(d) -> tuple[int, int]:
+        return d.uniform_token_count, getattr(d, "num_ubatches", 1)
+
+    by_length: dict[tuple[tuple[int, int], int], list] = {}
     for descs in capture_descs.values():
         for d in descs:
             if d.uniform_token_count is not None:
-                by_length.setdefault((d.uniform_token_count, d.num_active_loras), []).append(d)
+                by_length.setdefault((family(d), d.num_active_loras), []).append(d)
     for descs in by_length.values():
         descs.sort(key=lambda d: d.num_tokens)
     sizes = {key: [d.num_tokens for d in descs] for key, descs in by_length.items()}
     changed = 0
     for (num_tokens, loras), current in list(candidates.items()):
-        present = {d.uniform_token_count for d in current}
+        present = {family(d) for d in current if d.uniform_token_count is not None}
         extra = []
-        for (q, desc_loras), descs in by_length.items():
-            if desc_loras != loras or q in present:
+        for (fam, desc_loras), descs in by_length.items():
+            if desc_loras != loras or fam in present:
                 continue
-            i = bisect_left(sizes[(q, desc_loras)], num_tokens)
+            i = bisect_left(sizes[(fam, desc_loras)], num_tokens)
             if i < len(descs):
                 extra.append(descs[i])
         if extra:
@@ -204,6 +227,23 @@ def _fix_candidates_for_every_length() -> None:
 # Diagnostic: which CUDA graph each step dispatches to (finding 3 of the GPU issue).
 
 
+# CudaGraphManager.dispatch's signatures, as read in each version's cudagraph_utils.py:
+#   0.26.0: (self, num_reqs, num_tokens, uniform_token_count, num_active_loras)
+#   0.33.0: (self, num_reqs, num_tokens, uniform_token_count, num_active_loras,
+#            max_query_len=None, num_ubatches=1), called positionally and by keyword
+# The trace passes every argument through untouched and reads only uniform_token_count, the
+# third either way.
+TRACE_VERSIONS = frozenset({"0.26.0", "0.33.0"})
+
+
+def uniform_token_count_of(args: tuple, kwargs: dict) -> int | None:
+    """The uniform query length of one ``dispatch(num_reqs, num_tokens, uniform_token_count,
+    ...)`` call (self excluded), whether it came by position or by keyword."""
+    if "uniform_token_count" in kwargs:
+        return kwargs["uniform_token_count"]
+    return args[2] if len(args) > 2 else None
+
+
 def _install_graph_trace() -> None:
     from vllm.v1.worker.gpu import cudagraph_utils
 
@@ -211,16 +251,17 @@ def _install_graph_trace() -> None:
     state = {"last": time.monotonic()}
 
     def role(manager) -> str:
-        if manager.decode_query_len == 1:
-            return "draft-decode"
+        # The drafter's managers are SpeculatorCudaGraphManager in both versions; a target
+        # without speculation also decodes one token per request.
         if type(manager).__name__.startswith("Speculator"):
-            return "draft-prefill"
+            return "draft-decode" if manager.decode_query_len == 1 else "draft-prefill"
         return "target"
 
     def make(original):
-        def dispatch(self, num_reqs, num_tokens, uniform_token_count, num_active_loras):
-            desc = original(self, num_reqs, num_tokens, uniform_token_count, num_active_loras)
+        def dispatch(self, *args, **kwargs):
+            desc = original(self, *args, **kwargs)
             try:
+                uniform_token_count = uniform_token_count_of(args, kwargs)
                 counts[(role(self), desc.cg_mode.name, uniform_token_count)] += 1
                 now = time.monotonic()
                 if now - state["last"] >= 5.0:
@@ -244,12 +285,19 @@ FIXES: tuple[Fix, ...] = (
         "the drafter's one-token decode graphs ignore the table's lengths; a table with "
         "k < K no longer fails at start-up",
         _fix_draft_decode_candidates,
-        verified="H200: a table with every length 0..3 starts and keeps full graphs"),
+        verified="H200: a table with every length 0..3 starts and keeps full graphs",
+        upstream_in={"0.33.0": "CudaGraphManager._init_candidates (v1/worker/gpu/"
+                               "cudagraph_utils.py) expands the table's lengths only for a "
+                               "manager whose decode_query_len > num_speculative_tokens"}),
     Fix("speculator-drafts-scheduled-k", frozenset({"0.26.0"}),
         "vllm-project/vllm#51510 (V2 speculator ignores the scheduled K; fix proposed in #57053)",
         "the V2 speculator drafts the scheduled k instead of K (k = 0: draft prefill only)",
         _fix_speculator_honours_k,
-        verified="H200 profile: k=1 at B=1 3.80 ms against 4.41 ms drafting K=3"),
+        verified="H200 profile: k=1 at B=1 3.80 ms against 4.41 ms drafting K=3",
+        upstream_in={"0.33.0": "GPUModelRunner.sample_tokens passes num_speculative_tokens="
+                               "the scheduled k to TargetDependentARSpeculator.propose "
+                               "(v1/worker/gpu/spec_decode/target_dependent_ar/speculator.py), "
+                               "which drafts that many and replays the k-specialised graph"}),
     Fix("graph-candidates-for-every-length", frozenset({"0.26.0"}),
         "none filed yet (candidate lists keep only the smallest captured size)",
         "every table length finds its full CUDA graph at every batch size",
@@ -257,6 +305,43 @@ FIXES: tuple[Fix, ...] = (
         verified="read against 0.26.0's _init_candidates, unit-tested; the miss it removes was "
                  "measured on the H200 (k=2 at B=4), the fixed engine not yet"),
 )
+
+# What one fix does on one vLLM version.
+STATUS_APPLIED = "applied"           # verified on this version: the layer applies it
+STATUS_UPSTREAM = "upstream"         # not needed: this version's own code does the same
+STATUS_UNVERIFIED = "unverified"     # not verified on this version: not applied
+
+_STATUS_WORDS = {STATUS_APPLIED: "applied", STATUS_UPSTREAM: "not needed (upstream has it)",
+                 STATUS_UNVERIFIED: "unverified, not applied"}
+
+
+@dataclass(frozen=True)
+class FixStatus:
+    fix: str
+    status: str      # STATUS_APPLIED, STATUS_UPSTREAM or STATUS_UNVERIFIED
+    detail: str      # how it was verified, or the upstream code that makes it unneeded
+
+
+def fix_statuses(version: str, fixes: tuple[Fix, ...] = FIXES) -> list[FixStatus]:
+    """Each fix's status on one vLLM version (pure: the layer's per-version table)."""
+    out = []
+    for fix in fixes:
+        if version in fix.versions:
+            out.append(FixStatus(fix.name, STATUS_APPLIED, fix.verified))
+        elif version in fix.upstream_in:
+            out.append(FixStatus(fix.name, STATUS_UPSTREAM, fix.upstream_in[version]))
+        else:
+            out.append(FixStatus(fix.name, STATUS_UNVERIFIED, ""))
+    return out
+
+
+def describe_statuses(statuses: list[FixStatus]) -> str:
+    """``applied: a, b; not needed (upstream has it): c`` — fixes grouped by status."""
+    groups: dict[str, list[str]] = {}
+    for s in statuses:
+        groups.setdefault(s.status, []).append(s.fix)
+    return "; ".join(f"{_STATUS_WORDS[status]}: {', '.join(names)}"
+                     for status, names in groups.items())
 
 
 _installed_in_process = False
@@ -344,25 +429,49 @@ APPLIED: list[str] = []  # names of the fixes applied in this process, in order
 def install(version: str | None = None, fixes: tuple[Fix, ...] | None = None) -> list[str]:
     """Arrange for the fixes verified for this vLLM version to apply; never raises.
 
-    Returns :data:`APPLIED`, which fills as the modules being fixed are imported.
+    On a version none is verified for, nothing is applied and one line says so (and which fixes
+    that version has upstream). ``TABLETUNE_COMPAT_TRY=name,...`` applies the named fixes on
+    such a version anyway, to measure them there. Returns :data:`APPLIED`, which fills as the
+    modules being fixed are imported.
     """
     global _installed_in_process
     try:
         if _installed_in_process:
             return APPLIED
         _installed_in_process = True
-        if not envs.COMPAT.get():
+        if layer_disabled():
             logger.info("TableTune compat: disabled by %s; vLLM runs unpatched", COMPAT_ENV)
             return APPLIED
         version = version or vllm_version()
-        chosen = [f for f in (fixes or FIXES) if version in f.versions]
+        fixes = fixes or FIXES
+        chosen = [f for f in fixes if version in f.versions]
+        tried = [f for f in fixes if f.name in _names(envs.COMPAT_TRY.get() or "")
+                 and f not in chosen and version not in f.upstream_in]
         if not chosen:
-            logger.info("TableTune compat: no fix is verified for vLLM %s; applying none",
-                        version)
-        for fix in chosen:
+            statuses = fix_statuses(version, fixes)
+            upstream = any(s.status == STATUS_UPSTREAM for s in statuses)
+            logger.info("TableTune compat: no fix is verified for vLLM %s; applying none%s",
+                        version, f" — {describe_statuses(statuses)}" if upstream else "")
+        for fix in tried:
+            logger.warning("TableTune compat: trying %s on vLLM %s, where it is not verified "
+                           "(%s)", fix.name, version, TRY_ENV)
+        for fix in chosen + tried:
             _when_imported(fix.module, lambda fix=fix: _apply(fix, version, APPLIED))
-        if chosen and envs.TRACE_GRAPHS.get():
-            _when_imported(chosen[0].module, _apply_trace)
+        if envs.TRACE_GRAPHS.get():
+            if version in TRACE_VERSIONS:
+                _when_imported(TRACE_MODULE, _apply_trace)
+            else:
+                logger.info("TableTune compat: graph trace not installed: its wrapper was not "
+                            "read against vLLM %s's CudaGraphManager.dispatch", version)
     except Exception as e:  # nothing here may stop the engine from starting
         logger.warning("TableTune compat: skipped (%s: %s)", type(e).__name__, e)
     return APPLIED
+
+
+def layer_disabled() -> bool:
+    """Whether ``TABLETUNE_COMPAT`` turns the layer off in this environment."""
+    return not envs.COMPAT.get()
+
+
+def _names(csv: str) -> set[str]:
+    return {n.strip() for n in csv.split(",") if n.strip()}

@@ -205,3 +205,151 @@ def test_the_speculator_drafts_the_scheduled_length(monkeypatch):
     # (capture, profiling) keeps K; the speculator is left at K after every call.
     assert steps_seen == [3, 2, 1, 1, 3]
     assert runner.speculator.num_speculative_steps == 3
+
+
+# --- vLLM 0.33: the per-version table, the gate and the trace's two signatures --------------
+
+
+def test_on_0_33_fixes_a_and_b_are_upstream_and_nothing_is_patched(fresh, caplog):
+    caplog.set_level(logging.INFO, logger="vllm.tabletune.compat")
+    statuses = {s.fix: s for s in vllm_compat.fix_statuses("0.33.0")}
+    assert {name: s.status for name, s in statuses.items()} == {
+        "draft-decode-graph-candidates": vllm_compat.STATUS_UPSTREAM,
+        "speculator-drafts-scheduled-k": vllm_compat.STATUS_UPSTREAM,
+        "graph-candidates-for-every-length": vllm_compat.STATUS_UNVERIFIED}
+    assert "_init_candidates" in statuses["draft-decode-graph-candidates"].detail
+    assert "TargetDependentARSpeculator.propose" in statuses["speculator-drafts-scheduled-k"].detail
+
+    ran = []
+    fixes = tuple(Fix(f.name, f.versions, f.upstream, f.what, lambda: ran.append(1),
+                      module="json", upstream_in=f.upstream_in) for f in vllm_compat.FIXES)
+    assert vllm_compat.install("0.33.0", fixes=fixes) == []
+    assert ran == []
+    assert _messages(caplog) == [
+        "TableTune compat: no fix is verified for vLLM 0.33.0; applying none — not needed "
+        "(upstream has it): draft-decode-graph-candidates, speculator-drafts-scheduled-k; "
+        "unverified, not applied: graph-candidates-for-every-length"]
+
+
+def test_0_26_applies_every_fix_and_the_cpu_build_none():
+    assert {s.status for s in vllm_compat.fix_statuses("0.26.0")} == {
+        vllm_compat.STATUS_APPLIED}
+    assert {s.status for s in vllm_compat.fix_statuses("0.32.0")} == {
+        vllm_compat.STATUS_UNVERIFIED}
+
+
+def test_an_unverified_fix_can_be_tried_by_name_but_not_an_upstream_one(fresh, caplog):
+    caplog.set_level(logging.INFO, logger="vllm.tabletune.compat")
+    fresh.setenv(vllm_compat.TRY_ENV, "c, a")
+    ran = []
+    fixes = (Fix("a", frozenset({"0.26.0"}), "u", "w", lambda: ran.append("a"), module="json",
+                 upstream_in={"0.33.0": "upstream code"}),
+             Fix("c", frozenset({"0.26.0"}), "u", "w", lambda: ran.append("c"), module="json"))
+    assert vllm_compat.install("0.33.0", fixes=fixes) == ["c"]
+    assert ran == ["c"]
+    assert any("trying c on vLLM 0.33.0, where it is not verified" in m
+               for m in _messages(caplog))
+
+
+class _Desc033:
+    """Stand-in for the descriptor dispatch returns: the trace reads its cg_mode.name."""
+    cg_mode = types.SimpleNamespace(name="FULL")
+
+
+class CudaGraphManager026:
+    decode_query_len = 4
+
+    def dispatch(self, num_reqs: int, num_tokens: int, uniform_token_count: int | None,
+                 num_active_loras: int):
+        return ("0.26", num_reqs, num_tokens, uniform_token_count, num_active_loras)
+
+
+class CudaGraphManager033:
+    decode_query_len = 4
+
+    def dispatch(self, num_reqs: int, num_tokens: int, uniform_token_count: int | None,
+                 num_active_loras: int, max_query_len: int | None = None,
+                 num_ubatches: int = 1):
+        return ("0.33", num_reqs, num_tokens, uniform_token_count, num_active_loras,
+                max_query_len, num_ubatches)
+
+
+@pytest.mark.parametrize("manager, calls", [
+    (CudaGraphManager026, [((2, 8, 4, 0), {}, ("0.26", 2, 8, 4, 0))]),
+    (CudaGraphManager033, [
+        # dp_utils.py: positional, then keywords
+        ((2, 8, 4), {"num_active_loras": 0, "max_query_len": 4},
+         ("0.33", 2, 8, 4, 0, 4, 1)),
+        ((2, 8, 4), {"num_active_loras": 0, "num_ubatches": 2}, ("0.33", 2, 8, 4, 0, None, 2)),
+        # attn_utils.py: every argument by keyword
+        ((), {"num_reqs": 3, "num_tokens": 3, "uniform_token_count": None,
+              "num_active_loras": 0}, ("0.33", 3, 3, None, 0, None, 1)),
+    ]),
+])
+def test_the_graph_trace_passes_both_signatures_through(monkeypatch, manager, calls):
+    # The stand-in binds its arguments to the real signature (a 0.26-shaped wrapper raised
+    # TypeError on 0.33's max_query_len=), and returns what it was given.
+    class Manager(manager):
+        def dispatch(self, *args, **kwargs):
+            return types.SimpleNamespace(cg_mode=_Desc033.cg_mode,
+                                         result=super().dispatch(*args, **kwargs))
+
+    _package_chain(monkeypatch, "vllm.v1.worker.gpu.cudagraph_utils")
+    _fake_vllm(monkeypatch, **{"vllm.v1.worker.gpu.cudagraph_utils":
+                               {"CudaGraphManager": Manager}})
+    vllm_compat._install_graph_trace()
+    assert getattr(Manager.dispatch, "_tabletune_trace", False)
+    for args, kwargs, expected in calls:
+        assert Manager().dispatch(*args, **kwargs).result == expected
+
+
+def test_the_trace_reads_the_query_length_by_position_or_keyword():
+    assert vllm_compat.uniform_token_count_of((2, 8, 4, 0), {}) == 4
+    assert vllm_compat.uniform_token_count_of((2, 8, 3), {"num_active_loras": 0,
+                                                          "max_query_len": 3}) == 3
+    assert vllm_compat.uniform_token_count_of((), {"num_reqs": 1, "num_tokens": 1,
+                                                   "uniform_token_count": None}) is None
+
+
+def test_the_trace_installs_on_0_33_without_any_fix(fresh, caplog, tmp_path):
+    caplog.set_level(logging.INFO, logger="vllm.tabletune.compat")
+    fresh.setenv(vllm_compat.TRACE_ENV, "1")
+    installed = []
+    fresh.setattr(vllm_compat, "_install_graph_trace", lambda: installed.append(1))
+    (tmp_path / "tt_fake_runner_033.py").write_text("")
+    fresh.syspath_prepend(str(tmp_path))
+    fresh.setattr(vllm_compat, "TRACE_MODULE", "tt_fake_runner_033")
+    assert vllm_compat.install("0.33.0") == []
+    import tt_fake_runner_033  # noqa: F401
+
+    assert installed == [1]
+    assert "CUDA-graph dispatch trace on" in _messages(caplog)[-1]
+    sys.modules.pop("tt_fake_runner_033", None)
+
+
+def test_the_trace_stays_out_on_a_version_it_was_not_read_against(fresh, caplog):
+    caplog.set_level(logging.INFO, logger="vllm.tabletune.compat")
+    fresh.setenv(vllm_compat.TRACE_ENV, "1")
+    assert vllm_compat.install("0.32.0") == []
+    assert _messages(caplog)[-1] == ("TableTune compat: graph trace not installed: its wrapper "
+                                     "was not read against vLLM 0.32.0's "
+                                     "CudaGraphManager.dispatch")
+
+
+def test_a_microbatched_twin_does_not_stand_in_for_the_plain_graph():
+    @dataclass(frozen=True)
+    class Desc033:
+        num_tokens: int
+        uniform_token_count: int | None
+        num_active_loras: int = 0
+        num_ubatches: int = 1
+
+    bucket16 = [Desc033(16, 4), Desc033(16, 2), Desc033(16, None)]
+    captured = {"FULL": [Desc033(16, 4), Desc033(16, 2), Desc033(18, 3, num_ubatches=2),
+                         Desc033(21, 3)],
+                "PIECEWISE": [Desc033(16, None)]}
+    candidates = {(12, 0): list(bucket16)}
+    assert complete_candidates(candidates, captured) == 1
+    assert candidates[(12, 0)] == [Desc033(16, 4), Desc033(16, 2),
+                                   Desc033(18, 3, num_ubatches=2), Desc033(21, 3),
+                                   Desc033(16, None)]
