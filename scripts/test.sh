@@ -55,7 +55,7 @@ phase "3/4" "tests: the services stack and its tests in the background (log: $se
     # Airflow reads its configuration on first import: these tests get their own process.
     exec .venv/bin/python -m pytest -p no:cacheprovider -v --no-header -ra --durations=10 \
       -m services tests "$@"
-  ) 2>&1 | tee "$services_log" | sed -u 's/^/[services] /' >&2
+  ) 2>&1 | tee "$services_log" | sed -u '/^\[services\]/!s/^/[services] /' >&2
 ) &
 services_pid=$!
 .venv/bin/python -m pytest -p no:cacheprovider -v --no-header -ra --durations=15 -n 2 \
