@@ -24,6 +24,39 @@ from tabletune.core.errors import check_int, fail
 __all__ = ["LiveStepTimes"]
 
 
+# A step this many times the median of its cell's steps since the last rebuild is a stall (the
+# host paused the engine: on a busy 2-core runner vLLM's CPU steps stop for ~1 s), not a step
+# time. A pause adds time whatever the step costs, so against a fast length's ~60 ms it is a
+# 16x outlier and against a slow one's 500 ms a 3x one: counted, it made the fast length's steps
+# look noisy, the noise pulled its deviation toward the shared factor (set by the slow length)
+# and the table went back to the slow length. Judged against the cell's own median, a length
+# that is slow on every step stays slow.
+STALL_OVER_MEDIAN = 4.0
+# Fewer steps than this in a cell's window: no median to judge by; every step counts.
+STALL_MIN_STEPS = 5
+
+
+def _leave_out_stalls(obs: dict[tuple[int, int], list[float]],
+                      values: dict[tuple[int, int], list[float]]) -> int:
+    """Take stalls out of each cell's [steps, sum, sum of squares] (in place); returns how many.
+
+    A cell whose steps are not all known (its window restored from a state file) is left as is.
+    """
+    stalls = 0
+    for key, cell in obs.items():
+        steps = values.get(key, ())
+        if len(steps) < STALL_MIN_STEPS or len(steps) != cell[0]:
+            continue
+        bound = STALL_OVER_MEDIAN * float(np.median(steps))
+        out = [ms for ms in steps if ms > bound]
+        if out:
+            cell[0] -= len(out)
+            cell[1] -= sum(out)
+            cell[2] -= sum(ms * ms for ms in out)
+            stalls += len(out)
+    return stalls
+
+
 class LiveStepTimes:
     """Live step samples and the step-time model over the profile ``profile`` for B = 1..max_b."""
 
@@ -37,8 +70,10 @@ class LiveStepTimes:
         self._tb = profile.batch_sizes
         self._tk = self._model.columns
         self._profiled_ms = self._model.profiled_ms
-        # Samples since the last rebuild per (B, k): [steps, sum ms, sum ms^2].
+        # Samples since the last rebuild per (B, k): [steps, sum ms, sum ms^2], and the steps
+        # themselves (at most a rebuild's worth: the fold leaves out stalls among them).
         self._step_obs: dict[tuple[int, int], list[float]] = {}
+        self._step_values: dict[tuple[int, int], list[float]] = {}
         # Live steps per batch size 1..max_B (carried, forgotten like the cells), and the new
         # ones of the rebuild in progress.
         self._b_steps = np.zeros(max_batch_size)
@@ -52,7 +87,9 @@ class LiveStepTimes:
 
     @property
     def stalls(self) -> int:
-        """Live steps left out as stalls (over MAX_STEP_RATIO times the profiled time)."""
+        """Live steps left out as stalls: over STALL_OVER_MEDIAN times their cell's median since
+        the last rebuild, or in a cell whose steps averaged over MAX_STEP_RATIO times the
+        profiled time."""
         return self._stalls
 
     # ---------------------------------------------------------------------------------- hot path
@@ -71,6 +108,7 @@ class LiveStepTimes:
             cell = self._step_obs[(batch_size, k)] = [0, 0.0, 0.0]
         if not 0.0 < step_ms < 1e9:  # also refuses nan
             fail("observe_step_time.step_ms", step_ms, "is not a positive number of ms")
+        self._step_values.setdefault((batch_size, k), []).append(step_ms)
         cell[0] += 1
         cell[1] += step_ms
         cell[2] += step_ms * step_ms  # for each cell's standard error
@@ -79,6 +117,8 @@ class LiveStepTimes:
         """Move live step samples into the step-time model (a rebuild's first act); returns
         which cells got new samples."""
         obs, self._step_obs = self._step_obs, {}
+        values, self._step_values = self._step_values, {}
+        self._stalls += _leave_out_stalls(obs, values)
         new_b = np.zeros(self._max_b)
         for (b, _), cell in obs.items():
             new_b[min(b, self._max_b) - 1] += cell[0]
@@ -222,6 +262,7 @@ class LiveStepTimes:
         for b, k, steps, ratio_sum, ratio_sq in state["step_time_carried"]:
             self._model.restore(b, k, steps, ratio_sum, ratio_sq)
         self._step_obs = {(b, k): [n, total, sq] for b, k, n, total, sq in state["step_samples"]}
+        self._step_values = {}
         for b, n in state["batch_size_steps"]:
             self._b_steps[b - 1] = n
         self._stalls = state["step_stalls"]

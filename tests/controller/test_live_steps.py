@@ -63,6 +63,31 @@ def test_stalls_are_left_out_and_counted():
     assert steps.stalls == 1 and steps.model.steps.sum() == 0.0
 
 
+def test_a_pause_is_a_stall_against_its_cells_median_and_a_slow_length_is_not():
+    """A host pause adds the same time whatever the step costs: against a fast length's steps
+    it is left out (counted as a stall); a length slow on every step keeps all its steps."""
+    steps = live()
+    fast = profile().step_ms(1, 0)
+    pause = 2.0 * profile().step_ms(1, 2) * 9.0  # 15x a fast step, 3x a slow one
+    for i in range(30):
+        steps.observe(1, 0, fast * 1.5)
+        steps.observe(1, 2, profile().step_ms(1, 2) * 9.0)  # slow on every step
+    for _ in range(2):
+        steps.observe(1, 0, fast * 1.5 + pause)
+    steps.observe(1, 2, profile().step_ms(1, 2) * 9.0 + pause)  # < 4x its own median
+    steps.fold()
+    assert steps.stalls == 2
+    model = steps.model
+    assert model.steps[0, 0] == pytest.approx(30.0) and model.steps[0, 2] == pytest.approx(31.0)
+    assert model.ratio_sum[0, 0] / model.steps[0, 0] == pytest.approx(1.5)
+    # Too few steps to judge by a median: every one counts.
+    few = live()
+    for ms in (fast, fast, fast * 50):
+        few.observe(1, 0, ms)
+    few.fold()
+    assert few.stalls == 0 and few.model.steps[0, 0] == pytest.approx(3.0)
+
+
 def test_probe_plan_names_a_close_contender_without_steps_of_its_own():
     steps = live()
     goodput = np.tile([1000.0, 980.0, 700.0], (16, 1))  # k = 1 close to k = 0, k = 2 far
