@@ -23,8 +23,10 @@ if ! command -v docker-compose >/dev/null 2>&1; then
   rm -f "$apt_log"
 fi
 export HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=1 TOKENIZERS_PARALLELISM=false
-# No third-party progress bars (vLLM's and the Hub's weight loading): pytest reports progress.
-export TQDM_DISABLE=1 HF_HUB_DISABLE_PROGRESS_BARS=1
+# No Hub/transformers progress bars (weight loading and saving): pytest reports progress.
+# (Not TQDM_DISABLE: tqdm reads it once at import, and a test checks that TableTune silences
+# and restores those bars itself.)
+export HF_HUB_DISABLE_PROGRESS_BARS=1
 export TABLETUNE_SERVICES_DIR="${TABLETUNE_SERVICES_DIR:-/tmp/tabletune-services}"
 # Build the embedded model pair once, before any test times out waiting for it.
 phase "2/4" "embedded model pair: built once under the cache, then reused"
