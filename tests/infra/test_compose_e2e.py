@@ -142,14 +142,17 @@ def put_prompts(env: dict[str, str], prefix: str, today: dt.date) -> None:
 
 
 def seed(model: str) -> None:
-    from tabletune.adapters.mlflow_registry import MlflowRegistry
-    from tabletune.core.contracts import load_json
-    from tabletune.pipeline import flows
-
-    seeded = flows.seed_registry(MlflowRegistry(MLFLOW), model_name=model,
-                                 profile=load_json(CPU_PROFILE, "profile"),
-                                 acceptance=load_json(CPU_ACCEPTANCE, "acceptance"))
-    assert seeded["production"] == "1"
+    """Seed the registry from inside the stack, as an operator would: MLflow hands artifact
+    downloads out as presigned S3 URLs on the stack's own network (http://s3:9000)."""
+    for path in (CPU_PROFILE, CPU_ACCEPTANCE):
+        with path.open("rb") as source:
+            subprocess.run([str(UP), "compose", "exec", "-T", "airflow-worker", "sh", "-c",
+                            f"cat > /tmp/{path.name}"], stdin=source, check=True, timeout=120)
+    out = compose("exec", "-T", "-e", "MLFLOW_TRACKING_URI=http://mlflow:5000", "airflow-worker",
+                  "python", "-m", "tabletune.pipeline", "registry", "seed", "--model-name", model,
+                  "--profile", f"/tmp/{CPU_PROFILE.name}",
+                  "--acceptance", f"/tmp/{CPU_ACCEPTANCE.name}")
+    assert alias(model, "production")["version"] == "1", out
 
 
 def test_compose_stack_runs_the_pipeline_on_celery_workers_and_scales_the_gpu_queue():
