@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 import requests
-from airflow_api import AirflowApi
+from local_airflow import AirflowApi
 
 pytestmark = [
     pytest.mark.compose,
