@@ -671,8 +671,8 @@ _ENGINE_COMMANDS = ("tune", "profile", "acceptance", "evaluate", "doctor")
 
 # Commands whose long phases (a server starting, acceptance prompts answered, serving windows)
 # report through the tuner's loggers; the user sees those lines on stderr.
-PHASE_LOGGING_COMMANDS = ("tune", "acceptance")
-PHASE_LOGGERS = ("tabletune.acceptance", "tabletune.serving")
+PHASE_LOGGING_COMMANDS = ("tune", "profile", "acceptance")
+PHASE_LOGGERS = ("tabletune.profile", "tabletune.acceptance", "tabletune.serving")
 
 
 class _StderrHandler(logging.StreamHandler):

@@ -25,6 +25,7 @@ rounds where they stopped and skips every finished cell.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import statistics
 import sys
@@ -44,6 +45,8 @@ from tabletune.engine.model_pair import synthetic_prompts
 from tabletune.engine.server import EngineError, VllmServer, speculative_config
 from tabletune.engine.fingerprint import deployment_fingerprint
 from tabletune.engine.spec import EngineSpec
+
+log = logging.getLogger("tabletune.profile")
 
 CHECKPOINT_SCHEMA = "tabletune.profile-checkpoint/v1"
 # How far (relative) the engine's per-step log may sit from the client's step time and still
@@ -650,15 +653,15 @@ def profile_step_times(spec: EngineSpec, *, batch_sizes: Sequence[int], checkpoi
     rr = RoundRobin(ckpt, settings)
     cells = len(lengths) * len(settings.batch_sizes)
     if progress and todo:
-        print(f"profile: starting vLLM ({mode}) to time {cells} cells x {settings.repeats} "
-              f"repeats ({todo} still to time; server log under {log_dir})", file=sys.stderr)
+        log.info("profile: starting vLLM (%s) to time %d cells x %d repeats (%d still to time; "
+                 "server log under %s)", mode, cells, settings.repeats, todo, log_dir)
     started = time.time()
     try:
         for phase, server, pin in _servers_per_length(run_spec, lengths, settings, ckpt,
                                                        log_dir, mode):
             if progress and todo:
-                print(f"profile: server up after {server.startup_s or 0:.0f} s; timing "
-                      f"k = {', '.join(map(str, phase))}", file=sys.stderr)
+                log.info("profile: server up after %.0f s; timing k = %s",
+                         server.startup_s or 0, ", ".join(map(str, phase)))
                 if bar is None:  # created once a server is up: no bar sits at 0 meanwhile
                     bar = rr.progress = ProfileProgress(todo)
             if on_first_server_ready is not None:
@@ -754,7 +757,7 @@ class ProfileProgress:
             return
         self._bar.total += n
         self._bar.refresh()
-        self._bar.write(f"profile: +{n} repeats: {why}")
+        self._bar.write(f"profile: +{n} repeats: {why}", file=sys.stderr)  # beside the bar
 
     def close(self) -> None:
         self._bar.close()
