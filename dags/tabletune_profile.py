@@ -2,8 +2,9 @@
 ### TableTune: profile step times and rebuild the table
 
 Runs on the asset `x-tabletune://deployment/fingerprint` (emitted by `tabletune_reprofile` when
-the deployment changed), or by hand. Profiles step times on the engine worker (queue/pool `gpu`),
-rebuilds the table with production's acceptance, validates it (the edge tolerance is not
+the deployment changed), or by hand. Measures step times on the engine worker (queue/pool `gpu`)
+exactly as `tabletune tune` does (the profile, then the serving calibration for the stated
+workload), rebuilds the table with production's acceptance, validates it (the edge tolerance is not
 applied after a fingerprint change: the old edges describe another deployment), logs and
 registers it, and promotes it if the gate passes.
 
@@ -52,6 +53,10 @@ from tabletune.core.defaults import DEFAULT_EDGE_TOLERANCE, DEFAULT_REPEATS
         "batch_sizes": Param(None, type=["null", "array"], items={"type": "integer", "minimum": 1},
                              description="Batch sizes to profile (default: the tuner's grid)."),
         "repeats": Param(DEFAULT_REPEATS, type="integer", minimum=1),
+        "workload_output_tokens": Param(
+            None, type=["null", "integer"], minimum=2,
+            description="The traffic the table is built for: mean output tokens a request "
+                        "(default: the tuner's, as `tabletune tune` states it)."),
         "edge_tolerance": Param(DEFAULT_EDGE_TOLERANCE, type="number", minimum=0,
                                 description="Applied only if the fingerprint did not change."),
         "max_batch_size": Param(None, type=["null", "integer"], minimum=1),
@@ -78,7 +83,7 @@ def tabletune_profile():
         return flows.profile_deployment(
             TableTuneMlflowHook().get_conn(), spec, mlflow_run_id=info["mlflow_run_id"],
             model_name=info["model_name"], batch_sizes=batch_sizes, repeats=params["repeats"],
-            checkpoint=checkpoint,
+            checkpoint=checkpoint, workload_output_tokens=params["workload_output_tokens"],
         )
 
     info = start_run(kind="profile")

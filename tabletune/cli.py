@@ -108,13 +108,12 @@ def add_profile_args(p: argparse.ArgumentParser) -> None:
 
 
 def _profile_settings(args, spec):
-    from tabletune.tuner.profiler import ProfileSettings
+    from tabletune.tuner.tune import tune_plan
 
-    output_tokens = args.output_tokens or (129 if spec.device == "cuda" else 65)
-    return ProfileSettings(batch_sizes=_grid(args), repeats=args.repeats,
-                           max_spread=args.max_spread, output_tokens=output_tokens,
-                           startup_timeout_s=args.startup_timeout,
-                           reference_every=args.reference_every, drift_bound=args.drift_bound)
+    return tune_plan(spec, _grid(args), repeats=args.repeats,
+                     profile_output_tokens=args.output_tokens, max_spread=args.max_spread,
+                     reference_every=args.reference_every, drift_bound=args.drift_bound,
+                     startup_timeout_s=args.startup_timeout, serving=False).profile_settings
 
 
 def _run_profile(args, spec, out_dir: Path, checkpoint: Path | None = None,
@@ -292,60 +291,67 @@ def _validate_tune_args(args) -> None:
         prompts_from_args(args)
 
 
-def _serving_plan(args, grid: tuple[int, ...]):
-    """The serving calibration ``--serving-*`` asks for (None: off); checked before any engine
-    starts."""
-    from tabletune.tuner.serving import ServingPlan, serving_batch_sizes
+def _serving_sizes(args, grid: tuple[int, ...]) -> tuple[int, ...] | None:
+    """The batch sizes the serving calibration ``--serving-*`` asks for (None: off); every
+    ``--serving-*`` and ``--workload-*`` option checked before any engine starts."""
+    from tabletune.tuner.serving import serving_batch_sizes
 
     text = (args.serving_batch_sizes or "auto").strip()
     for value, option in ((args.serving_warm_up, "--serving-warm-up"),
                           (args.serving_window, "--serving-window")):
         if not 0 < value < 3600:
             raise ContractError(f"{option}: {value!r} is not a number of seconds in (0, 3600)")
-    if args.serving_output_tokens is not None and args.serving_output_tokens < 2:
-        raise ContractError(f"--serving-output-tokens: {args.serving_output_tokens!r} must be "
-                            ">= 2")
+    stated = args.workload_output_tokens
+    if stated is not None and stated < 2:
+        raise ContractError(f"--workload-output-tokens: {stated!r} must be >= 2")
+    longest = (stated or 0) + (stated or 0) // 2
+    max_len = getattr(args, "max_model_len", None)
+    if stated and max_len and longest >= max_len:
+        raise ContractError(f"--workload-output-tokens: {stated!r}: the serving windows' longest "
+                            f"requests ({longest} tokens) do not fit --max-model-len {max_len}")
     if text == "none":
         return None
     if text == "auto":
-        sizes = serving_batch_sizes(grid)
-    elif text == "all":
-        sizes = tuple(grid)
-    else:
-        try:
-            sizes = tuple(sorted({int(x) for x in text.split(",") if x.strip()}))
-        except ValueError:
-            raise ContractError(f"--serving-batch-sizes: {text!r} is not auto, all, none or "
-                                "a comma-separated list of profiled batch sizes") from None
-        missing = [b for b in sizes if b not in grid]
-        if not sizes or missing:
-            raise ContractError(f"--serving-batch-sizes: {text!r} names "
-                                f"{missing or 'no batch size'}, not in the profiled grid "
-                                f"{list(grid)}")
-    return ServingPlan(batch_sizes=sizes,
-                       output_tokens=args.serving_output_tokens or args.max_tokens,
-                       warm_up_s=args.serving_warm_up, window_s=args.serving_window)
+        return serving_batch_sizes(grid)
+    if text == "all":
+        return tuple(grid)
+    try:
+        sizes = tuple(sorted({int(x) for x in text.split(",") if x.strip()}))
+    except ValueError:
+        raise ContractError(f"--serving-batch-sizes: {text!r} is not auto, all, none or "
+                            "a comma-separated list of profiled batch sizes") from None
+    missing = [b for b in sizes if b not in grid]
+    if not sizes or missing:
+        raise ContractError(f"--serving-batch-sizes: {text!r} names "
+                            f"{missing or 'no batch size'}, not in the profiled grid "
+                            f"{list(grid)}")
+    return sizes
 
 
 def cmd_tune(args) -> int:
-    from tabletune.tuner.tune import TunePlan, tune
+    from tabletune.tuner.tune import tune, tune_plan
 
     _validate_tune_args(args)
     out = Path(args.out_dir)
     grid = _grid(args)
-    serving = _serving_plan(args, grid)
+    serving_sizes = _serving_sizes(args, grid)
     out.mkdir(parents=True, exist_ok=True)
     started = time.time()
     spec = engine_spec_from_args(args, max_batch_size=max(grid))
     print(f"tune: {spec.model} + {spec.drafter} ({spec.method}, K={spec.max_k}, {spec.device}); "
           f"B grid {list(grid)}; output {out}", flush=True)
     reused = load_json(args.acceptance, "acceptance") if args.acceptance else None
-    plan = TunePlan(batch_sizes=grid, profile_settings=_profile_settings(args, spec),
-                    mode=args.mode, serving=serving, temperature=args.temperature,
-                    max_tokens=args.max_tokens, startup_timeout_s=args.startup_timeout,
-                    overlap_startups=args.overlap_startups, lengths=args.lengths,
-                    tie_margin=args.tie_margin, table_max_batch_size=args.table_max_batch_size)
-    need_prompts = reused is None or serving is not None
+    plan = tune_plan(spec, grid, repeats=args.repeats, profile_output_tokens=args.output_tokens,
+                     max_spread=args.max_spread, reference_every=args.reference_every,
+                     drift_bound=args.drift_bound, startup_timeout_s=args.startup_timeout,
+                     mode=args.mode, serving_batch_sizes=serving_sizes,
+                     serving=serving_sizes is not None,
+                     workload_output_tokens=args.workload_output_tokens,
+                     serving_warm_up_s=args.serving_warm_up, serving_window_s=args.serving_window,
+                     temperature=args.temperature, max_tokens=args.max_tokens,
+                     overlap_startups=args.overlap_startups, lengths=args.lengths,
+                     tie_margin=args.tie_margin, table_max_batch_size=args.table_max_batch_size)
+    need_prompts = reused is None or plan.serving is not None
     result = tune(spec, plan, out, prompts=prompts_from_args(args) if need_prompts else None,
                   reused_acceptance=reused, started=started,
                   on_calibrated=lambda profile: print(_describe_calibration(profile)))
@@ -386,6 +392,7 @@ def _describe_document(doc: TableDocument) -> str:
            "num_speculative_tokens_per_batch_size": table.to_vllm()}
     lines.append("paste into vLLM (merge with your method/model keys):")
     lines.append(f"  --speculative-config '{json.dumps(cfg)}'")
+    lines.append("built for: " + _describe_workload(doc.provenance))
     g = doc.goodput
     if g.get("tokens_per_s"):
         m, lengths, bs, chosen_k = _goodput_block(g)
@@ -417,6 +424,16 @@ def _describe_document(doc: TableDocument) -> str:
                          f"{mean:.1%} on average, {worst_fold:.1%} in the worst fold")
     lines += _describe_edges(g) + _describe_profile_trust(doc.provenance)
     return "\n".join(lines)
+
+
+def _describe_workload(prov: dict) -> str:
+    from tabletune.core.workload import Workload
+
+    raw = prov.get("workload")
+    if raw is None:
+        return ("no stated workload (an uncalibrated profile: pure decode steps at a steady "
+                "batch, no prefills)")
+    return Workload.from_dict(raw, "table.provenance.workload").describe()
 
 
 def _describe_edges(g: dict) -> list[str]:
@@ -594,9 +611,12 @@ def add_tuner_parsers(sub) -> None:
                         "(closed loop, acceptance on) to calibrate the reject-all profile: auto "
                         "(4 of the grid, spread in log B), all, none, or a list of profiled "
                         "batch sizes (default: %(default)s)")
-    p.add_argument("--serving-output-tokens", type=integer(2, 100_000), default=None,
-                   help="mean output length of the serving windows' requests (spread over "
-                        "half to one and a half times it); default: --max-tokens")
+    p.add_argument("--workload-output-tokens", "--serving-output-tokens",
+                   dest="workload_output_tokens", type=integer(2, 100_000), default=None,
+                   help="the traffic the table is built for: mean output tokens a request "
+                        "(the serving windows' requests spread over half to one and a half "
+                        "times it; prompt lengths come from the prompts); written in "
+                        "table.json; default: 256 on cuda, 64 on cpu")
     p.add_argument("--serving-warm-up", type=number(positive=True, below=3600), default=2.0,
                    help="seconds of closed-loop load before a serving window opens "
                         "(default: %(default)s)")

@@ -71,6 +71,20 @@ def _check_keys(d: Mapping[str, Any], prefix: str, required: set[str], optional:
         fail(f"{prefix}.{key}", d[key], "is not a known field (put extras in meta)")
 
 
+def _optional_interval(value: Any, name: str) -> tuple[float, float] | None:
+    """None, or [low, high] step times with 0 <= low <= high."""
+    if value is None:
+        return None
+    seq = check_sequence(value, name)
+    if len(seq) != 2:
+        fail(name, value, "is not [low, high]")
+    low = check_nonnegative(seq[0], f"{name}[0]")
+    high = check_nonnegative(seq[1], f"{name}[1]")
+    if low > high:
+        fail(name, value, "has low > high")
+    return (low, high)
+
+
 def _optional_step_ms(value: Any, name: str) -> float | None:
     return None if value is None else check_step_ms(value, name)
 
@@ -104,21 +118,33 @@ class ProfileCell:
     reject_all_ms: float | None = None
     serving_factor: float | None = None
     serving_uncertainty: float = 0.0
+    # Source "steps" (the step log, ``core.step_stats``): how many single steps the median is
+    # of, and its 90 % bootstrap interval (of the reject-all value in a calibrated profile).
+    # 0 / None for the window sources.
+    steps: int = 0
+    interval_ms: tuple[float, float] | None = None
 
     @property
     def uncertainty(self) -> float:
-        """Relative standard error of the step time: its repeats' (0 with fewer than two) and,
-        in a calibrated profile, the serving factor's, combined.
+        """Relative standard error of the step time: where the cell is a median of single steps
+        its 90 % bootstrap interval's (half-width / 1.645), else its repeats' (0 with fewer
+        than two), and, in a calibrated profile, the serving factor's, combined.
 
-        sample standard deviation / sqrt(n) / step_ms: the noise the builder must see beaten
-        before it moves an edge, and the band the in-sample loss is given with.
+        The noise the builder must see beaten before it moves an edge, and the band the
+        in-sample loss is given with.
         """
-        n = len(self.samples_ms)
-        if n < 2 or not self.step_ms > 0:
-            return self.serving_uncertainty
-        mean = sum(self.samples_ms) / n
-        var = sum((s - mean) ** 2 for s in self.samples_ms) / (n - 1)
-        return math.hypot(math.sqrt(var / n) / self.step_ms, self.serving_uncertainty)
+        own = 0.0
+        if self.interval_ms is not None:
+            # The interval resamples the repeats and the steps in them (two-level bootstrap).
+            base = self.reject_all_ms or self.step_ms
+            low, high = self.interval_ms
+            own = (high - low) / 2.0 / 1.6449 / base if base > 0 else 0.0
+        elif len(self.samples_ms) >= 2 and self.step_ms > 0:
+            n = len(self.samples_ms)
+            mean = sum(self.samples_ms) / n
+            var = sum((s - mean) ** 2 for s in self.samples_ms) / (n - 1)
+            own = math.sqrt(var / n) / self.step_ms
+        return math.hypot(own, self.serving_uncertainty)
 
     def validated(self, name: str) -> ProfileCell:
         """This cell with every field checked and normalized; errors name ``name.<field>``."""
@@ -143,6 +169,8 @@ class ProfileCell:
                             check_positive(self.serving_factor, f"{name}.serving_factor")),
             serving_uncertainty=check_nonnegative(self.serving_uncertainty,
                                                   f"{name}.serving_uncertainty"),
+            steps=check_int(self.steps, f"{name}.steps", minimum=0),
+            interval_ms=_optional_interval(self.interval_ms, f"{name}.interval_ms"),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -160,6 +188,8 @@ class ProfileCell:
             **({"reject_all_ms": self.reject_all_ms, "serving_factor": self.serving_factor,
                 "serving_uncertainty": self.serving_uncertainty}
                if self.serving_factor is not None else {}),
+            **({"steps": self.steps, "interval_ms": list(self.interval_ms)}
+               if self.interval_ms is not None else {}),
         }
 
     @classmethod
@@ -168,7 +198,8 @@ class ProfileCell:
         required = {"batch_size", "k", "step_ms"}
         optional = {
             "samples_ms", "spread", "source", "flagged", "engine_step_ms", "client_step_ms",
-            "flags", "reject_all_ms", "serving_factor", "serving_uncertainty",
+            "flags", "reject_all_ms", "serving_factor", "serving_uncertainty", "steps",
+            "interval_ms",
         }
         _check_keys(d, name, required, optional)
         samples = check_sequence(d.get("samples_ms", []), f"{name}.samples_ms")

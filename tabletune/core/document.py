@@ -72,6 +72,9 @@ def build_document(
         "temperature": acceptance.temperature,
         "profiled_batch_sizes": list(profile.batch_sizes),
         "step_source": profile.meta.get("step_source"),
+        # The traffic the step times were calibrated to (None: an uncalibrated profile, built
+        # for pure decode steps at a steady batch).
+        "workload": (profile.meta.get("serving_calibration") or {}).get("workload"),
         "interpolation": "linear in B between profiled batch sizes; held/extrapolated beyond",
         "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "worst_loss_vs_best_fixed": loss.worst_loss,

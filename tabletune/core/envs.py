@@ -97,6 +97,11 @@ CONTROLLER_FAULT_SLOW_MS_PER_DRAFT = EnvVar(
     "TABLETUNE_CONTROLLER_FAULT_SLOW_MS_PER_DRAFT", None, text_or_none,
     "Tests of step-time drift: the scheduler sleeps this many ms per drafted position each step, "
     "like a drafter whose work grows with the draft.")
+STEP_LOG = EnvVar(
+    "TABLETUNE_STEP_LOG", None, text_or_none,
+    "Path of the step log TableTune's scheduler writes inside the engine: one record per step "
+    "(period, requests, k, tokens, accepted) in a fixed-size ring (tabletune.core.step_log). "
+    "Set by the launchers for every server that runs TableTune's scheduler.")
 COMPAT = EnvVar(
     "TABLETUNE_COMPAT", True, on_unless_off,
     "The vLLM compatibility layer (tabletune.vllm.compat); 0/off/false/no runs vLLM unpatched.")
@@ -148,7 +153,7 @@ STATE_DIR = EnvVar(
 ENV_VARS: dict[str, EnvVar] = {var.name: var for var in (
     REJECT_ALL, CONTROL_FILE, CONTROLLER, CONTROLLER_SETTINGS, CONTROLLER_OUT,
     CONTROLLER_ALLOW_FOREIGN_PRIOR, CONTROLLER_START_TABLE, PRIOR_CACHE,
-    CONTROLLER_FAULT_AFTER_STEPS, CONTROLLER_FAULT_SLOW_MS_PER_DRAFT, COMPAT, TRACE_GRAPHS,
-    COMPAT_TRY, CACHE, ENGINE_QUEUE, ENGINE_POOL, TASK_RETRIES, RETRY_DELAY_S, DEPLOYMENT_KEY,
-    PROMPTS_BUCKET, PROMPTS_PREFIX, STAGING_PREFIX, STATE_DIR,
+    CONTROLLER_FAULT_AFTER_STEPS, CONTROLLER_FAULT_SLOW_MS_PER_DRAFT, STEP_LOG, COMPAT,
+    TRACE_GRAPHS, COMPAT_TRY, CACHE, ENGINE_QUEUE, ENGINE_POOL, TASK_RETRIES, RETRY_DELAY_S,
+    DEPLOYMENT_KEY, PROMPTS_BUCKET, PROMPTS_PREFIX, STAGING_PREFIX, STATE_DIR,
 )}

@@ -28,6 +28,7 @@ __all__ = [
     "SCHEDULER_CLS",
     "SETTINGS_ENV",
     "SLOW_FAULT_ENV",
+    "STEP_LOG_ENV",
     "START_TABLE_ENV",
     "control_lookup",
     "write_control",
@@ -48,6 +49,7 @@ START_TABLE_ENV = envs.CONTROLLER_START_TABLE.name
 PRIOR_CACHE_ENV = envs.PRIOR_CACHE.name
 FAULT_ENV = envs.CONTROLLER_FAULT_AFTER_STEPS.name
 SLOW_FAULT_ENV = envs.CONTROLLER_FAULT_SLOW_MS_PER_DRAFT.name
+STEP_LOG_ENV = envs.STEP_LOG.name  # the step log (tabletune.core.step_log)
 
 
 def write_control(path: str | os.PathLike[str], *, force_k: int | None = None,

@@ -23,7 +23,7 @@ import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
-from tabletune.core.vllm_contract import REJECT_ALL_ENV
+from tabletune.core.vllm_contract import REJECT_ALL_ENV, STEP_LOG_ENV
 from tabletune.engine.spec import EngineSpec
 
 
@@ -270,7 +270,7 @@ class VllmServer:
     def __init__(self, spec: EngineSpec, *, speculative: dict | None, log_path: Path,
                  reject_all: bool = False, port: int | None = None,
                  startup_timeout_s: float = 600.0, extra_env: dict | None = None,
-                 extra_args: tuple[str, ...] = ()) -> None:
+                 extra_args: tuple[str, ...] = (), step_log: bool = False) -> None:
         self.spec = spec
         self.speculative = speculative
         self.log_path = Path(log_path)
@@ -288,6 +288,11 @@ class VllmServer:
         # stop() removes the folder once the whole process group is gone, so nothing of the
         # server's is left in the system's temporary folder whichever way it ended.
         self.tmp_dir: Path | None = None
+        # TableTune's scheduler (``--scheduler-cls``) writes a record per engine step here
+        # (``tabletune.core.step_log``); beside the server's log.
+        self.step_log_path: Path | None = (
+            self.log_path.with_name(self.log_path.stem + ".steps") if step_log else None)
+        self._step_reader = None
 
     @property
     def base_url(self) -> str:
@@ -318,6 +323,9 @@ class VllmServer:
         if self.spec.device == "cpu":
             env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         env.pop(REJECT_ALL_ENV, None)
+        env.pop(STEP_LOG_ENV, None)
+        if self.step_log_path is not None:
+            env[STEP_LOG_ENV] = str(self.step_log_path)
         if self.reject_all and self.spec.device == "cpu":
             env[REJECT_ALL_ENV] = "1"
         env.update(self.spec.runner_env())
@@ -443,6 +451,20 @@ class VllmServer:
             f.seek(offset)
             return parse_iterations(f.read().decode(errors="replace"))
 
+    def step_log(self):
+        """The reader of this server's step log (``tabletune.core.step_log.StepLogReader``);
+        None when the server keeps none or its scheduler has not opened it."""
+        if self.step_log_path is None:
+            return None
+        if self._step_reader is None:
+            from tabletune.core.step_log import StepLogReader
+
+            try:
+                self._step_reader = StepLogReader(self.step_log_path)
+            except (OSError, ValueError):
+                return None
+        return self._step_reader
+
     def metrics(self) -> list[tuple[str, dict[str, str], float]]:
         self.check_alive()
         with urllib.request.urlopen(self.base_url + "/metrics", timeout=30) as r:
@@ -454,6 +476,9 @@ class VllmServer:
     def stop(self, timeout_s: float = 30.0) -> None:
         """Take the server's whole process group down (API server, engine core, workers) and
         return only once none of it is left: SIGTERM, then SIGKILL after ``timeout_s``."""
+        if self._step_reader is not None:
+            self._step_reader.close()
+            self._step_reader = None
         if self.proc is not None:
             group = self.proc.pid  # its own session: the group id is its pid
             if self.proc.poll() is None or _group_alive(group):

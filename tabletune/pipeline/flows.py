@@ -274,13 +274,28 @@ def profile_deployment(
     batch_sizes: Sequence[int],
     repeats: int,
     checkpoint: Path,
+    workload_output_tokens: int | None = None,
 ) -> dict[str, Any]:
-    """Profile step times on the engine worker; log the profile and remember its fingerprint."""
-    from tabletune.tuner.tune import measure_step_times
+    """Re-profile on the engine worker exactly as ``tabletune tune`` measures: the same plan
+    (``tuner.tune.tune_plan``'s defaults), the same stages (``tuner.tune.tune``: the reject-all
+    profile, then the serving calibration for the stated workload on the acceptance server),
+    with production's acceptance where there is one (measured on synthetic prompts otherwise).
+    Logs the calibrated profile and remembers its fingerprint. ``checkpoint``'s folder keeps
+    the tune's checkpoint and logs (a retry resumes from them)."""
+    from tabletune.core.defaults import DEFAULT_NUM_PROMPTS
+    from tabletune.engine.model_pair import synthetic_prompts
+    from tabletune.tuner.tune import tune, tune_plan
 
-    checkpoint.parent.mkdir(parents=True, exist_ok=True)
-    profile = measure_step_times(spec, batch_sizes=list(batch_sizes), checkpoint=checkpoint,
-                                 repeats=repeats)
+    out = Path(checkpoint).parent
+    out.mkdir(parents=True, exist_ok=True)
+    production = registry.read_production(model_name)
+    reused = production.acceptance if production is not None else None
+    plan = tune_plan(spec, batch_sizes, repeats=repeats,
+                     workload_output_tokens=workload_output_tokens)
+    # Timing prompts (and acceptance prompts only when production has no acceptance yet).
+    prompts = synthetic_prompts(max(DEFAULT_NUM_PROMPTS, max(batch_sizes)))
+    result = tune(spec, plan, out, prompts=prompts, reused_acceptance=reused)
+    profile = result.profile
     registry.log_json(mlflow_run_id, "table/profile.json", profile)
     registry.log_params(mlflow_run_id, {
         **flatten_params("fingerprint", profile.fingerprint),
@@ -356,6 +371,10 @@ def rebuild(
     _log_goodput_and_plots(registry, mlflow_run_id, result,
                            production.table.table if production else None)
     registry.log_metrics(mlflow_run_id, result.metrics)
+    # The traffic the candidate was built for, where a reader of the run looks first.
+    workload = result.document.provenance.get("workload")
+    registry.log_params(mlflow_run_id, flatten_params("workload", workload) if workload else
+                        {"workload": "none (uncalibrated profile: pure decode steps)"})
     log.info("candidate table for %s:\n%s", model_name, result.document.table.describe())
     return {"table": result.document.to_dict(), "metrics": result.metrics}
 

@@ -38,7 +38,8 @@ from tabletune.core.consistency import consistency_violations
 from tabletune.core.contracts import Profile, ProfileCell
 from tabletune.core.defaults import DEFAULT_REPEATS
 from tabletune.core.errors import (ContractError, check_dict, check_int, check_number,
-                                   check_sequence, fail)
+                                   check_positive, check_sequence, fail)
+from tabletune.core.step_stats import estimate_step_ms
 from tabletune.core.vllm_contract import CONTROL_FILE_ENV, SCHEDULER_CLS, write_control
 from tabletune.engine.client import run_batch
 from tabletune.engine.model_pair import synthetic_prompts
@@ -56,6 +57,8 @@ DEFAULT_MAX_SPREAD = 0.25       # (max - min) / median of a cell's repeats
 DEFAULT_REFERENCE_EVERY = 8
 DEFAULT_REFERENCE_DRIFT_BOUND = 0.10
 DEFAULT_STARTUP_TIMEOUT_S = 600.0
+# Every cell needs this many single steps in the step log before the profile is taken from it.
+MIN_CELL_STEPS = 20
 
 
 def default_grid(max_batch_size: int) -> tuple[int, ...]:
@@ -125,13 +128,16 @@ class ProfileSettings:
 
 @dataclass
 class RawCell:
-    """What the checkpoint keeps for one cell: every repeat of both timing sources."""
+    """What the checkpoint keeps for one cell: every repeat of both timing sources and, where
+    the server keeps a step log, each repeat's single pure decode steps (one list a repeat;
+    ``engine_samples_ms`` then holds their medians)."""
 
     batch_size: int
     k: int
     client_samples_ms: list[float]
     engine_samples_ms: list[float]
     engine_steps_seen: int = 0
+    step_blocks_ms: list[list[float]] = field(default_factory=list)
 
 
 def _relative_spread(samples: Sequence[float]) -> float:
@@ -143,7 +149,7 @@ def _relative_spread(samples: Sequence[float]) -> float:
 
 
 _RAW_CELL_FIELDS = ("batch_size", "k", "client_samples_ms", "engine_samples_ms",
-                    "engine_steps_seen")
+                    "engine_steps_seen", "step_blocks_ms")
 
 
 def raw_cell_from_dict(d: Any) -> RawCell:
@@ -171,7 +177,13 @@ def raw_cell_from_dict(d: Any) -> RawCell:
         samples[key] = values
     if not samples["client_samples_ms"]:
         fail("client_samples_ms", [], "is empty (a finished cell has at least one repeat)")
+    blocks = []
+    for i, block in enumerate(check_sequence(d.get("step_blocks_ms", []), "step_blocks_ms")):
+        steps = check_sequence(block, f"step_blocks_ms[{i}]")
+        blocks.append([check_positive(v, f"step_blocks_ms[{i}][{j}]")
+                       for j, v in enumerate(steps)])
     return RawCell(
+        step_blocks_ms=blocks,
         batch_size=check_int(d["batch_size"], "batch_size", minimum=1),
         k=check_int(d["k"], "k", minimum=0),
         client_samples_ms=samples["client_samples_ms"],
@@ -304,6 +316,8 @@ def assemble_profile(fingerprint: dict, max_k: int, raw: Iterable[RawCell],
     named in ``meta["inconsistent"]``; ``flags`` adds others (e.g. "drift") per cell.
     """
     raw = sorted(raw, key=lambda c: (c.batch_size, c.k))
+    if raw and all(_step_count(c) >= MIN_CELL_STEPS for c in raw):
+        return _assemble_from_steps(fingerprint, max_k, raw, settings, meta, flags)
     engine_ok = all(len(c.engine_samples_ms) >= 1 for c in raw)
     client_spread = _median([_relative_spread(c.client_samples_ms) for c in raw])
     engine_spread = (_median([_relative_spread(c.engine_samples_ms) for c in raw])
@@ -333,12 +347,7 @@ def assemble_profile(fingerprint: dict, max_k: int, raw: Iterable[RawCell],
             client_step_ms=client if client > 0 else None,
             flags=tuple((flags or {}).get((c.batch_size, c.k), ())),
         ))
-    violations = consistency_violations(
-        {(c.batch_size, c.k): (c.step_ms, c.uncertainty) for c in cells})
-    bad = {v.cheaper for v in violations} | {v.than for v in violations}
-    cells = [replace(c, flagged=True, flags=tuple(sorted({*c.flags, "inconsistent"})))
-             if (c.batch_size, c.k) in bad else
-             replace(c, flagged=c.flagged or bool(c.flags)) for c in cells]
+    cells, violations = _flag_inconsistent(cells)
     meta = dict(meta or {})
     meta["inconsistent"] = [v.to_dict() for v in violations]
     meta.update({
@@ -352,6 +361,89 @@ def assemble_profile(fingerprint: dict, max_k: int, raw: Iterable[RawCell],
                    f"{settings.output_tokens - 1}; repeats round-robin over the grid; median"),
     })
     return Profile(fingerprint=fingerprint, max_k=max_k, cells=tuple(cells), meta=meta)
+
+
+def _step_count(cell: RawCell) -> int:
+    return sum(len(b) for b in cell.step_blocks_ms)
+
+
+def _cell_seed(b: int, k: int) -> int:
+    return b * 131 + k  # a fixed bootstrap seed per cell: the same data gives the same interval
+
+
+def _flag_inconsistent(cells: list[ProfileCell]) -> tuple[list[ProfileCell], list]:
+    violations = consistency_violations(
+        {(c.batch_size, c.k): (c.step_ms, c.uncertainty) for c in cells})
+    bad = {v.cheaper for v in violations} | {v.than for v in violations}
+    cells = [replace(c, flagged=True, flags=tuple(sorted({*c.flags, "inconsistent"})))
+             if (c.batch_size, c.k) in bad else
+             replace(c, flagged=c.flagged or bool(c.flags)) for c in cells]
+    return cells, violations
+
+
+def _assemble_from_steps(fingerprint: dict, max_k: int, raw: list[RawCell],
+                         settings: ProfileSettings, meta: dict | None,
+                         flags: dict[tuple[int, int], Sequence[str]] | None) -> Profile:
+    """Every cell from the step log: the median of its pure decode steps (all repeats pooled),
+    a two-level bootstrap interval, the repeats' own medians as its samples."""
+    cells = []
+    blocks_by_cell = {}
+    for c in raw:
+        est = estimate_step_ms(c.step_blocks_ms, seed=_cell_seed(c.batch_size, c.k))
+        samples = [float(statistics.median(b)) for b in c.step_blocks_ms if b]
+        client = _median(c.client_samples_ms)
+        spread = _relative_spread(samples)
+        blocks_by_cell[(c.batch_size, c.k)] = c.step_blocks_ms
+        cells.append(ProfileCell(
+            batch_size=c.batch_size, k=c.k, step_ms=est.median_ms, samples_ms=tuple(samples),
+            spread=spread, source="steps", flagged=spread > settings.max_spread,
+            engine_step_ms=est.median_ms, client_step_ms=client if client > 0 else None,
+            flags=tuple((flags or {}).get((c.batch_size, c.k), ())),
+            steps=est.steps, interval_ms=(est.low_ms, est.high_ms)))
+    cells, violations = _flag_inconsistent(cells)
+    ratio = _median([c.step_ms / c.client_step_ms for c in cells if c.client_step_ms])
+    meta = dict(meta or {})
+    meta["inconsistent"] = [v.to_dict() for v in violations]
+    meta.update({
+        "step_source": "steps",
+        "median_spread": {"steps": _median([c.spread for c in cells])},
+        "engine_to_client_ratio": ratio,
+        "engine_source_rejected": None,
+        "settings": _settings_dict(settings),
+        "method": ("reject-all, k per cell; step = median of the cell's single pure decode "
+                   "steps (B requests, each verifying and drafting k) from TableTune's step "
+                   "log, every repeat pooled; 90 % two-level bootstrap interval (repeats, then "
+                   "steps); lengths of one B timed one after another, their order rotated "
+                   "every round"),
+        "steps": {
+            "estimator": "median",
+            "interval": "90 % two-level bootstrap (repeats, then steps within a repeat)",
+            "total": sum(c.steps for c in cells),
+            "per_cell_min": min(c.steps for c in cells),
+            "per_cell_median": _median([c.steps for c in cells]),
+            "noise": step_noise(blocks_by_cell),
+        },
+    })
+    return Profile(fingerprint=fingerprint, max_k=max_k, cells=tuple(cells), meta=meta)
+
+
+def step_noise(blocks_by_cell: dict) -> dict:
+    """The profile's noise floor, cell by cell (``core.step_stats.noise_summary``) and over
+    all cells: single steps' robust spread, pauses and the repeats' drift."""
+    from tabletune.core.step_stats import noise_summary
+
+    per = {key: noise_summary(blocks) for key, blocks in blocks_by_cell.items()}
+    per = {key: n for key, n in per.items() if n.get("steps")}
+    if not per:
+        return {}
+    return {
+        "step_robust_cv_median": _median([n["step_robust_cv"] for n in per.values()]),
+        "step_cv_median": _median([n["step_cv"] for n in per.values()]),
+        "repeat_median_cv_median": _median([n["block_median_cv"] for n in per.values()]),
+        "repeat_mean_cv_median": _median([n["block_mean_cv"] for n in per.values()]),
+        "pauses": sum(n["pauses"] for n in per.values()),
+        "pause_share_of_time_max": max(n["pause_share_of_time"] for n in per.values()),
+    }
 
 
 class CellTimer:
@@ -373,6 +465,8 @@ class CellTimer:
         n_out = self.settings.output_tokens
         short = self.server.guarded(run_batch, self.server.base_url, self.model, prompts,
                                     max_tokens=1, temperature=self.settings.temperature)
+        reader = self.server.step_log()
+        position = reader.position() if reader is not None else 0
         offset = self.server.log_size()
         long = self.server.guarded(run_batch, self.server.base_url, self.model, prompts,
                                    max_tokens=n_out, temperature=self.settings.temperature)
@@ -381,16 +475,24 @@ class CellTimer:
             raise EngineError(f"asked for {n_out} tokens per request at B={batch_size}, k={k}, "
                               f"got {sorted(set(long.completion_tokens))}")
         client_ms = (long.wall_s - short.wall_s) / (n_out - 1) * 1000.0
-        # Pure decode steps at exactly B requests, each verifying k drafts: the steps the
-        # profile is about. Prefill and ramp-down steps are left out.
+        if reader is not None:
+            # Pure decode steps at exactly B requests, each verifying and drafting k: the steps
+            # the profile is about; the prefill step and any step of another length left out.
+            records, _lost = reader.since(position)
+            periods = [round(st.period_ms, 4) for st in records
+                       if st.requests == batch_size and st.pure_decode_k() == k]
+            return client_ms, (_median(periods) if periods else None), len(periods), periods
+        # No step log: the engine's own per-step log lines, the same selection.
         steps = [it.elapsed_ms for it in self.server.iterations_since(offset)
                  if it.context_requests == 0 and it.generation_requests == batch_size
                  and it.generation_tokens == batch_size * (1 + k)]
         engine_ms = _median(steps) if steps else None
-        return client_ms, engine_ms, len(steps)
+        return client_ms, engine_ms, len(steps), None
 
 
-Repeat = tuple[float, "float | None", int]  # client ms, engine ms (None: no steps seen), steps
+# client ms, engine ms (None: no steps seen), steps seen, the single steps (None: no step log;
+# a timer without one may return the first three alone)
+Repeat = tuple[float, "float | None", int, "list[float] | None"]
 
 
 class RoundRobin:
@@ -420,6 +522,7 @@ class RoundRobin:
         self.fresh: dict[tuple[int, int], RawCell] = {}
         self.since_check = 0
         self.repeats_timed = 0
+        self.rounds = 0
         self.reference_ms: list[dict] = []
         self.events: list[dict] = []
         self.remeasured: dict[str, list[list[int]]] = {}
@@ -452,18 +555,22 @@ class RoundRobin:
 
     def _commit(self) -> None:
         touched: dict[tuple[int, int], RawCell] = {}
-        for key, (client, engine, seen) in self.window:
+        for key, (client, engine, seen, *block) in self.window:
+            block = block[0] if block else None  # a 3-tuple: a timer without a step log
             cell = touched.get(key)
             if cell is None:
                 base = self.fresh.get(key, self.ckpt.cells.get(key))
                 cell = (RawCell(key[0], key[1], list(base.client_samples_ms),
-                                list(base.engine_samples_ms), base.engine_steps_seen)
+                                list(base.engine_samples_ms), base.engine_steps_seen,
+                                [list(b) for b in base.step_blocks_ms])
                         if base is not None else RawCell(key[0], key[1], [], []))
                 touched[key] = cell
             cell.client_samples_ms.append(client)
             if engine is not None:
                 cell.engine_samples_ms.append(engine)
             cell.engine_steps_seen += seen
+            if block:
+                cell.step_blocks_ms.append(list(block))
         for key, cell in touched.items():
             self.fresh.pop(key, None)
             self.ckpt.add(cell)
@@ -480,10 +587,13 @@ class RoundRobin:
 
     def _reference_once(self) -> float:
         b, k = self.reference
-        client, _, _ = self._time(b, k)
+        client, engine, _, *block = self._time(b, k)
+        # The median of the repeat's single steps where the step log has them: a pause of the
+        # machine inside the repeat does not read as a moved reference.
+        ms = engine if block and block[0] and engine is not None else client
         self.reference_ms.append({"after_repeats": self.repeats_timed, "epoch": self.epoch,
-                                  "ms": client})
-        return client
+                                  "ms": ms})
+        return ms
 
     def _bound(self) -> float:
         base = _median(self.baseline)
@@ -534,13 +644,20 @@ class RoundRobin:
     # -- rounds -----------------------------------------------------------------------------
 
     def run(self, targets: dict[tuple[int, int], int]) -> None:
-        """Time repeats until every cell ``key`` has ``targets[key]`` of them, round-robin."""
-        order = sorted(targets, key=lambda key: (key[1], key[0]))
+        """Time repeats until every cell ``key`` has ``targets[key]`` of them, round-robin.
+
+        Within a round the lengths of one batch size are timed one after another (slow drift
+        of the machine lands on all of them alike, and cancels in their ratio, which is what
+        moves the table), their order rotated from round to round."""
+        lengths = sorted({key[1] for key in targets})
         while True:
-            todo = [key for key in order if self.count(key) < targets[key]]
+            todo = [key for key in targets if self.count(key) < targets[key]]
             if not todo:
                 break
             low = min(self.count(key) for key in todo)
+            turn = self.rounds
+            self.rounds += 1
+            todo.sort(key=lambda key: (key[0], (lengths.index(key[1]) - turn) % len(lengths)))
             for key in todo:
                 if self.count(key) == low:
                     self.window.append((key, self._time(*key)))
@@ -609,6 +726,9 @@ def run_schedule(rr: RoundRobin, keys: Sequence[tuple[int, int]], settings: Prof
 
 
 def _cell_noise(cell: RawCell) -> tuple[float, float]:
+    if _step_count(cell) >= MIN_CELL_STEPS:
+        est = estimate_step_ms(cell.step_blocks_ms, seed=_cell_seed(cell.batch_size, cell.k))
+        return est.median_ms, est.relative_error
     pc = ProfileCell(cell.batch_size, cell.k, max(_median(cell.client_samples_ms), 1e-9),
                      tuple(cell.client_samples_ms))
     return pc.step_ms, pc.uncertainty
@@ -715,7 +835,8 @@ def _servers_per_length(spec, lengths, settings, ckpt, log_dir, mode):
             server = VllmServer(spec, speculative=speculative_config(
                 spec, [[1, max_b, k]], reject_all=True), reject_all=True,
                 log_path=log_dir / f"profile-k{k}.log",
-                startup_timeout_s=settings.startup_timeout_s)
+                startup_timeout_s=settings.startup_timeout_s,
+                extra_args=("--scheduler-cls", SCHEDULER_CLS), step_log=True)
             with server:
                 yield (k,), server, lambda _k: None
         return
@@ -728,7 +849,7 @@ def _servers_per_length(spec, lengths, settings, ckpt, log_dir, mode):
         reject_all=True, log_path=log_dir / "profile-one-launch.log",
         startup_timeout_s=settings.startup_timeout_s,
         extra_env={CONTROL_FILE_ENV: str(control)},
-        extra_args=("--scheduler-cls", SCHEDULER_CLS))
+        extra_args=("--scheduler-cls", SCHEDULER_CLS), step_log=True)
     with server:
         # Every length, also finished ones: the repair step may time any of them again.
         yield tuple(lengths), server, lambda k: _write_control(control, k)

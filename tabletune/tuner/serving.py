@@ -26,7 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
+from tabletune.core.step_log import Step
+from tabletune.core.step_stats import StepEstimate, estimate_step_ms
 from tabletune.core.vllm_contract import CONTROL_FILE_ENV, SCHEDULER_CLS, write_control
+from tabletune.core.workload import Workload, goodput_step_ms, prefill_mix, serving_step_ms
 from tabletune.engine.client import run_batch, run_load
 from tabletune.engine.server import EngineError, VllmServer, speculative_config
 from tabletune.engine.spec import EngineSpec
@@ -58,16 +61,74 @@ def serving_batch_sizes(grid: Sequence[int], points: int = DEFAULT_SERVING_POINT
     return tuple(sorted(picked))
 
 
+# A window's pure decode steps stand for its decode step only if there are this many.
+MIN_WINDOW_STEPS = 10
+# Below this many prefill-carrying steps their median's interval is not trusted (see
+# workload_step).
+MIN_MIXED_STEPS = 5
+
+
+@dataclass(frozen=True)
+class StepMix:
+    """A window's single steps at exactly B requests (the step log), by kind: pure decode
+    steps (every request decoding at k) and steps that carried prefills at length k."""
+
+    decode: StepEstimate | None
+    mixed: StepEstimate | None
+    prefills_per_mixed_step: float
+    prompt_tokens: float | None  # mean prefill tokens per new request
+    steps_at_b: int  # all steps of the window at B requests
+    steps: int  # all steps of the window
+
+    @classmethod
+    def from_steps(cls, steps: Sequence[Step], batch_size: int, k: int) -> StepMix:
+        at_b = [s for s in steps if s.requests == batch_size and s.period_ns > 0]
+        decode = [s.period_ms for s in at_b if s.pure_decode_k() == k]
+        mixed = [s for s in at_b if s.k == k and s.new_requests > 0]
+        new = sum(s.new_requests for s in mixed)
+        all_new = sum(s.new_requests for s in steps)
+        return cls(
+            decode=estimate_step_ms([decode]) if len(decode) >= MIN_WINDOW_STEPS else None,
+            mixed=estimate_step_ms([[s.period_ms for s in mixed]]) if mixed else None,
+            prefills_per_mixed_step=new / len(mixed) if mixed else 0.0,
+            prompt_tokens=(sum(s.prefill_tokens for s in steps if s.new_requests) / all_new
+                           if all_new else None),
+            steps_at_b=len(at_b), steps=len(steps))
+
+    def to_dict(self) -> dict:
+        return {"decode": self.decode.to_dict() if self.decode else None,
+                "mixed": self.mixed.to_dict() if self.mixed else None,
+                "prefills_per_mixed_step": self.prefills_per_mixed_step,
+                "prompt_tokens": self.prompt_tokens, "steps_at_b": self.steps_at_b,
+                "steps": self.steps}
+
+
 @dataclass(frozen=True)
 class ServingCell:
-    """One closed-loop window at concurrency ``batch_size`` with every step at length ``k``."""
+    """One closed-loop window at concurrency ``batch_size`` with every step at length ``k``;
+    ``steps``: its single steps from the step log (None when the server keeps none)."""
 
     batch_size: int
     k: int
     window: ServingWindow
+    steps: StepMix | None = None
 
     def to_dict(self) -> dict:
-        return {"batch_size": self.batch_size, "k": self.k, **self.window.to_dict()}
+        return {"batch_size": self.batch_size, "k": self.k, **self.window.to_dict(),
+                **({"step_log": self.steps.to_dict()} if self.steps is not None else {})}
+
+
+def _window_steps(server: VllmServer, position: int, result) -> list[Step] | None:
+    """The step-log records of a window: after ``position``, between the window's first and
+    last /metrics reading (both clocks are the system's monotonic clock)."""
+    reader = server.step_log()
+    if reader is None or len(result.snapshots) != 3:
+        return None
+    offset_ns = time.monotonic_ns() - time.perf_counter_ns()
+    opened = int(result.snapshots[0].t * 1e9) + offset_ns
+    closed = int(result.snapshots[-1].t * 1e9) + offset_ns
+    records, _lost = reader.since(position)
+    return [s for s in records if opened <= s.t_ns <= closed]
 
 
 def launch_serving_server(spec: EngineSpec, *, max_batch_size: int, log_dir: Path,
@@ -86,7 +147,7 @@ def launch_serving_server(spec: EngineSpec, *, max_batch_size: int, log_dir: Pat
             run_spec, table_with_every_length(run_spec.max_k, max(max_batch_size, 2))),
         log_path=log_dir / "acceptance.log", startup_timeout_s=startup_timeout_s,
         extra_env={CONTROL_FILE_ENV: str(control)},
-        extra_args=("--scheduler-cls", SCHEDULER_CLS))
+        extra_args=("--scheduler-cls", SCHEDULER_CLS), step_log=True)
     log.info("acceptance: starting vLLM (%s, every length 0..%d pinned per phase); its log: %s",
              spec.model, spec.max_k, server.log_path)
     return server.launch(), control
@@ -112,6 +173,8 @@ def measure_serving(server: VllmServer, control: Path, prompts: Sequence[str], *
             # A half window without a single engine step is a stall (a busy machine starving
             # the API server), not a step time: time the window again, up to twice.
             for _attempt in range(3):
+                reader = server.step_log()
+                position = reader.position() if reader is not None else 0
                 result = server.guarded(
                     run_load, server.base_url, server.spec.served_model_name, prompts,
                     concurrency=b, requests_per_worker=1, max_tokens=(low, high),
@@ -125,7 +188,9 @@ def measure_serving(server: VllmServer, control: Path, prompts: Sequence[str], *
             if window is None:
                 raise EngineError(f"serving window B={b}, k={k}: the engine's step counter "
                                   "(vllm:iteration_tokens_total) did not move in three tries")
-            cells.append(ServingCell(b, k, window))
+            steps = _window_steps(server, position, result)
+            cells.append(ServingCell(b, k, window, None if steps is None else
+                                     StepMix.from_steps(steps, b, k)))
             if progress is not None:
                 progress(len(cells), total)
     write_control(control)
@@ -143,19 +208,77 @@ class ServingPlan:
     output_tokens: int
     warm_up_s: float = DEFAULT_SERVING_WARM_UP_S
     window_s: float = DEFAULT_SERVING_WINDOW_S
+    # Where output_tokens came from: "default", "option", "records" (the stated workload).
+    source: str = "default"
+
+    def workload(self, prompt_tokens: float | None = None) -> Workload:
+        return Workload(float(self.output_tokens), prompt_tokens, self.source)
 
     def to_dict(self) -> dict:
         return {"batch_sizes": list(self.batch_sizes), "output_tokens": self.output_tokens,
+                "source": self.source,
                 "output_tokens_range": [max(1, self.output_tokens // 2),
                                         self.output_tokens + self.output_tokens // 2],
                 "warm_up_s": self.warm_up_s, "window_s": self.window_s}
 
 
-def measured_for_calibration(cells: Sequence[ServingCell]) -> dict[tuple[int, int], tuple[float, float]]:
-    """(serving step ms, its relative standard error) per cell, as ``core.calibration`` takes
-    them. The error comes from the window's two halves: for two estimates of one mean it is
-    half their difference."""
-    return {(c.batch_size, c.k): (c.window.step_ms, c.window.noise / 2.0) for c in cells}
+def measured_prompt_tokens(cells: Sequence[ServingCell]) -> float | None:
+    """Mean prefill tokens per new request over every window (the prompts as the engine
+    tokenized them)."""
+    values = [c.steps.prompt_tokens for c in cells
+              if c.steps is not None and c.steps.prompt_tokens]
+    return sum(values) / len(values) if values else None
+
+
+def workload_step(cell: ServingCell, workload: Workload, rates: Sequence[float]) -> dict:
+    """The step time the table is chosen from at this cell under ``workload``
+    (``core.workload``): from the window's median pure decode step and median prefill-carrying
+    step, mixed as the workload mixes them; the window's mean where the step log has too few
+    pure decode steps. Returns the parts with the value (``step_ms``) and its relative error."""
+    tokens_per_step = 1.0 + sum(rates[:cell.k])
+    mix = cell.steps
+    q, n = prefill_mix(cell.batch_size, workload.output_tokens, tokens_per_step)
+    if mix is None or mix.decode is None:
+        serving = cell.window.step_ms
+        error = cell.window.noise / 2.0
+        how = "window mean (too few pure decode steps in the step log)"
+    else:
+        mixed = mix.mixed.median_ms if mix.mixed is not None else None
+        serving = serving_step_ms(mix.decode.median_ms, mixed, mix.prefills_per_mixed_step,
+                                  batch_size=cell.batch_size,
+                                  output_tokens=workload.output_tokens,
+                                  tokens_per_step=tokens_per_step)
+        parts = [(1.0 - q) * mix.decode.median_ms * mix.decode.relative_error]
+        if mix.mixed is not None:
+            # A bootstrap of a handful of steps says nothing of their spread: below
+            # MIN_MIXED_STEPS the prefill step counts as uncertain by 1 / (2 sqrt(n)).
+            mixed_error = mix.mixed.relative_error
+            if mix.mixed.steps < MIN_MIXED_STEPS:
+                mixed_error = max(mixed_error, 0.5 / math.sqrt(mix.mixed.steps))
+            parts.append(q * mix.mixed.median_ms * mixed_error)
+        error = math.hypot(*parts) / serving
+        how = "median decode and prefill-carrying steps mixed for the workload"
+    step = goodput_step_ms(serving, output_tokens=workload.output_tokens,
+                           tokens_per_step=tokens_per_step)
+    return {"batch_size": cell.batch_size, "k": cell.k, "step_ms": step,
+            "serving_step_ms": serving, "uncertainty": error, "prefill_share": q,
+            "prefills_per_prefill_step": n, "tokens_per_step": tokens_per_step, "how": how}
+
+
+def measured_for_calibration(cells: Sequence[ServingCell], workload: Workload | None = None,
+                             rates: Sequence[float] = ()) -> dict[tuple[int, int], tuple[float, float]]:
+    """(step ms, its relative standard error) per cell, as ``core.calibration`` takes them.
+
+    With a ``workload`` (and the acceptance ``rates``): ``workload_step``. Without: the
+    window's mean, its error from the window's two halves (for two estimates of one mean it is
+    half their difference)."""
+    if workload is None:
+        return {(c.batch_size, c.k): (c.window.step_ms, c.window.noise / 2.0) for c in cells}
+    out = {}
+    for c in cells:
+        w = workload_step(c, workload, rates)
+        out[(c.batch_size, c.k)] = (w["step_ms"], w["uncertainty"])
+    return out
 
 
 def acceptance_and_serving(server: VllmServer, control: Path, prompts: Sequence[str], *,

@@ -14,8 +14,10 @@ The order ``tune`` runs in, and why:
 2. The reject-all profile (``profile.json`` is written as soon as it exists: a crash after it
    keeps it).
 3. Acceptance at K, then the serving windows, on one server (unless acceptance is reused and the
-   calibration is off).
-4. The serving calibration rewrites ``profile.json`` (T = factor x reject-all).
+   calibration is off), at the stated workload's output length.
+4. The serving calibration rewrites ``profile.json`` (T = factor x reject-all): per measured
+   cell the step the stated workload pays per token of goodput, from the window's single steps
+   (``tuner.serving.workload_step``, ``core.workload``).
 5. ``build_document`` chooses the table from the calibrated profile.
 
 Writing the table, plots and summary is the CLI's: ``tune`` returns what they are made from.
@@ -31,10 +33,11 @@ from typing import Any, Callable, Sequence
 from tabletune.core.builder import DEFAULT_TIE_MARGIN
 from tabletune.core.contracts import Acceptance, Profile, save_json
 from tabletune.core.document import DocumentBuild, build_document
+from tabletune.core.workload import DEFAULT_OUTPUT_TOKENS
 from tabletune.engine.spec import EngineSpec
 
-__all__ = ["TunePlan", "TuneResult", "tune", "measure_step_times", "measure_acceptance",
-           "acceptance_spec"]
+__all__ = ["TunePlan", "TuneResult", "tune", "tune_plan", "measure_step_times",
+           "measure_acceptance", "acceptance_spec"]
 
 # The acceptance server always has room for this many requests at once (the acceptance batch).
 ACCEPTANCE_MIN_NUM_SEQS = 64
@@ -62,13 +65,83 @@ def measure_step_times(spec: EngineSpec, *, batch_sizes: Sequence[int], checkpoi
 
 
 def measure_acceptance(spec: EngineSpec, prompts: Sequence[str], *, temperature: float,
-                       max_tokens: int, log_dir: Path | None = None) -> Acceptance:
-    """a_1..a_K from vLLM's counters at K on ``spec``'s engine
-    (``tabletune.tuner.acceptance.measure_acceptance``)."""
-    from tabletune.tuner import acceptance
+                       max_tokens: int, log_dir: Path | None = None,
+                       startup_timeout_s: float = 600.0) -> Acceptance:
+    """a_1..a_K from vLLM's counters at K, on the server ``tune`` measures acceptance on
+    (every length in its table, K pinned: ``tuner.serving.launch_serving_server``), so
+    ``tabletune acceptance`` and the weekly refresh measure what a tune measures."""
+    import tempfile
 
-    return acceptance.measure_acceptance(spec, prompts, temperature=temperature,
-                                         max_tokens=max_tokens, log_dir=log_dir)
+    from tabletune.tuner.acceptance import check_acceptance_inputs
+    from tabletune.tuner.serving import acceptance_and_serving, launch_serving_server
+
+    check_acceptance_inputs(prompts, temperature)
+    run_spec = acceptance_spec(spec)
+    with tempfile.TemporaryDirectory(prefix="tabletune-acceptance-") as scratch:
+        server, control = launch_serving_server(
+            run_spec, max_batch_size=run_spec.max_num_seqs,
+            log_dir=Path(log_dir) if log_dir is not None else Path(scratch),
+            startup_timeout_s=startup_timeout_s)
+        acc, _ = acceptance_and_serving(server, control, prompts, measure_acceptance=True,
+                                        plan=None, temperature=temperature,
+                                        max_tokens=max_tokens)
+    return acc
+
+
+# The profile's timing requests (tokens each; step = (t_N - t_1) / (N - 1) for the client's
+# cross-check): on a GPU steps are short and a longer request gives more steps per repeat.
+PROFILE_OUTPUT_TOKENS = {"cuda": 129, "cpu": 65}
+# The workload a tune states when the user states none: chat-length answers on a GPU; on the
+# CPU build (the embedded toy pair, minutes per tune) the acceptance run's length.
+WORKLOAD_OUTPUT_TOKENS = {"cuda": DEFAULT_OUTPUT_TOKENS, "cpu": 64}
+
+
+def tune_plan(spec: EngineSpec, batch_sizes: Sequence[int], *, repeats: int | None = None,
+              profile_output_tokens: int | None = None, max_spread: float | None = None,
+              reference_every: int | None = None, drift_bound: float | None = None,
+              startup_timeout_s: float | None = None, mode: str = "one-launch",
+              serving_batch_sizes: Sequence[int] | None = None, serving: bool = True,
+              workload_output_tokens: int | None = None, serving_warm_up_s: float | None = None,
+              serving_window_s: float | None = None, temperature: float | None = None,
+              max_tokens: int | None = None, overlap_startups: bool = False,
+              lengths: Sequence[int] | None = None, tie_margin: float = DEFAULT_TIE_MARGIN,
+              table_max_batch_size: int | None = None) -> TunePlan:
+    """The one place a tune's defaults are filled in: ``tabletune tune`` and the pipeline's
+    re-profile both build their plan here, so they measure the same stages with the same cell
+    semantics and the same workload (``tests/pipeline/test_one_measuring_path.py``). None means
+    the default; options are taken as checked by the caller."""
+    from tabletune.core.defaults import DEFAULT_MAX_TOKENS, DEFAULT_REPEATS, DEFAULT_TEMPERATURE
+    from tabletune.tuner.profiler import DEFAULT_STARTUP_TIMEOUT_S, ProfileSettings
+    from tabletune.tuner.serving import (DEFAULT_SERVING_WARM_UP_S, DEFAULT_SERVING_WINDOW_S,
+                                         ServingPlan)
+    from tabletune.tuner.serving import serving_batch_sizes as auto_sizes
+
+    grid = tuple(sorted(set(batch_sizes)))
+    device = "cuda" if spec.device == "cuda" else "cpu"
+    settings: dict[str, Any] = {
+        "batch_sizes": grid, "repeats": repeats or DEFAULT_REPEATS,
+        "output_tokens": profile_output_tokens or PROFILE_OUTPUT_TOKENS[device],
+        "startup_timeout_s": startup_timeout_s or DEFAULT_STARTUP_TIMEOUT_S}
+    for name, value in (("max_spread", max_spread), ("reference_every", reference_every),
+                        ("drift_bound", drift_bound)):
+        if value is not None:
+            settings[name] = value
+    plan = None
+    if serving:
+        plan = ServingPlan(
+            batch_sizes=tuple(serving_batch_sizes) if serving_batch_sizes else auto_sizes(grid),
+            output_tokens=workload_output_tokens or WORKLOAD_OUTPUT_TOKENS[device],
+            warm_up_s=serving_warm_up_s or DEFAULT_SERVING_WARM_UP_S,
+            window_s=serving_window_s or DEFAULT_SERVING_WINDOW_S,
+            source="option" if workload_output_tokens else "default")
+    return TunePlan(batch_sizes=grid, profile_settings=ProfileSettings(**settings), mode=mode,
+                    serving=plan,
+                    temperature=DEFAULT_TEMPERATURE if temperature is None else temperature,
+                    max_tokens=max_tokens or DEFAULT_MAX_TOKENS,
+                    startup_timeout_s=startup_timeout_s or DEFAULT_STARTUP_TIMEOUT_S,
+                    overlap_startups=overlap_startups,
+                    lengths=tuple(lengths) if lengths is not None else None,
+                    tie_margin=tie_margin, table_max_batch_size=table_max_batch_size)
 
 
 @dataclass(frozen=True)
@@ -113,7 +186,8 @@ def tune(spec: EngineSpec, plan: TunePlan, out_dir: Path, *, prompts: Sequence[s
     """
     from tabletune.core.calibration import calibrate_profile
     from tabletune.tuner.serving import (acceptance_and_serving, launch_serving_server,
-                                         measured_for_calibration)
+                                         measured_for_calibration, measured_prompt_tokens,
+                                         workload_step)
 
     out = Path(out_dir)
     started = time.time() if started is None else started
@@ -164,11 +238,20 @@ def tune(spec: EngineSpec, plan: TunePlan, out_dir: Path, *, prompts: Sequence[s
     t_acceptance = time.time() - t0 + measured.get("acceptance_s", 0.0)
     cells = measured.get("serving") or []
     if cells:
+        workload = plan.serving.workload(measured_prompt_tokens(cells))
+        rates = acceptance.rates[:profile.max_k]
         profile = calibrate_profile(
-            profile, measured_for_calibration(cells),
-            meta={"method": "closed-loop windows with acceptance on, k pinned for every step; "
-                            "step = window / engine steps (vllm:iteration_tokens_total)",
-                  "plan": plan.serving.to_dict(), "windows": [c.to_dict() for c in cells]})
+            profile, measured_for_calibration(cells, workload, rates),
+            meta={"method": "closed-loop windows with acceptance on, k pinned for every step, "
+                            "requests of the stated workload's output length; step = the "
+                            "window's median pure decode step and median prefill-carrying "
+                            "step (TableTune's step log, at exactly B requests) mixed as the "
+                            "workload mixes them, per token of goodput "
+                            "(tabletune.core.workload); the window's mean where the step log "
+                            "has too few steps",
+                  "workload": workload.to_dict(),
+                  "plan": plan.serving.to_dict(), "windows": [c.to_dict() for c in cells],
+                  "workload_steps": [workload_step(c, workload, rates) for c in cells]})
         save_json(out / "profile.json", profile)
         if on_calibrated is not None:
             on_calibrated(profile)

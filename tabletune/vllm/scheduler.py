@@ -14,8 +14,15 @@ since the previous output, which is the step period in both the synchronous and 
 engine loop) and compares it with the profile. A step drafts the k chosen for it and verifies the
 k chosen one step earlier, so only steps where the two agree are timed (``step_clock``).
 
+With ``TABLETUNE_STEP_LOG`` set, every step is also written to the step log
+(``tabletune.core.step_log``): the period since the previous output, the requests, new requests
+and verifying requests, the k drafted, the scheduled tokens, and the draft tokens verified and
+accepted (from the step's ``SpecDecodingStats``, which ``make_stats`` receives once per step).
+Only counters the scheduler holds are written, no loop over requests; the hook times itself and
+the log keeps that cost (``benchmarks/step_log_cost.py`` reads it).
+
 Whatever goes wrong inside TableTune, the engine keeps running on the last good lookup: every
-entry point here catches, logs once, and falls back.
+entry point here catches, logs once, and falls back (the step log switches itself off).
 
 vLLM logs "If you have subclassed Scheduler instead of AsyncScheduler, you will see degraded
 performance due to async scheduling being disabled" for every ``--scheduler-cls`` outside
@@ -32,6 +39,8 @@ import os
 import time
 
 from tabletune.controller.step_clock import StepClock
+from tabletune.core import envs
+from tabletune.core.step_log import StepLogWriter
 from tabletune.core.vllm_contract import CONTROL_FILE_ENV, OUT_ENV, PRIOR_ENV, SLOW_FAULT_ENV
 from tabletune.vllm.lookup import ControlFile, StepLookup
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
@@ -60,11 +69,23 @@ class TableTuneScheduler(Scheduler):
         self._tabletune_lookup: StepLookup | None = None
         self._tabletune_clock = StepClock()
         self._tabletune_slow_s = 0.0
+        self._tabletune_steps: StepLogWriter | None = None
+        self._tabletune_last_ns = 0
+        self._tabletune_spec_stats = None
         try:
             self._install_tabletune()
         except Exception:  # nothing TableTune does may stop the engine from starting
             logger.exception("TableTune scheduler could not install; running vLLM's own lookup")
             self._tabletune_lookup = None
+        try:
+            path = envs.STEP_LOG.get()
+            if path:
+                self._tabletune_steps = StepLogWriter(path)
+                logger.info("TableTune step log: %s (%d records)", path,
+                            self._tabletune_steps.capacity)
+        except Exception:
+            logger.exception("TableTune step log could not open; running without it")
+            self._tabletune_steps = None
 
     def _install_tabletune(self) -> None:
         if self.dynamic_sd_lookup is None:
@@ -124,14 +145,47 @@ class TableTuneScheduler(Scheduler):
                                                 num_accepted_tokens, *args, **kwargs)
 
 
+    def make_stats(self, *args, **kwargs):
+        # Called once per update_from_output with the step's SpecDecodingStats (None: no
+        # drafts verified, or stats off): the step log's verified and accepted counts.
+        self._tabletune_spec_stats = kwargs.get("spec_decoding_stats", args[0] if args else None)
+        return super().make_stats(*args, **kwargs)
+
     def update_from_output(self, scheduler_output, model_runner_output):
+        now_ns = time.monotonic_ns()
         lookup = self._tabletune_lookup
         if lookup is not None and lookup.controller is not None:
             try:
                 self._tabletune_time_step(lookup, scheduler_output)
             except Exception:
                 lookup._fail("timing a step")
-        return super().update_from_output(scheduler_output, model_runner_output)
+        self._tabletune_spec_stats = None
+        result = super().update_from_output(scheduler_output, model_runner_output)
+        if self._tabletune_steps is not None:
+            self._tabletune_record_step(now_ns, scheduler_output)
+        return result
+
+    def _tabletune_record_step(self, now_ns: int, out) -> None:
+        """One step-log record; O(1) in the batch (the counters vLLM keeps)."""
+        started = time.perf_counter_ns()
+        try:
+            last, self._tabletune_last_ns = self._tabletune_last_ns, now_ns
+            spec = self._tabletune_spec_stats
+            verifying = len(out.scheduled_spec_decode_tokens)
+            if spec is not None:
+                verified, accepted = spec.num_draft_tokens, spec.num_accepted_tokens
+            elif verifying and self.log_stats:
+                verified = accepted = 0  # drafts scheduled, none verified (placeholders only)
+            else:
+                verified = accepted = 0 if not verifying else -1
+            log = self._tabletune_steps
+            log.append(now_ns, now_ns - last if last else 0, len(out.num_scheduled_tokens),
+                       len(out.scheduled_new_reqs), verifying, out.num_spec_tokens_to_schedule,
+                       out.total_num_scheduled_tokens, verified, accepted)
+            log.add_cost(time.perf_counter_ns() - started)
+        except Exception:
+            logger.exception("TableTune step log failed; switched off")
+            self._tabletune_steps = None
 
     def _tabletune_time_step(self, lookup: StepLookup, out) -> None:
         """Report a steady decode step's period: B requests, each verifying k drafts and

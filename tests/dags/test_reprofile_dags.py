@@ -37,11 +37,16 @@ class FakeEngine:
         self.fingerprint_calls += 1
         return dict(self.fingerprint)
 
-    def profile_step_times(self, spec, *, batch_sizes, checkpoint, repeats=3):
-        self.profile_calls.append({"model": spec.model, "batch_sizes": list(batch_sizes),
-                                   "repeats": repeats, "checkpoint": str(checkpoint)})
+    def tune(self, spec, plan, out_dir, *, prompts, reused_acceptance=None, **_):
+        from types import SimpleNamespace
+
+        self.profile_calls.append({"model": spec.model, "batch_sizes": list(plan.batch_sizes),
+                                   "repeats": plan.profile_settings.repeats,
+                                   "out_dir": str(out_dir), "plan": plan,
+                                   "reused_acceptance": reused_acceptance})
         # The upgrade made every step 30% slower, so the rebuilt table moves its edges.
-        return make_profile(fingerprint=dict(self.fingerprint), scale=1.3)
+        return SimpleNamespace(profile=make_profile(fingerprint=dict(self.fingerprint),
+                                                    scale=1.3))
 
 
 def load_dags(services):
@@ -75,7 +80,7 @@ def engine(monkeypatch):
 
     monkeypatch.setattr(tabletune.engine.fingerprint, "deployment_fingerprint",
                         fake.deployment_fingerprint)
-    monkeypatch.setattr(tabletune.tuner.tune, "measure_step_times", fake.profile_step_times)
+    monkeypatch.setattr(tabletune.tuner.tune, "tune", fake.tune)
     monkeypatch.setenv("AIRFLOW_CONN_TABLETUNE_ENGINE", json.dumps({
         "conn_type": "generic",
         "extra": {"spec": {"model": "/models/fake-target", "drafter": "/models/fake-drafter",
@@ -113,6 +118,9 @@ def test_reprofile_does_nothing_until_the_fingerprint_changes_then_profiles(
     call = engine.profile_calls[0]
     assert call["model"] == "/models/fake-target" and call["repeats"] == 1
     assert call["batch_sizes"] == [1, 2, 4, 8, 16, 32, 64, 128]
+    # The tune's own stages, production's acceptance reused, the tuner's default workload.
+    assert call["reused_acceptance"] is not None
+    assert call["plan"].serving is not None and call["plan"].serving.source == "default"
 
     state = registry.alias_state(model)
     assert state.production == "2" and state.previous == "1"

@@ -73,8 +73,13 @@ def test_repeats_are_interleaved_round_robin_not_back_to_back(tmp_path):
     # Round r times all nine cells once before any cell gets its (r + 1)-th repeat.
     for r in range(3):
         assert sorted(cells[9 * r:9 * (r + 1)]) == sorted(KEYS)
-    # k-major inside a round: the pinned length changes once per length per round.
-    assert machine.pins == [0, 1, 2] * 3
+    # B-major inside a round: the lengths of one batch size back to back (slow drift lands on
+    # all of them alike), their order rotated from round to round.
+    for r in range(3):
+        timed = cells[9 * r:9 * (r + 1)]
+        assert [b for b, _ in timed] == [1, 1, 1, 2, 2, 2, 4, 4, 4]
+        rotated = [(r + i) % 3 for i in range(3)]
+        assert [k for _, k in timed] == rotated * 3
     assert all(c.step_ms == truth(c.batch_size, c.k) for c in p.cells)
     assert p.meta["inconsistent"] == [] and not any(c.flagged for c in p.cells)
 

@@ -69,6 +69,15 @@ def test_the_serving_server_measures_acceptance_independent_requests_and_serving
             a = acc.rates[0]
             tolerance = 0.05 + 3 * (a * (1 - a) / w.drafts) ** 0.5
             assert abs(w.rates[0] - a) <= tolerance, (w.rates, acc.rates, w.drafts)
+        # The step log saw the window's steps: at exactly B requests, the pure decode ones
+        # apart from those that carried a new request's prefill (the prompts' own length).
+        mix = c.steps
+        assert mix is not None and mix.steps_at_b >= 2, c
+        if mix.decode is not None:
+            assert mix.decode.steps >= 10 and mix.decode.median_ms > 0
+        if mix.mixed is not None:
+            assert mix.prefills_per_mixed_step >= 1
+        assert mix.prompt_tokens is None or 5 <= mix.prompt_tokens <= 200, mix
 
 
 def _server_pid(cli: subprocess.Popen) -> int | None:
@@ -152,7 +161,14 @@ def test_a_profile_of_the_real_engine_survives_its_death_and_resumes_remeasuring
         assert cell.engine_step_ms is not None and cell.engine_step_ms > 0
     assert profile.step_ms(8, 2) > profile.step_ms(8, 0)
     assert profile.step_ms(8, 1) > profile.step_ms(8, 0)
-    assert profile.meta["step_source"] in ("client", "engine")
+    # Cells from the step log: medians of single pure decode steps at (B, k) with their
+    # bootstrap interval (every step the engine ran at the pinned length, none at another).
+    assert profile.meta["step_source"] == "steps"
+    for cell in profile.cells:
+        assert cell.steps >= 20 and cell.source == "steps"
+        low, high = cell.interval_ms
+        assert low <= cell.step_ms <= high
+    assert profile.meta["steps"]["total"] == sum(c.steps for c in profile.cells)
 
 
 def test_server_that_never_becomes_healthy_is_reported_and_cleaned_up(pair_spec, tmp_path):

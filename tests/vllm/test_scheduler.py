@@ -59,3 +59,54 @@ def test_the_scheduler_times_steady_steps_and_the_fault_sleeps_per_drafted_posit
     assert slept == pytest.approx([0.080, 0.080, 0.040, 0.040])
     assert [(b, k) for b, k, _ in heard] == [(2, 2), (2, 1)]
     assert [ms for _, _, ms in heard] == pytest.approx([100.0, 100.0])
+
+
+@pytest.fixture
+def logging_scheduler(scheduler_module, monkeypatch, tmp_path):
+    """A scheduler whose stand-in parent reports each step's verified and accepted drafts
+    through ``make_stats`` (as vLLM's update_from_output does), with the step log on."""
+    parent = scheduler_module.Scheduler
+
+    def update_from_output(self, scheduler_output, model_runner_output):
+        drafts = sum(map(len, scheduler_output.scheduled_spec_decode_tokens.values()))
+        stats = (SimpleNamespace(num_draft_tokens=drafts, num_accepted_tokens=drafts // 2)
+                 if drafts else None)
+        self.make_stats(stats, None)
+        return {}
+
+    monkeypatch.setattr(parent, "update_from_output", update_from_output, raising=False)
+    monkeypatch.setattr(parent, "make_stats", lambda self, *a, **kw: None, raising=False)
+    monkeypatch.setattr(parent, "log_stats", True, raising=False)
+    path = tmp_path / "engine.steps"
+    monkeypatch.setenv("TABLETUNE_STEP_LOG", str(path))
+    return scheduler_module.TableTuneScheduler(SimpleNamespace()), path
+
+
+def test_every_step_is_written_to_the_step_log_with_its_counters(logging_scheduler):
+    from tabletune.core.step_log import StepLogReader
+
+    scheduler, path = logging_scheduler
+    reader = StepLogReader(path)
+    steps = [_output(2, 0, 2, new=2), _output(2, 2, 2), _output(2, 2, 2), _output(3, 2, 2, new=1)]
+    for out in steps:
+        scheduler.update_from_output(out, None)
+    got, lost = reader.since(0)
+    assert lost == 0 and len(got) == 4
+    first, steady, _, mixed = got
+    assert first.period_ns == 0 and first.new_requests == 2 and first.verifying == 0
+    assert steady.period_ns > 0
+    assert (steady.requests, steady.verifying, steady.k, steady.tokens) == (2, 2, 2, 6)
+    assert (steady.verified_drafts, steady.accepted) == (4, 2)
+    assert steady.pure_decode_k() == 2
+    assert mixed.requests == 4 and mixed.new_requests == 1 and mixed.prefill_tokens == 20
+    assert mixed.pure_decode_k() == -1
+    cost, timed = reader.recording_cost_us()
+    assert timed == 4 and 0 < cost < 1000
+
+
+def test_a_broken_step_log_switches_itself_off_and_the_engine_goes_on(logging_scheduler):
+    scheduler, _ = logging_scheduler
+    scheduler._tabletune_steps.close()  # every later append raises
+    assert scheduler.update_from_output(_output(2, 2, 2), None) == {}
+    assert scheduler._tabletune_steps is None
+    assert scheduler.update_from_output(_output(2, 2, 2), None) == {}

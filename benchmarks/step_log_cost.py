@@ -1,0 +1,95 @@
+"""What the step log costs the engine per step, measured inside the engine (target: <= 5 us at
+B = 128).
+
+    .venv/bin/python benchmarks/step_log_cost.py                 # writes the results JSON
+    .venv/bin/python benchmarks/step_log_cost.py --batch-size 128 --max-tokens 48 --out /tmp/x.json
+
+Starts one real vLLM server (the embedded CPU pair, or ``--model``/``--drafter`` on a GPU) with
+TableTune's scheduler and the step log on, pins k, sends ``--batch-size`` requests at once and
+lets them decode together. The scheduler times its own step-log hook (perf_counter_ns around
+building and writing the record, the ``make_stats`` capture excluded: one attribute store) and
+the log keeps the total; the figure is that total over the steps it timed, read from the log's
+header. The pure decode steps at B of the same run give the step time the cost is a share of.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+RESULTS = Path(__file__).parent / "results" / "step_log_cost.json"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--max-tokens", type=int, default=48)
+    p.add_argument("--k", type=int, default=2)
+    p.add_argument("--model")
+    p.add_argument("--drafter")
+    p.add_argument("--method", default="draft_model")
+    p.add_argument("--out", type=Path, default=RESULTS)
+    args = p.parse_args(argv)
+
+    from tabletune.core.vllm_contract import CONTROL_FILE_ENV, SCHEDULER_CLS, write_control
+    from tabletune.engine.client import run_batch
+    from tabletune.engine.model_pair import synthetic_prompts
+    from tabletune.engine.server import VllmServer, speculative_config
+    from tabletune.engine.spec import EngineSpec
+    from tabletune.tuner.profiler import table_with_every_length
+
+    b = args.batch_size
+    if args.model:
+        spec = EngineSpec(model=args.model, drafter=args.drafter, method=args.method,
+                          device="cuda", dtype="auto", max_k=max(args.k, 1), max_num_seqs=b)
+    else:
+        spec = EngineSpec.embedded_default(max_k=max(args.k, 1), max_num_seqs=b)
+    work = Path(tempfile.mkdtemp(prefix="tabletune-steplog-"))
+    control = work / "control.json"
+    write_control(control, force_k=args.k)
+    server = VllmServer(spec, speculative=speculative_config(
+        spec, table_with_every_length(spec.max_k, max(b, 2))), log_path=work / "server.log",
+        extra_env={CONTROL_FILE_ENV: str(control)},
+        extra_args=("--scheduler-cls", SCHEDULER_CLS), step_log=True)
+    prompts = synthetic_prompts(b)
+    with server:
+        run_batch(server.base_url, spec.served_model_name, prompts[:4], max_tokens=4)
+        reader = server.step_log()
+        cost_before, timed_before = reader.recording_cost_us()
+        start = reader.position()
+        t0 = time.perf_counter()
+        run_batch(server.base_url, spec.served_model_name, prompts, max_tokens=args.max_tokens)
+        wall = time.perf_counter() - t0
+        cost_after, timed_after = reader.recording_cost_us()
+        steps, lost = reader.since(start)
+    timed = timed_after - timed_before
+    cost_us = (cost_after * timed_after - cost_before * timed_before) / timed
+    decode = [s.period_ms for s in steps if s.requests == b and s.pure_decode_k() == args.k]
+    step_ms = statistics.median(decode) if decode else None
+    result = {
+        "command": "python " + " ".join([Path(__file__).as_posix()] + (argv or sys.argv[1:])),
+        "what": "mean us TableTune's scheduler spent building and writing one step-log record "
+                "(timed inside the engine process), over the steps of one batch",
+        "batch_size": b, "k": args.k, "device": spec.device, "model": spec.model,
+        "steps_timed": timed, "cost_us_per_step": round(cost_us, 3),
+        "pure_decode_steps_at_b": len(decode),
+        "median_step_ms_at_b": step_ms,
+        "cost_share_of_step": (cost_us / 1000.0 / step_ms) if step_ms else None,
+        "records_lost": lost, "wall_s": round(wall, 2),
+        "machine": platform.machine(), "python": platform.python_version(),
+        "date": time.strftime("%Y-%m-%d"),
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,193 @@
+"""The step log: one fixed-size record per engine step, in a ring buffer file that other
+processes read while the engine runs.
+
+TableTune's scheduler (``tabletune.vllm.scheduler``) writes it inside the engine process when
+``TABLETUNE_STEP_LOG`` names a file; the tuner, ``evaluate`` and the controller read it. A mean
+over a window (a client's (t65 - t1) / 64, a serving window's time / steps) carries every pause
+of the machine; a record per step lets the reader keep the steps it is about (pure decode steps
+at B requests and length k, or the steps that carry prefills) and take a robust statistic
+(``tabletune.core.step_stats``) with an interval.
+
+The file is a memory map: a header and ``capacity`` records. The writer fills the record at
+``count % capacity`` and then bumps ``count``; a reader that remembers a count reads the records
+since it, and learns how many the ring overwrote before it looked (it never blocks the engine,
+and the file never grows). Standard library only: it is imported inside vLLM's engine process.
+
+Each record holds only counters the scheduler has without a loop over requests (the step must
+stay cheap at B = 256): what a step was is decided by the reader (``Step.pure_decode_k``).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+from tabletune.core.atomic import atomic_replace
+
+__all__ = ["DEFAULT_CAPACITY", "Step", "StepLogReader", "StepLogWriter"]
+
+MAGIC = b"TTSTEPS1"
+VERSION = 1
+# magic, version, record size, capacity, count, ns spent recording (the writer's own cost),
+# records that paid it
+_HEADER = struct.Struct("<8sIIqqqq")
+_COUNT_AT = 24  # offset of count inside the header
+_COST_AT = 32
+# t_ns, period_ns, requests, new_requests, verifying, k, tokens, verified_drafts, accepted,
+# reserved
+_RECORD = struct.Struct("<qqiiiiiiii")
+HEADER_SIZE = 64  # _HEADER padded, so records start aligned
+DEFAULT_CAPACITY = 1 << 16  # 3 MiB; minutes of steps even at 2 ms a step
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One engine step as the scheduler saw it when its output arrived.
+
+    ``period_ns`` is the time since the previous step's output (the step period in vLLM's
+    synchronous loop and, while steps are queued back to back, in the asynchronous one); 0 for
+    the first step the log saw. ``requests`` counts every request scheduled in the step (what
+    vLLM's table lookup counts as B), ``new_requests`` those scheduled for the first time (their
+    prefill), ``verifying`` those that verified drafts, ``k`` the length drafted at the end of the
+    step, ``tokens`` all scheduled tokens, ``verified_drafts`` / ``accepted`` the draft tokens
+    verified and kept in the step (-1 when the engine gave no count).
+    """
+
+    t_ns: int
+    period_ns: int
+    requests: int
+    new_requests: int
+    verifying: int
+    k: int
+    tokens: int
+    verified_drafts: int
+    accepted: int
+
+    @property
+    def period_ms(self) -> float:
+        return self.period_ns / 1e6
+
+    @property
+    def decode_requests(self) -> int:
+        """Requests past their first step (a chunked prefill's later chunks count here)."""
+        return self.requests - self.new_requests
+
+    @property
+    def prefill_tokens(self) -> int:
+        """Tokens beyond one per decoding request and its verified drafts: the prefills'
+        (a later chunk of a chunked prefill is counted one token short)."""
+        drafts = self.verified_drafts if self.verified_drafts >= 0 else 0
+        return max(0, self.tokens - self.decode_requests - drafts)
+
+    def pure_decode_k(self) -> int:
+        """k when every request of the step decodes and verifies the k it drafts again (the
+        reject-all profile's kind of step); -1 for any other step (a prefill in it, mixed
+        lengths, the step after a change of length)."""
+        if self.requests <= 0 or self.new_requests or self.period_ns <= 0:
+            return -1
+        k = self.k
+        if self.tokens != self.requests * (1 + k):
+            return -1
+        if k == 0:
+            return 0 if self.verifying == 0 else -1
+        if self.verifying != self.requests:
+            return -1
+        if self.verified_drafts >= 0 and self.verified_drafts != self.requests * k:
+            return -1
+        return k
+
+    def carries_prefill(self) -> bool:
+        return self.new_requests > 0 or self.prefill_tokens > 0
+
+    def to_row(self) -> list[int]:
+        return [self.t_ns, self.period_ns, self.requests, self.new_requests, self.verifying,
+                self.k, self.tokens, self.verified_drafts, self.accepted]
+
+
+class StepLogWriter:
+    """The engine's side: ``append`` one record per step (a struct pack into a memory map)."""
+
+    def __init__(self, path: str | os.PathLike[str], capacity: int = DEFAULT_CAPACITY) -> None:
+        if capacity < 1:
+            raise ValueError(f"capacity: {capacity!r} must be >= 1")
+        self.path = Path(path)
+        self.capacity = capacity
+        size = HEADER_SIZE + capacity * _RECORD.size
+        # A new file each time (a reader holding the old map keeps reading the old one).
+        tmp = self.path.with_name(self.path.name + ".new")
+        with open(tmp, "wb") as f:
+            f.truncate(size)
+        atomic_replace(tmp, self.path)
+        self._file = open(self.path, "r+b")
+        self._map = mmap.mmap(self._file.fileno(), size)
+        _HEADER.pack_into(self._map, 0, MAGIC, VERSION, _RECORD.size, capacity, 0, 0, 0)
+        self.count = 0
+        self._cost_ns = 0
+        self._costed = 0
+
+    def append(self, t_ns: int, period_ns: int, requests: int, new_requests: int,
+               verifying: int, k: int, tokens: int, verified_drafts: int,
+               accepted: int) -> None:
+        slot = HEADER_SIZE + (self.count % self.capacity) * _RECORD.size
+        _RECORD.pack_into(self._map, slot, t_ns, period_ns, requests, new_requests, verifying,
+                          k, tokens, verified_drafts, accepted, 0)
+        self.count += 1
+        # Published after the record: a reader never sees a count whose record is unwritten.
+        struct.pack_into("<q", self._map, _COUNT_AT, self.count)
+
+    def add_cost(self, ns: int) -> None:
+        """What recording a step cost the engine (the scheduler times its own hook)."""
+        self._cost_ns += ns
+        self._costed += 1
+        struct.pack_into("<qq", self._map, _COST_AT, self._cost_ns, self._costed)
+
+    def close(self) -> None:
+        try:
+            self._map.close()
+        finally:
+            self._file.close()
+
+
+class StepLogReader:
+    """Any process's side: ``position()`` now, ``since(position)`` the steps written after it."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        with open(self.path, "rb") as f:
+            self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        if len(self._map) < HEADER_SIZE:
+            raise ValueError(f"{self.path}: {len(self._map)} bytes is too short for a step log")
+        magic, version, record_size, capacity, _, _, _ = _HEADER.unpack_from(self._map, 0)
+        if magic != MAGIC or version != VERSION or record_size != _RECORD.size:
+            raise ValueError(f"{self.path}: not a TableTune step log (magic {magic!r}, "
+                             f"version {version})")
+        if len(self._map) < HEADER_SIZE + capacity * record_size:
+            raise ValueError(f"{self.path}: shorter than its {capacity} records")
+        self.capacity = capacity
+
+    def position(self) -> int:
+        """Records written so far."""
+        return struct.unpack_from("<q", self._map, _COUNT_AT)[0]
+
+    def recording_cost_us(self) -> tuple[float, int]:
+        """(mean µs the engine spent recording a step, steps that were timed)."""
+        total, n = struct.unpack_from("<qq", self._map, _COST_AT)
+        return (total / n / 1e3 if n else 0.0), n
+
+    def since(self, position: int) -> tuple[list[Step], int]:
+        """(the steps written after ``position`` that the ring still holds, how many it had
+        overwritten already)."""
+        end = self.position()
+        start = max(position, end - self.capacity + 1)  # one slot of slack for a write racing
+        lost = max(0, start - position)
+        steps = []
+        for i in range(start, end):
+            slot = HEADER_SIZE + (i % self.capacity) * _RECORD.size
+            steps.append(Step(*_RECORD.unpack_from(self._map, slot)[:9]))
+        return steps, lost
+
+    def close(self) -> None:
+        self._map.close()

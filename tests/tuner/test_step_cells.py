@@ -1,0 +1,117 @@
+"""Cells and serving steps from the step log, without an engine: a profile whose cells are
+medians of single steps, and the serving step a stated workload implies from a window's steps."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tabletune.core.contracts import Profile
+from tabletune.core.step_log import Step
+from tabletune.core.workload import Workload, prefill_mix
+from tabletune.engine.window import ServingWindow
+from tabletune.tuner.profiler import ProfileSettings, RawCell, assemble_profile
+from tabletune.tuner.serving import ServingCell, StepMix, measured_for_calibration, workload_step
+
+
+def truth(b: int, k: int) -> float:
+    return 10.0 + b + 2.0 * k
+
+
+def raw_cells(pause_in=None, seed=0):
+    rng = np.random.default_rng(seed)
+    cells = []
+    for b in (1, 8):
+        for k in (0, 1, 2):
+            blocks = [list(truth(b, k) * (1 + rng.normal(0, 0.01, 64))) for _ in range(3)]
+            if (b, k) == pause_in:
+                blocks[0][3:6] = [400.0, 400.0, 400.0]  # the host paused in one repeat
+            means = [float(np.mean(x)) for x in blocks]
+            cells.append(RawCell(b, k, client_samples_ms=means,
+                                 engine_samples_ms=[float(np.median(x)) for x in blocks],
+                                 engine_steps_seen=192, step_blocks_ms=blocks))
+    return cells
+
+
+def test_cells_come_from_single_steps_with_an_interval_and_a_pause_does_not_move_them():
+    settings = ProfileSettings(batch_sizes=(1, 8), repeats=3)
+    raw = raw_cells(pause_in=(8, 1))
+    p = assemble_profile({"engine": "fake"}, 2, raw, settings)
+    assert p.meta["step_source"] == "steps"
+    assert p.meta["steps"]["total"] == 6 * 192
+    for c in p.cells:
+        assert c.source == "steps" and c.steps == 192
+        assert c.step_ms == pytest.approx(truth(c.batch_size, c.k), rel=0.005)
+        low, high = c.interval_ms
+        assert low <= c.step_ms <= high and (high - low) / c.step_ms < 0.02
+        assert not c.flagged
+    paused = p.cell(8, 1)
+    window_means = next(c for c in raw if (c.batch_size, c.k) == (8, 1)).client_samples_ms
+    assert max(window_means) > 1.3 * paused.step_ms  # a repeat's mean carried the pause
+    assert p.meta["steps"]["noise"]["pauses"] == 3
+    # The document survives its own contract (steps and interval round-trip).
+    assert Profile.from_dict(p.to_dict()).cell(8, 1).interval_ms == paused.interval_ms
+
+
+def test_too_few_steps_in_any_cell_falls_back_to_the_window_sources():
+    cells = raw_cells()
+    cells[0].step_blocks_ms = [[11.0] * 5]
+    p = assemble_profile({"engine": "fake"}, 2, cells, ProfileSettings(batch_sizes=(1, 8)))
+    assert p.meta["step_source"] in ("client", "engine")
+    assert all(c.interval_ms is None for c in p.cells)
+
+
+def step(t, period_ms, requests, new=0, k=2, prompt=30):
+    decoding = requests - new
+    tokens = decoding * (1 + k) + new * prompt
+    return Step(t_ns=t, period_ns=int(period_ms * 1e6), requests=requests, new_requests=new,
+                verifying=decoding if k else 0, k=k, tokens=tokens,
+                verified_drafts=decoding * k, accepted=decoding)
+
+
+def window(step_ms=20.0):
+    return ServingWindow(seconds=step_ms * 50 / 1000.0, steps=50, generation_tokens=400, drafts=300,
+                         accepted_per_position=(200, 120), half_step_ms=(step_ms, step_ms))
+
+
+def test_a_window_splits_into_pure_decode_and_prefill_steps_at_exactly_b():
+    steps = [step(i, 10.0, 8) for i in range(40)]
+    steps += [step(100 + i, 16.0, 8, new=1) for i in range(8)]
+    steps += [step(200, 9.0, 7)]  # B - 1: a request between finishing and the next arriving
+    mix = StepMix.from_steps(steps, 8, 2)
+    assert mix.decode.median_ms == pytest.approx(10.0) and mix.decode.steps == 40
+    assert mix.mixed.median_ms == pytest.approx(16.0) and mix.mixed.steps == 8
+    assert mix.prefills_per_mixed_step == 1.0
+    assert mix.prompt_tokens == pytest.approx(30.0)
+    assert mix.steps_at_b == 48 and mix.steps == 49
+
+
+def test_the_workload_decides_how_much_of_the_prefill_step_a_table_pays():
+    steps = [step(i, 10.0, 8) for i in range(40)] + [step(100 + i, 16.0, 8, new=1)
+                                                     for i in range(8)]
+    cell = ServingCell(8, 2, window(), StepMix.from_steps(steps, 8, 2))
+    rates = (0.8, 0.6)
+    short = workload_step(cell, Workload(32), rates)
+    long_ = workload_step(cell, Workload(2048), rates)
+    q, n = prefill_mix(8, 32, 2.4)
+    assert short["serving_step_ms"] == pytest.approx(10.0 + q * 6.0 * n)
+    assert long_["serving_step_ms"] < short["serving_step_ms"]
+    assert short["how"].startswith("median decode")
+    got = measured_for_calibration([cell], Workload(32), rates)
+    assert got[(8, 2)][0] == pytest.approx(short["step_ms"])
+
+
+def test_without_enough_pure_decode_steps_the_window_mean_stands_and_says_so():
+    steps = [step(i, 10.0, 8) for i in range(3)] + [step(100, 16.0, 8, new=1)]
+    cell = ServingCell(8, 2, window(step_ms=21.0), StepMix.from_steps(steps, 8, 2))
+    w = workload_step(cell, Workload(64), (0.8, 0.6))
+    assert w["serving_step_ms"] == pytest.approx(21.0)
+    assert w["how"].startswith("window mean")
+
+
+def test_a_handful_of_prefill_steps_is_not_taken_as_certain():
+    steps = [step(i, 10.0, 8) for i in range(40)] + [step(100, 16.0, 8, new=1)]
+    cell = ServingCell(8, 2, window(), StepMix.from_steps(steps, 8, 2))
+    w = workload_step(cell, Workload(32), (0.8, 0.6))
+    q, _ = prefill_mix(8, 32, 2.4)
+    assert w["uncertainty"] >= q * 16.0 * 0.5 / w["serving_step_ms"] * 0.99
