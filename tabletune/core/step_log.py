@@ -31,14 +31,16 @@ __all__ = ["DEFAULT_CAPACITY", "Step", "StepLogReader", "StepLogWriter"]
 
 MAGIC = b"TTSTEPS1"
 VERSION = 1
-# magic, version, record size, capacity, count, ns spent recording (the writer's own cost),
-# records that paid it
-_HEADER = struct.Struct("<8sIIqqqq")
+# magic, version, record size, capacity, count, then the writer's own cost: wall ns and thread
+# CPU ns spent recording, records that paid it
+_HEADER = struct.Struct("<8sIIqqqqq")
 _COUNT_AT = 24  # offset of count inside the header
 _COST_AT = 32
 # t_ns, period_ns, requests, new_requests, verifying, k, tokens, verified_drafts, accepted,
 # reserved
 _RECORD = struct.Struct("<qqiiiiiiii")
+_COUNT = struct.Struct("<q")
+_COST = struct.Struct("<qqq")  # wall ns, thread CPU ns, records timed
 HEADER_SIZE = 64  # _HEADER padded, so records start aligned
 DEFAULT_CAPACITY = 1 << 16  # 3 MiB; minutes of steps even at 2 ms a step
 
@@ -123,9 +125,10 @@ class StepLogWriter:
         atomic_replace(tmp, self.path)
         self._file = open(self.path, "r+b")
         self._map = mmap.mmap(self._file.fileno(), size)
-        _HEADER.pack_into(self._map, 0, MAGIC, VERSION, _RECORD.size, capacity, 0, 0, 0)
+        _HEADER.pack_into(self._map, 0, MAGIC, VERSION, _RECORD.size, capacity, 0, 0, 0, 0)
         self.count = 0
         self._cost_ns = 0
+        self._cost_cpu_ns = 0
         self._costed = 0
 
     def append(self, t_ns: int, period_ns: int, requests: int, new_requests: int,
@@ -136,13 +139,15 @@ class StepLogWriter:
                           k, tokens, verified_drafts, accepted, 0)
         self.count += 1
         # Published after the record: a reader never sees a count whose record is unwritten.
-        struct.pack_into("<q", self._map, _COUNT_AT, self.count)
+        _COUNT.pack_into(self._map, _COUNT_AT, self.count)
 
-    def add_cost(self, ns: int) -> None:
-        """What recording a step cost the engine (the scheduler times its own hook)."""
+    def add_cost(self, ns: int, cpu_ns: int = 0) -> None:
+        """What recording a step cost the engine (the scheduler times its own hook: wall
+        time, and the thread's CPU time, which a preemption of the engine does not inflate)."""
         self._cost_ns += ns
+        self._cost_cpu_ns += cpu_ns
         self._costed += 1
-        struct.pack_into("<qq", self._map, _COST_AT, self._cost_ns, self._costed)
+        _COST.pack_into(self._map, _COST_AT, self._cost_ns, self._cost_cpu_ns, self._costed)
 
     def close(self) -> None:
         try:
@@ -160,7 +165,7 @@ class StepLogReader:
             self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         if len(self._map) < HEADER_SIZE:
             raise ValueError(f"{self.path}: {len(self._map)} bytes is too short for a step log")
-        magic, version, record_size, capacity, _, _, _ = _HEADER.unpack_from(self._map, 0)
+        magic, version, record_size, capacity, *_ = _HEADER.unpack_from(self._map, 0)
         if magic != MAGIC or version != VERSION or record_size != _RECORD.size:
             raise ValueError(f"{self.path}: not a TableTune step log (magic {magic!r}, "
                              f"version {version})")
@@ -170,12 +175,12 @@ class StepLogReader:
 
     def position(self) -> int:
         """Records written so far."""
-        return struct.unpack_from("<q", self._map, _COUNT_AT)[0]
+        return _COUNT.unpack_from(self._map, _COUNT_AT)[0]
 
-    def recording_cost_us(self) -> tuple[float, int]:
-        """(mean µs the engine spent recording a step, steps that were timed)."""
-        total, n = struct.unpack_from("<qq", self._map, _COST_AT)
-        return (total / n / 1e3 if n else 0.0), n
+    def recording_cost_us(self) -> tuple[float, float, int]:
+        """(mean wall µs the engine spent recording a step, mean thread-CPU µs, steps timed)."""
+        wall, cpu, n = _COST.unpack_from(self._map, _COST_AT)
+        return (wall / n / 1e3 if n else 0.0), (cpu / n / 1e3 if n else 0.0), n
 
     def since(self, position: int) -> tuple[list[Step], int]:
         """(the steps written after ``position`` that the ring still holds, how many it had

@@ -167,22 +167,20 @@ class TableTuneScheduler(Scheduler):
 
     def _tabletune_record_step(self, now_ns: int, out) -> None:
         """One step-log record; O(1) in the batch (the counters vLLM keeps)."""
-        started = time.perf_counter_ns()
+        started, started_cpu = time.perf_counter_ns(), time.thread_time_ns()
         try:
             last, self._tabletune_last_ns = self._tabletune_last_ns, now_ns
             spec = self._tabletune_spec_stats
             verifying = len(out.scheduled_spec_decode_tokens)
             if spec is not None:
                 verified, accepted = spec.num_draft_tokens, spec.num_accepted_tokens
-            elif verifying and self.log_stats:
-                verified = accepted = 0  # drafts scheduled, none verified (placeholders only)
-            else:
+            else:  # nothing verified, or no stats from this vLLM (stats off): unknown
                 verified = accepted = 0 if not verifying else -1
             log = self._tabletune_steps
             log.append(now_ns, now_ns - last if last else 0, len(out.num_scheduled_tokens),
                        len(out.scheduled_new_reqs), verifying, out.num_spec_tokens_to_schedule,
                        out.total_num_scheduled_tokens, verified, accepted)
-            log.add_cost(time.perf_counter_ns() - started)
+            log.add_cost(time.perf_counter_ns() - started, time.thread_time_ns() - started_cpu)
         except Exception:
             logger.exception("TableTune step log failed; switched off")
             self._tabletune_steps = None
