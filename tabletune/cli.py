@@ -103,8 +103,8 @@ def add_profile_args(p: argparse.ArgumentParser) -> None:
                    default=DEFAULT_STARTUP_TIMEOUT_S,
                    help="seconds a vLLM server may take to become healthy")
     p.add_argument("--output-tokens", type=integer(2), default=None,
-                   help="tokens per request in a timing window; step = (t_N - t_1)/(N - 1) "
-                        "(default: 65 on cpu, 129 on cuda, where steps are short and noisy)")
+                   help="tokens per request in a repeat; its pure decode steps at B last "
+                        "until the first request is done (default: 65 on cpu, 129 on cuda)")
 
 
 def _profile_settings(args, spec):
@@ -116,14 +116,12 @@ def _profile_settings(args, spec):
                      startup_timeout_s=args.startup_timeout, serving=False).profile_settings
 
 
-def _run_profile(args, spec, out_dir: Path, checkpoint: Path | None = None,
-                 on_first_server_ready=None) -> Profile:
+def _run_profile(args, spec, out_dir: Path, checkpoint: Path | None = None) -> Profile:
     from tabletune.tuner.tune import measure_step_times
 
     return measure_step_times(spec, batch_sizes=_grid(args), settings=_profile_settings(args, spec),
                               checkpoint=checkpoint or out_dir / "profile.ckpt.jsonl",
-                              log_dir=out_dir / "logs", mode=args.mode,
-                              on_first_server_ready=on_first_server_ready)
+                              log_dir=out_dir / "logs", mode=args.mode)
 
 
 def _run_acceptance(args, spec, out_dir: Path) -> Acceptance:
@@ -349,7 +347,7 @@ def cmd_tune(args) -> int:
                      workload_output_tokens=args.workload_output_tokens,
                      serving_warm_up_s=args.serving_warm_up, serving_window_s=args.serving_window,
                      temperature=args.temperature, max_tokens=args.max_tokens,
-                     overlap_startups=args.overlap_startups, lengths=args.lengths,
+                     lengths=args.lengths,
                      tie_margin=args.tie_margin, table_max_batch_size=args.table_max_batch_size)
     need_prompts = reused is None or plan.serving is not None
     result = tune(spec, plan, out, prompts=prompts_from_args(args) if need_prompts else None,
@@ -358,8 +356,10 @@ def cmd_tune(args) -> int:
     profile, doc = result.profile, result.built.document
     save_json(out / "table.json", doc)
     _write_plots(out / "plots", profile, result.built.build)
-    timing = {"profile_s": round(result.profile_s, 1),
+    timing = {"startup_s": round(result.startup_s, 1),
               "acceptance_s": round(result.acceptance_s, 1),
+              "profile_s": round(result.profile_s, 1),
+              "serving_s": round(result.serving_s, 1),
               "total_s": round(time.time() - started, 1), "mode": args.mode,
               "cells": len(profile.cells), "batch_sizes": list(grid),
               "serving_windows": len(result.serving_cells)}
@@ -367,8 +367,9 @@ def cmd_tune(args) -> int:
     summary = _describe_document(doc)
     atomic_write_text(out / "summary.txt", summary + "\n")
     print(summary)
-    print(f"tune finished in {timing['total_s']:.0f} s (profile {result.profile_s:.0f} s, "
-          f"acceptance and serving {result.acceptance_s:.0f} s); files in {out}")
+    print(f"tune finished in {timing['total_s']:.0f} s (server start-up "
+          f"{result.startup_s:.0f} s, acceptance {result.acceptance_s:.0f} s, profile "
+          f"{result.profile_s:.0f} s, serving windows {result.serving_s:.0f} s); files in {out}")
     return 0
 
 
@@ -604,11 +605,11 @@ def add_tuner_parsers(sub) -> None:
     add_build_args(p)
     p.add_argument("--acceptance", type=Path, help="reuse an acceptance file instead of measuring")
     p.add_argument("--overlap-startups", action="store_true",
-                   help="start the acceptance server beside the profile's (GPU: give each a "
-                        "fixed --engine-arg=--kv-cache-memory-bytes=N)")
+                   help="no effect: a tune starts one server (kept so that older command "
+                        "lines run)")
     p.add_argument("--serving-batch-sizes", default="auto",
-                   help="batch sizes at which the acceptance run's server also times serving "
-                        "(closed loop, acceptance on) to calibrate the reject-all profile: auto "
+                   help="batch sizes at which the tune's server also times serving (closed "
+                        "loop at the workload) to calibrate the profile: auto "
                         "(4 of the grid, spread in log B), all, none, or a list of profiled "
                         "batch sizes (default: %(default)s)")
     p.add_argument("--workload-output-tokens", "--serving-output-tokens",

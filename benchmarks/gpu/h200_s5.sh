@@ -22,8 +22,9 @@ tt() { python3 -m tabletune.cli "$@"; }
 tune() {  # $1: folder name
   echo "$1 start $(date +%s)"
   # shellcheck disable=SC2046
-  tt tune $(engine 24000000000 0.45) --batch-sizes "$GRID" --overlap-startups \
+  tt tune $(engine 24000000000 0.45) --batch-sizes "$GRID" \
     --num-prompts 160 --max-tokens 128 --serving-batch-sizes 1,16,64,128,256 \
+    --serving-warm-up 1 --serving-window 2 \
     --out-dir "$WORK/$1" 2>&1 | grep -v "Iteration(" | tail -60
   echo "$1 end $(date +%s)"
 }

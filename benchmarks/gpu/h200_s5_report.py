@@ -46,9 +46,10 @@ def main(cold_dir: str, warm_dir: str) -> None:
     out = ["# Two tunes of one deployment", ""]
     out.append("| | cold | warm |")
     out.append("|---|---|---|")
-    out.append("| wall time (s) | " + " | ".join(f"{timing[n]['total_s']:.0f} (profile "
-               f"{timing[n]['profile_s']:.0f}, acceptance + serving "
-               f"{timing[n]['acceptance_s']:.0f})" for n in dirs) + " |")
+    out.append("| wall time (s) | " + " | ".join(
+        f"{timing[n]['total_s']:.0f} (start-up {timing[n].get('startup_s', 0):.0f}, acceptance "
+        f"{timing[n]['acceptance_s']:.0f}, profile {timing[n]['profile_s']:.0f}, serving "
+        f"{timing[n].get('serving_s', 0):.0f})" for n in dirs) + " |")
     out.append("| acceptance | " + " | ".join(
         " / ".join(f"{a:.3f}" for a in acc[n].rates) + f" ({acc[n].num_drafts} drafts)"
         for n in dirs) + " |")

@@ -1,12 +1,17 @@
-"""Step-time profiler: T(B, k) on vLLM's own serving path (the paper's method).
+"""Step-time profiler: T(B, k) on vLLM's own serving path, from single engine steps.
 
-For each draft length k a server runs the one-range table ``[[1, max_B, k]]`` with every draft
-rejected, so all B requests advance one token per step and finish together: the batch stays at
-B. For each B: B prompts of ~32 tokens, once for 1 output token and once for 65;
-(t65 - t1) / 64 is one step. Each repeat also reads the engine's own per-step timings
-(``--enable-logging-iteration-details``) for the steps that ran exactly B decoding requests with k
-drafts each. The cell value is the median of the repeats of whichever source was steadier across
-the whole profile — one source for all cells, so lengths are compared like with like.
+A repeat of cell (B, k) sends B prompts of ~32 tokens at once, each for ``output_tokens`` tokens,
+with k pinned (one server whose table holds every length, TableTune's scheduler pinning k
+through the control file; or, ``per-k``, the paper's one server per length). Acceptance is on,
+as in serving. TableTune's scheduler writes every engine step to the step log
+(``tabletune.core.step_log``); the repeat keeps its **pure decode steps**: exactly B requests,
+none prefilling, each verifying and drafting k — the batch held at B from its prefill until the
+first request finishes, the same steps the paper's reject-all method holds the batch for, now
+paying the work of accepted tokens as serving does, and proving the pin took effect. The cell is
+the median of every repeat's single steps pooled, with a two-level bootstrap interval
+(``core.step_stats``). The batch's wall time over its engine steps is kept as the client's
+cross-check. (Profiles without a step log — older checkpoints — fall back to the steadier of
+the per-repeat client and engine values.)
 
 Repeats are interleaved: round r times every cell once (all B and, in one-launch mode, all k)
 before round r + 1 starts, so a slow minute of the machine lands on one repeat of many cells
@@ -40,7 +45,7 @@ from tabletune.core.defaults import DEFAULT_REPEATS
 from tabletune.core.errors import (ContractError, check_dict, check_int, check_number,
                                    check_positive, check_sequence, fail)
 from tabletune.core.step_stats import estimate_step_ms
-from tabletune.core.vllm_contract import CONTROL_FILE_ENV, SCHEDULER_CLS, write_control
+from tabletune.core.vllm_contract import SCHEDULER_CLS, write_control
 from tabletune.engine.client import run_batch
 from tabletune.engine.model_pair import synthetic_prompts
 from tabletune.engine.server import EngineError, VllmServer, speculative_config
@@ -57,7 +62,8 @@ DEFAULT_MAX_SPREAD = 0.25       # (max - min) / median of a cell's repeats
 DEFAULT_REFERENCE_EVERY = 8
 DEFAULT_REFERENCE_DRIFT_BOUND = 0.10
 DEFAULT_STARTUP_TIMEOUT_S = 600.0
-# Every cell needs this many single steps in the step log before the profile is taken from it.
+# A cell with fewer single steps than this gets extra repeats, and is flagged "few-steps" if
+# they do not bring it there.
 MIN_CELL_STEPS = 20
 
 
@@ -316,7 +322,7 @@ def assemble_profile(fingerprint: dict, max_k: int, raw: Iterable[RawCell],
     named in ``meta["inconsistent"]``; ``flags`` adds others (e.g. "drift") per cell.
     """
     raw = sorted(raw, key=lambda c: (c.batch_size, c.k))
-    if raw and all(_step_count(c) >= MIN_CELL_STEPS for c in raw):
+    if raw and all(_step_count(c) > 0 for c in raw):
         return _assemble_from_steps(fingerprint, max_k, raw, settings, meta, flags)
     engine_ok = all(len(c.engine_samples_ms) >= 1 for c in raw)
     client_spread = _median([_relative_spread(c.client_samples_ms) for c in raw])
@@ -394,12 +400,14 @@ def _assemble_from_steps(fingerprint: dict, max_k: int, raw: list[RawCell],
         client = _median(c.client_samples_ms)
         spread = _relative_spread(samples)
         blocks_by_cell[(c.batch_size, c.k)] = c.step_blocks_ms
+        why = tuple((flags or {}).get((c.batch_size, c.k), ()))
+        if est.steps < MIN_CELL_STEPS:
+            why += ("few-steps",)  # its extra repeats did not bring it to MIN_CELL_STEPS
         cells.append(ProfileCell(
             batch_size=c.batch_size, k=c.k, step_ms=est.median_ms, samples_ms=tuple(samples),
             spread=spread, source="steps", flagged=spread > settings.max_spread,
             engine_step_ms=est.median_ms, client_step_ms=client if client > 0 else None,
-            flags=tuple((flags or {}).get((c.batch_size, c.k), ())),
-            steps=est.steps, interval_ms=(est.low_ms, est.high_ms)))
+            flags=why, steps=est.steps, interval_ms=(est.low_ms, est.high_ms)))
     cells, violations = _flag_inconsistent(cells)
     ratio = _median([c.step_ms / c.client_step_ms for c in cells if c.client_step_ms])
     meta = dict(meta or {})
@@ -410,11 +418,11 @@ def _assemble_from_steps(fingerprint: dict, max_k: int, raw: list[RawCell],
         "engine_to_client_ratio": ratio,
         "engine_source_rejected": None,
         "settings": _settings_dict(settings),
-        "method": ("reject-all, k per cell; step = median of the cell's single pure decode "
-                   "steps (B requests, each verifying and drafting k) from TableTune's step "
-                   "log, every repeat pooled; 90 % two-level bootstrap interval (repeats, then "
-                   "steps); lengths of one B timed one after another, their order rotated "
-                   "every round"),
+        "method": ("acceptance on, k pinned per cell; step = median of the cell's single pure "
+                   "decode steps (exactly B requests, none prefilling, each verifying and "
+                   "drafting k) from TableTune's step log, every repeat pooled; 90 % two-level "
+                   "bootstrap interval (repeats, then steps); lengths of one B timed one after "
+                   "another, their order rotated every round"),
         "steps": {
             "estimator": "median",
             "interval": "90 % two-level bootstrap (repeats, then steps within a repeat)",
@@ -447,7 +455,8 @@ def step_noise(blocks_by_cell: dict) -> dict:
 
 
 class CellTimer:
-    """Measures cells on one running server whose table pins the draft length to ``k``."""
+    """Measures cells on one running server (acceptance on, the step log on) whose draft length
+    is pinned to ``k``."""
 
     def __init__(self, server: VllmServer, model: str, prompts: Sequence[str],
                  settings: ProfileSettings) -> None:
@@ -460,34 +469,31 @@ class CellTimer:
         self.server.guarded(run_batch, self.server.base_url, self.model,
                             self.prompts[:batch_size], max_tokens=8)
 
-    def one_repeat(self, batch_size: int, k: int) -> tuple[float, float | None, int]:
+    def one_repeat(self, batch_size: int, k: int) -> tuple[float, float | None, int, list]:
+        """B requests at once for ``output_tokens`` each; the repeat's pure decode steps (exactly
+        B requests, none prefilling, each verifying and drafting k) from the step log: they run
+        from the batch's prefill until its first request finishes."""
+        reader = self.server.step_log()
+        if reader is None:
+            raise EngineError(f"{self.server.log_path}: the server keeps no step log (TableTune's "
+                              "scheduler did not open it): no step to time a cell with")
         prompts = self.prompts[:batch_size]
         n_out = self.settings.output_tokens
-        short = self.server.guarded(run_batch, self.server.base_url, self.model, prompts,
-                                    max_tokens=1, temperature=self.settings.temperature)
-        reader = self.server.step_log()
-        position = reader.position() if reader is not None else 0
-        offset = self.server.log_size()
-        long = self.server.guarded(run_batch, self.server.base_url, self.model, prompts,
-                                   max_tokens=n_out, temperature=self.settings.temperature)
+        position = reader.position()
+        batch = self.server.guarded(run_batch, self.server.base_url, self.model, prompts,
+                                    max_tokens=n_out, temperature=self.settings.temperature)
         self.server.check_alive()
-        if any(t != n_out for t in long.completion_tokens):
+        if any(t != n_out for t in batch.completion_tokens):
             raise EngineError(f"asked for {n_out} tokens per request at B={batch_size}, k={k}, "
-                              f"got {sorted(set(long.completion_tokens))}")
-        client_ms = (long.wall_s - short.wall_s) / (n_out - 1) * 1000.0
-        if reader is not None:
-            # Pure decode steps at exactly B requests, each verifying and drafting k: the steps
-            # the profile is about; the prefill step and any step of another length left out.
-            records, _lost = reader.since(position)
-            periods = [round(st.period_ms, 4) for st in records
-                       if st.requests == batch_size and st.pure_decode_k() == k]
-            return client_ms, (_median(periods) if periods else None), len(periods), periods
-        # No step log: the engine's own per-step log lines, the same selection.
-        steps = [it.elapsed_ms for it in self.server.iterations_since(offset)
-                 if it.context_requests == 0 and it.generation_requests == batch_size
-                 and it.generation_tokens == batch_size * (1 + k)]
-        engine_ms = _median(steps) if steps else None
-        return client_ms, engine_ms, len(steps), None
+                              f"got {sorted(set(batch.completion_tokens))}")
+        records, _lost = reader.since(position)
+        periods = [round(st.period_ms, 4) for st in records
+                   if st.requests == batch_size and st.pure_decode_k() == k]
+        # The client's view, kept as a cross-check: the batch's wall time over the engine steps
+        # it took (its prefill and its ramp-down included: a window's mean, not a cell value).
+        steps = sum(1 for st in records if st.requests > 0)
+        client_ms = batch.wall_s * 1000.0 / max(steps, 1)
+        return client_ms, (_median(periods) if periods else None), len(periods), periods
 
 
 # client ms, engine ms (None: no steps seen), steps seen, the single steps (None: no step log;
@@ -499,9 +505,9 @@ class RoundRobin:
     """The drift-proof schedule, apart from any engine: ``measure(B, k)`` times one repeat and
     ``pin(k)`` makes the next repeats run at length k (both given by the caller).
 
-    Repeats are timed lowest-count first over the grid (k-major, so one-launch pins change once
-    per round), and held back from ``checkpoint`` until the reference cell has been re-timed
-    and found where it was; see the module docstring.
+    Repeats are timed lowest-count first over the grid (B-major, the lengths of one B back to
+    back), and held back from ``checkpoint`` until the reference cell has been re-timed and
+    found where it was; see the module docstring.
     """
 
     def __init__(self, checkpoint, settings: ProfileSettings, *,
@@ -697,7 +703,11 @@ class RoundRobin:
 
 
 def _steady(cell: RawCell, max_spread: float) -> bool:
-    """One steady timing source suffices."""
+    """One steady timing source suffices; a cell timed from the step log also needs
+    MIN_CELL_STEPS single steps."""
+    if cell.step_blocks_ms:
+        return (_step_count(cell) >= MIN_CELL_STEPS
+                and _relative_spread(cell.engine_samples_ms) <= max_spread)
     engine = (_relative_spread(cell.engine_samples_ms)
               if len(cell.engine_samples_ms) == len(cell.client_samples_ms) else float("inf"))
     return min(_relative_spread(cell.client_samples_ms), engine) <= max_spread
@@ -715,7 +725,8 @@ def run_schedule(rr: RoundRobin, keys: Sequence[tuple[int, int]], settings: Prof
             break
         if rr.progress is not None:
             rr.progress.more(len(noisy), f"one more repeat of {len(noisy)} cells whose spread "
-                             f"is above {settings.max_spread:.0%}")
+                             f"is above {settings.max_spread:.0%} or that have fewer than "
+                             f"{MIN_CELL_STEPS} single steps")
         rr.run(noisy)
     if not repair:
         return
@@ -741,17 +752,15 @@ def profile_step_times(spec: EngineSpec, *, batch_sizes: Sequence[int], checkpoi
                        repeats: int = DEFAULT_REPEATS, settings: ProfileSettings | None = None,
                        prompts: Sequence[str] | None = None, log_dir: Path | None = None,
                        progress: bool = True, mode: str = "one-launch",
-                       on_first_server_ready: Callable[[], None] | None = None) -> Profile:
+                       server: "tuple[VllmServer, Path] | None" = None) -> Profile:
     """Measure T(B, k) for every B in ``batch_sizes`` and k in 0..spec.max_k.
 
-    ``mode="per-k"`` is the paper's method, one server per length with the table
-    ``[[1, max_B, k]]``. ``mode="one-launch"`` starts one server whose table holds every length
-    and pins k per phase through TableTune's scheduler (``force_k``): the same serving path and
-    the same allocated drafter, without K server start-ups.
-
-    ``on_first_server_ready`` runs once, after the first server is up and before any cell is
-    timed (``tune`` measures acceptance on a server it started side by side there, so that
-    run never overlaps a timing window).
+    ``mode="one-launch"``: one server whose table holds every length, k pinned per repeat
+    through TableTune's scheduler (``force_k``) — ``server`` (a ready tune server and its control
+    file, ``tuner.serving.launch_tune_server``) when the tune has one up, else one started here
+    and stopped at the end. ``mode="per-k"`` is the paper's method, one server per length with
+    the table ``[[1, max_B, k]]``. Acceptance is on in both: a cell is the pure decode steps of
+    its batch before the first request finishes.
     """
     if mode not in PROFILE_MODES:
         raise ValueError(f"mode: {mode!r} is not one of {PROFILE_MODES}")
@@ -777,18 +786,15 @@ def profile_step_times(spec: EngineSpec, *, batch_sizes: Sequence[int], checkpoi
                  "server log under %s)", mode, cells, settings.repeats, todo, log_dir)
     started = time.time()
     try:
-        for phase, server, pin in _servers_per_length(run_spec, lengths, settings, ckpt,
-                                                       log_dir, mode):
+        for phase, running, pin in _servers_per_length(run_spec, lengths, settings, ckpt,
+                                                        log_dir, mode, server):
             if progress and todo:
                 log.info("profile: server up after %.0f s; timing k = %s",
-                         server.startup_s or 0, ", ".join(map(str, phase)))
+                         running.startup_s or 0, ", ".join(map(str, phase)))
                 if bar is None:  # created once a server is up: no bar sits at 0 meanwhile
                     bar = rr.progress = ProfileProgress(todo)
-            if on_first_server_ready is not None:
-                on_first_server_ready()
-                on_first_server_ready = None
             keys = [(b, k) for k in phase for b in settings.batch_sizes]
-            timer = CellTimer(server, run_spec.served_model_name, prompts, settings)
+            timer = CellTimer(running, run_spec.served_model_name, prompts, settings)
             for k in phase:
                 pin(k)
                 timer.warm_up(max(settings.batch_sizes))
@@ -816,11 +822,12 @@ def table_with_every_length(max_k: int, max_batch_size: int) -> list[list[int]]:
     return ranges
 
 
-def _servers_per_length(spec, lengths, settings, ckpt, log_dir, mode):
+def _servers_per_length(spec, lengths, settings, ckpt, log_dir, mode, given=None):
     """Yield (lengths on it, running server, pin(k)) for what still has repeats to time.
 
-    One-launch: one server for every length, pinned per repeat through the control file.
-    Per-k: one server per length, its table pinned to it.
+    One-launch: one server for every length (``given``, or the tune's kind of server started
+    here), pinned per repeat through the control file. Per-k: one server per length, its table
+    pinned to it. Every server runs TableTune's scheduler with the step log on.
     """
     def unfinished(k):
         return any(len(ckpt.cells[(b, k)].client_samples_ms) < settings.repeats
@@ -832,27 +839,31 @@ def _servers_per_length(spec, lengths, settings, ckpt, log_dir, mode):
     max_b = max(settings.batch_sizes)
     if mode == "per-k":
         for k in pending:
-            server = VllmServer(spec, speculative=speculative_config(
-                spec, [[1, max_b, k]], reject_all=True), reject_all=True,
-                log_path=log_dir / f"profile-k{k}.log",
-                startup_timeout_s=settings.startup_timeout_s,
-                extra_args=("--scheduler-cls", SCHEDULER_CLS), step_log=True)
+            server = VllmServer(spec, speculative=speculative_config(spec, [[1, max_b, k]]),
+                                log_path=log_dir / f"profile-k{k}.log",
+                                startup_timeout_s=settings.startup_timeout_s,
+                                extra_args=("--scheduler-cls", SCHEDULER_CLS), step_log=True)
             with server:
                 yield (k,), server, lambda _k: None
         return
-    control = log_dir / "control.json"
-    log_dir.mkdir(parents=True, exist_ok=True)
-    _write_control(control, None)
-    server = VllmServer(
-        spec, speculative=speculative_config(spec, table_with_every_length(spec.max_k, max_b),
-                                             reject_all=True),
-        reject_all=True, log_path=log_dir / "profile-one-launch.log",
-        startup_timeout_s=settings.startup_timeout_s,
-        extra_env={CONTROL_FILE_ENV: str(control)},
-        extra_args=("--scheduler-cls", SCHEDULER_CLS), step_log=True)
-    with server:
-        # Every length, also finished ones: the repair step may time any of them again.
+    # Every length, also finished ones: the repair step may time any of them again.
+    if given is not None:
+        server, control = given
+        try:
+            yield tuple(lengths), server, lambda k: _write_control(control, k)
+        finally:
+            _write_control(control, None)
+        return
+    from tabletune.tuner.serving import launch_tune_server
+
+    server, control = launch_tune_server(spec, max_batch_size=max_b, log_dir=log_dir,
+                                         startup_timeout_s=settings.startup_timeout_s,
+                                         name="profile")
+    try:
+        server.wait_ready()
         yield tuple(lengths), server, lambda k: _write_control(control, k)
+    finally:
+        server.stop()
 
 
 def _write_control(path: Path, force_k: int | None) -> None:

@@ -1,20 +1,21 @@
-"""Step times as serving pays them: closed-loop windows on the acceptance run's server.
+"""Step times as serving pays them: closed-loop windows on the tune's one server.
 
-The reject-all profile (``profiler.py``) holds the batch at B by rejecting every draft, so it
-cannot see what serving pays on top: the work that grows with accepted tokens, the prefills of
-requests that arrive while others decode, the scheduler's and detokenizer's work per token. On
-the H200 (vLLM 0.26, V2, EAGLE-3) serving steps were 5-8 % slower than the profile at B = 1 and
-24-33 % slower at B = 128, by a different factor per length: enough to flip the table's k.
+The profile (``profiler.py``) times pure decode steps with the batch held at B, so it cannot see
+what serving pays on top: the prefills of requests that arrive while others decode (and, on a
+GPU, the steps those prefills push off the captured CUDA graphs), the scheduler's and
+detokenizer's work per request. How much of that a table pays depends on the traffic
+(``tabletune.core.workload``).
 
-So the acceptance run's server is one whose vLLM table holds every length (TableTune's
-scheduler pins k through its control file, as on the profile's server) with acceptance on, and
-after acceptance at K it times a closed-loop window per (B, k) on a few of the profiled batch
-sizes: B clients keep one request each in flight (output lengths spread evenly around the
-serving length, so requests finish one by one and the batch holds a steady mix of prefills), and
-vLLM's own step counter over the steady window gives the serving step time
-(``tabletune.engine.window``). ``tabletune.core.calibration`` turns serving / reject-all into a
-factor per cell and applies it to the profile. One server launch (the acceptance run's), no
-extra start-up.
+So on the tune's one server (every length in vLLM's table, TableTune's scheduler pinning k
+through the control file, acceptance on, the step log on: ``launch_tune_server``), after
+acceptance at K and the profile, a closed-loop window is timed per (B, k) on a few of the
+profiled batch sizes: B clients keep one request each in flight, output lengths spread evenly
+around the workload's (so requests finish one by one and the batch holds the workload's mix of
+prefills). The window's single steps at exactly B requests (the step log) give its median pure
+decode step and its median prefill-carrying step; ``workload_step`` mixes them as the stated
+workload does; ``tabletune.core.calibration`` turns that over the profile's own step into a
+factor per cell and applies it. vLLM's step counter over the window (``tabletune.engine.window``)
+stays as the fallback and the cross-check.
 """
 
 from __future__ import annotations
@@ -131,26 +132,35 @@ def _window_steps(server: VllmServer, position: int, result) -> list[Step] | Non
     return [s for s in records if opened <= s.t_ns <= closed]
 
 
-def launch_serving_server(spec: EngineSpec, *, max_batch_size: int, log_dir: Path,
-                          startup_timeout_s: float = 600.0) -> tuple[VllmServer, Path]:
-    """Start (without waiting) the acceptance and serving-calibration server: every length in
-    vLLM's table, acceptance on, k pinned through a control file. Returns it and the file."""
+def launch_tune_server(spec: EngineSpec, *, max_batch_size: int, log_dir: Path,
+                       startup_timeout_s: float = 600.0, name: str = "tune"
+                       ) -> tuple[VllmServer, Path]:
+    """Start (without waiting) the one server a tune measures on: every length in vLLM's table,
+    acceptance on, k pinned per phase through a control file (``logs/control.json``), the step
+    log on (``logs/<name>.steps``). Acceptance, the profile's cells and the serving windows
+    all run on it. Returns it and the control file."""
     from tabletune.tuner.profiler import table_with_every_length
 
     log_dir = Path(log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
-    control = log_dir / "serving-control.json"
+    control = log_dir / "control.json"
     write_control(control)
     run_spec = spec.with_(max_num_seqs=max(spec.max_num_seqs, max_batch_size))
     server = VllmServer(
         run_spec, speculative=speculative_config(
             run_spec, table_with_every_length(run_spec.max_k, max(max_batch_size, 2))),
-        log_path=log_dir / "acceptance.log", startup_timeout_s=startup_timeout_s,
+        log_path=log_dir / f"{name}.log", startup_timeout_s=startup_timeout_s,
         extra_env={CONTROL_FILE_ENV: str(control)},
         extra_args=("--scheduler-cls", SCHEDULER_CLS), step_log=True)
-    log.info("acceptance: starting vLLM (%s, every length 0..%d pinned per phase); its log: %s",
+    log.info("tune: starting vLLM (%s, every length 0..%d pinned per phase); its log: %s",
              spec.model, spec.max_k, server.log_path)
     return server.launch(), control
+
+
+def wait_for(server: VllmServer) -> None:
+    log.info("tune: waiting for the server to start (up to %.0f s)", server.startup_timeout_s)
+    server.wait_ready()
+    log.info("tune: server ready after %.0f s", server.startup_s or 0.0)
 
 
 def measure_serving(server: VllmServer, control: Path, prompts: Sequence[str], *,
@@ -281,47 +291,38 @@ def measured_for_calibration(cells: Sequence[ServingCell], workload: Workload | 
     return out
 
 
-def acceptance_and_serving(server: VllmServer, control: Path, prompts: Sequence[str], *,
-                           measure_acceptance: bool, plan: ServingPlan | None,
-                           temperature: float, max_tokens: int):
-    """Wait for a launched serving server, measure acceptance at K (pinned) and then the
-    serving windows of ``plan``, stop the server (also on failure).
-
-    Returns (Acceptance or None, [ServingCell]).
-    """
+def acceptance_pinned(server: VllmServer, control: Path, prompts: Sequence[str], *,
+                      temperature: float, max_tokens: int):
+    """a_1..a_K from vLLM's counters with K pinned on a ready tune server."""
     from tabletune.tuner.acceptance import measure_acceptance_on, with_provenance
 
     spec = server.spec
-    acc = None
-    cells: list[ServingCell] = []
-    try:
-        log.info("acceptance: waiting for the server to start (up to %.0f s)",
-                 server.startup_timeout_s)
-        server.wait_ready()
-        log.info("acceptance: server ready after %.0f s", server.startup_s or 0.0)
-        if measure_acceptance:
-            write_control(control, force_k=spec.max_k)
-            acc = measure_acceptance_on(server, prompts, max_k=spec.max_k,
-                                        temperature=temperature, max_tokens=max_tokens)
-            log.info("acceptance: a_1..a_%d = %s from %d drafts", len(acc.rates),
-                     ", ".join(f"{a:.3f}" for a in acc.rates), acc.num_drafts)
-        if plan is not None:
-            n = len(plan.batch_sizes) * (spec.max_k + 1)
-            log.info("serving: %d closed-loop windows (B %s x k 0..%d, %g s warm-up + %g s "
-                     "each, output %d tokens on average)", n, list(plan.batch_sizes),
-                     spec.max_k, plan.warm_up_s, plan.window_s, plan.output_tokens)
+    write_control(control, force_k=spec.max_k)
+    acc = measure_acceptance_on(server, prompts, max_k=spec.max_k, temperature=temperature,
+                                max_tokens=max_tokens)
+    write_control(control)
+    log.info("acceptance: a_1..a_%d = %s from %d drafts", len(acc.rates),
+             ", ".join(f"{a:.3f}" for a in acc.rates), acc.num_drafts)
+    return with_provenance(acc, spec)
 
-            cells.extend(measure_serving(
-                server, control, prompts, batch_sizes=plan.batch_sizes,
-                lengths=range(spec.max_k + 1), output_tokens=plan.output_tokens,
-                temperature=temperature, warm_up_s=plan.warm_up_s, window_s=plan.window_s,
-                progress=lambda done, total: log.info("serving: %d/%d windows", done, total)))
-            for c in cells:
-                log.info("serving: B=%d k=%d %.2f ms a step (%d steps, %.0f tokens a step)",
-                         c.batch_size, c.k, c.window.step_ms, c.window.steps,
-                         c.window.tokens_per_step)
-    finally:
-        server.stop()
-    if acc is not None:
-        acc = with_provenance(acc, spec)
-    return acc, cells
+
+def serving_windows(server: VllmServer, control: Path, prompts: Sequence[str], *,
+                    plan: ServingPlan, temperature: float) -> list[ServingCell]:
+    """The serving windows of ``plan`` on a ready tune server, every length."""
+    spec = server.spec
+    n = len(plan.batch_sizes) * (spec.max_k + 1)
+    log.info("serving: %d closed-loop windows (B %s x k 0..%d, %g s warm-up + %g s each, "
+             "output %d tokens on average)", n, list(plan.batch_sizes), spec.max_k,
+             plan.warm_up_s, plan.window_s, plan.output_tokens)
+    cells = measure_serving(
+        server, control, prompts, batch_sizes=plan.batch_sizes, lengths=range(spec.max_k + 1),
+        output_tokens=plan.output_tokens, temperature=temperature, warm_up_s=plan.warm_up_s,
+        window_s=plan.window_s,
+        progress=lambda done, total: log.info("serving: %d/%d windows", done, total))
+    for c in cells:
+        decode = c.steps.decode if c.steps is not None else None
+        log.info("serving: B=%d k=%d %.2f ms a step (%d steps, %.0f tokens a step%s)",
+                 c.batch_size, c.k, c.window.step_ms, c.window.steps, c.window.tokens_per_step,
+                 f"; pure decode median {decode.median_ms:.2f} ms of {decode.steps}"
+                 if decode is not None else "")
+    return cells

@@ -1,26 +1,27 @@
-"""The tune, in one place: step times, acceptance with the serving calibration, the table.
+"""The tune, in one place: acceptance, step times, the serving calibration, the table.
 
-``tabletune tune`` (``tabletune/cli.py``) checks its options, turns them into a ``TunePlan`` and
-calls ``tune``; ``tabletune profile`` / ``acceptance`` and the pipeline's measuring tasks
-(``tabletune.pipeline.flows.profile_deployment`` / ``measure_acceptance``) call the two steps it
-is made of, ``measure_step_times`` and ``measure_acceptance``. Each step is one call into the
-module that does the work (``profiler``, ``acceptance``, ``serving``; the table is the core's
+``tabletune tune`` (``tabletune/cli.py``) checks its options, turns them into a ``TunePlan``
+(``tune_plan``, which the pipeline's re-profile calls too) and calls ``tune``; ``tabletune
+profile`` / ``acceptance`` and the weekly refresh call the steps it is made of,
+``measure_step_times`` and ``measure_acceptance``. Each step is one call into the module that
+does the work (``profiler``, ``acceptance``, ``serving``; the table is the core's
 ``build_document``), so following a tune's options never leaves this file for the engine.
 
-The order ``tune`` runs in, and why:
+One server launch (``serving.launch_tune_server``: every length in vLLM's table, k pinned per
+phase, acceptance on, the step log on), and on it, in this order:
 
-1. With ``overlap_startups`` the acceptance server starts beside the profile's and is measured
-   once both are up and before any cell is timed, so the two never share a timing window.
-2. The reject-all profile (``profile.json`` is written as soon as it exists: a crash after it
-   keeps it).
-3. Acceptance at K, then the serving windows, on one server (unless acceptance is reused and the
-   calibration is off), at the stated workload's output length.
-4. The serving calibration rewrites ``profile.json`` (T = factor x reject-all): per measured
-   cell the step the stated workload pays per token of goodput, from the window's single steps
-   (``tuner.serving.workload_step``, ``core.workload``).
+1. acceptance at K (unless reused): written to ``acceptance.json`` at once;
+2. the profile: pure decode steps per (B, k) (``profile.json`` is written as soon as it exists:
+   a crash after it keeps it);
+3. the serving windows at the stated workload's output length;
+4. the serving calibration rewrites ``profile.json`` (T = factor x the profile's step): per
+   measured cell the step the stated workload pays per token of goodput, from the window's single
+   steps (``tuner.serving.workload_step``, ``core.workload``);
 5. ``build_document`` chooses the table from the calibrated profile.
 
-Writing the table, plots and summary is the CLI's: ``tune`` returns what they are made from.
+``mode="per-k"`` (the paper's method) profiles on one server per length first and then starts
+the tune server for the rest. Writing the table, plots and summary is the CLI's: ``tune``
+returns what they are made from.
 """
 
 from __future__ import annotations
@@ -51,45 +52,48 @@ def acceptance_spec(spec: EngineSpec) -> EngineSpec:
 def measure_step_times(spec: EngineSpec, *, batch_sizes: Sequence[int], checkpoint: Path,
                        settings: Any = None, repeats: int | None = None,
                        log_dir: Path | None = None, mode: str = "one-launch",
-                       on_first_server_ready: Callable[[], None] | None = None) -> Profile:
+                       server: Any = None) -> Profile:
     """T(B, k) for every B in ``batch_sizes`` and k in 0..K on ``spec``'s engine, with room for
-    the largest batch (``tabletune.tuner.profiler.profile_step_times``)."""
+    the largest batch (``tabletune.tuner.profiler.profile_step_times``); ``server``: a ready
+    tune server and its control file to measure on."""
     from tabletune.tuner import profiler
 
     extra: dict[str, Any] = {} if repeats is None else {"repeats": repeats}
     grid = list(batch_sizes)
     return profiler.profile_step_times(
         spec.with_(max_num_seqs=max(spec.max_num_seqs, max(grid))), batch_sizes=grid,
-        settings=settings, checkpoint=checkpoint, log_dir=log_dir, mode=mode,
-        on_first_server_ready=on_first_server_ready, **extra)
+        settings=settings, checkpoint=checkpoint, log_dir=log_dir, mode=mode, server=server,
+        **extra)
 
 
 def measure_acceptance(spec: EngineSpec, prompts: Sequence[str], *, temperature: float,
                        max_tokens: int, log_dir: Path | None = None,
                        startup_timeout_s: float = 600.0) -> Acceptance:
-    """a_1..a_K from vLLM's counters at K, on the server ``tune`` measures acceptance on
-    (every length in its table, K pinned: ``tuner.serving.launch_serving_server``), so
-    ``tabletune acceptance`` and the weekly refresh measure what a tune measures."""
+    """a_1..a_K from vLLM's counters at K, on the server a tune measures acceptance on
+    (``tuner.serving.launch_tune_server``, K pinned), so ``tabletune acceptance`` and the
+    weekly refresh measure what a tune measures."""
     import tempfile
 
     from tabletune.tuner.acceptance import check_acceptance_inputs
-    from tabletune.tuner.serving import acceptance_and_serving, launch_serving_server
+    from tabletune.tuner.serving import acceptance_pinned, launch_tune_server, wait_for
 
     check_acceptance_inputs(prompts, temperature)
     run_spec = acceptance_spec(spec)
     with tempfile.TemporaryDirectory(prefix="tabletune-acceptance-") as scratch:
-        server, control = launch_serving_server(
+        server, control = launch_tune_server(
             run_spec, max_batch_size=run_spec.max_num_seqs,
             log_dir=Path(log_dir) if log_dir is not None else Path(scratch),
-            startup_timeout_s=startup_timeout_s)
-        acc, _ = acceptance_and_serving(server, control, prompts, measure_acceptance=True,
-                                        plan=None, temperature=temperature,
-                                        max_tokens=max_tokens)
-    return acc
+            startup_timeout_s=startup_timeout_s, name="acceptance")
+        try:
+            wait_for(server)
+            return acceptance_pinned(server, control, prompts, temperature=temperature,
+                                     max_tokens=max_tokens)
+        finally:
+            server.stop()
 
 
-# The profile's timing requests (tokens each; step = (t_N - t_1) / (N - 1) for the client's
-# cross-check): on a GPU steps are short and a longer request gives more steps per repeat.
+# Tokens a request of a profile repeat asks for. Acceptance is on, so a repeat's pure decode
+# steps at B end when its first request is done: ~N / (1 + a_1 + .. + a_k) of them, ~N at k = 0.
 PROFILE_OUTPUT_TOKENS = {"cuda": 129, "cpu": 65}
 # The workload a tune states when the user states none: chat-length answers on a GPU; on the
 # CPU build (the embedded toy pair, minutes per tune) the acceptance run's length.
@@ -103,7 +107,7 @@ def tune_plan(spec: EngineSpec, batch_sizes: Sequence[int], *, repeats: int | No
               serving_batch_sizes: Sequence[int] | None = None, serving: bool = True,
               workload_output_tokens: int | None = None, serving_warm_up_s: float | None = None,
               serving_window_s: float | None = None, temperature: float | None = None,
-              max_tokens: int | None = None, overlap_startups: bool = False,
+              max_tokens: int | None = None,
               lengths: Sequence[int] | None = None, tie_margin: float = DEFAULT_TIE_MARGIN,
               table_max_batch_size: int | None = None) -> TunePlan:
     """The one place a tune's defaults are filled in: ``tabletune tune`` and the pipeline's
@@ -139,7 +143,6 @@ def tune_plan(spec: EngineSpec, batch_sizes: Sequence[int], *, repeats: int | No
                     temperature=DEFAULT_TEMPERATURE if temperature is None else temperature,
                     max_tokens=max_tokens or DEFAULT_MAX_TOKENS,
                     startup_timeout_s=startup_timeout_s or DEFAULT_STARTUP_TIMEOUT_S,
-                    overlap_startups=overlap_startups,
                     lengths=tuple(lengths) if lengths is not None else None,
                     tie_margin=tie_margin, table_max_batch_size=table_max_batch_size)
 
@@ -155,7 +158,6 @@ class TunePlan:
     temperature: float
     max_tokens: int
     startup_timeout_s: float
-    overlap_startups: bool = False
     lengths: tuple[int, ...] | None = None
     tie_margin: float = DEFAULT_TIE_MARGIN
     table_max_batch_size: int | None = None
@@ -163,14 +165,18 @@ class TunePlan:
 
 @dataclass(frozen=True)
 class TuneResult:
-    """A finished tune: the (calibrated) profile, the acceptance, the table built from them."""
+    """A finished tune: the (calibrated) profile, the acceptance, the table built from them,
+    and the wall time of each phase (the server's start-up, acceptance, the profile, the
+    serving windows)."""
 
     profile: Profile
     acceptance: Acceptance
     built: DocumentBuild
     serving_cells: list = field(default_factory=list)  # tabletune.tuner.serving.ServingCell
-    profile_s: float = 0.0  # wall time of the profile (without an overlapped acceptance run)
-    acceptance_s: float = 0.0  # wall time of acceptance and the serving windows
+    startup_s: float = 0.0
+    acceptance_s: float = 0.0
+    profile_s: float = 0.0
+    serving_s: float = 0.0
 
 
 def tune(spec: EngineSpec, plan: TunePlan, out_dir: Path, *, prompts: Sequence[str] | None,
@@ -178,65 +184,65 @@ def tune(spec: EngineSpec, plan: TunePlan, out_dir: Path, *, prompts: Sequence[s
          on_calibrated: Callable[[Profile], None] | None = None) -> TuneResult:
     """Run the tune ``plan`` describes on ``spec``'s engine (see the module doc for the order).
 
-    Writes ``profile.json`` and ``acceptance.json`` (unless reused) into ``out_dir`` as they
-    are measured; engine logs go to ``out_dir/logs``. ``prompts`` are needed unless acceptance
-    is reused and the calibration is off. ``started`` is when the tune began (the table's
-    ``tune_wall_s``); ``on_calibrated(profile)`` runs once the calibrated profile is written
-    (the CLI describes it there).
+    Writes ``acceptance.json`` (unless reused) and ``profile.json`` into ``out_dir`` as they
+    are measured; engine logs and step logs go to ``out_dir/logs``. ``prompts`` are needed
+    unless acceptance is reused and the calibration is off. ``started`` is when the tune began
+    (the table's ``tune_wall_s``); ``on_calibrated(profile)`` runs once the calibrated profile is
+    written (the CLI describes it there).
     """
     from tabletune.core.calibration import calibrate_profile
-    from tabletune.tuner.serving import (acceptance_and_serving, launch_serving_server,
+    from tabletune.tuner.serving import (acceptance_pinned, launch_tune_server,
                                          measured_for_calibration, measured_prompt_tokens,
-                                         workload_step)
+                                         serving_windows, wait_for, workload_step)
 
     out = Path(out_dir)
     started = time.time() if started is None else started
     grid = plan.batch_sizes
-    measured: dict[str, Any] = {}
-    # One server measures acceptance (unless reused) and then serving step times (unless off).
-    need_server = reused_acceptance is None or plan.serving is not None
     if reused_acceptance is None:
         from tabletune.tuner.acceptance import check_acceptance_inputs
 
         check_acceptance_inputs(prompts, plan.temperature)
+    acceptance = reused_acceptance
+    cells: list = []
+    times = {"startup_s": 0.0, "acceptance_s": 0.0, "profile_s": 0.0, "serving_s": 0.0}
 
-    def measure_on(server, control) -> None:
+    def profile_on(server) -> Profile:
         t = time.time()
-        acc, cells = acceptance_and_serving(server, control, prompts,
-                                            measure_acceptance=reused_acceptance is None,
-                                            plan=plan.serving, temperature=plan.temperature,
-                                            max_tokens=plan.max_tokens)
-        measured["acceptance"] = acc or reused_acceptance
-        measured["serving"] = cells
-        measured["acceptance_s"] = time.time() - t
+        measured = measure_step_times(spec, batch_sizes=grid, settings=plan.profile_settings,
+                                      checkpoint=out / "profile.ckpt.jsonl",
+                                      log_dir=out / "logs", mode=plan.mode, server=server)
+        save_json(out / "profile.json", measured)
+        times["profile_s"] += time.time() - t
+        return measured
 
-    def launch():
-        return launch_serving_server(acceptance_spec(spec), max_batch_size=max(grid),
-                                     log_dir=out / "logs",
-                                     startup_timeout_s=plan.startup_timeout_s)
-
-    t0 = time.time()
-    on_ready = None
-    if need_server and plan.overlap_startups:
-        server, control = launch()
-        on_ready = lambda: measure_on(server, control)  # noqa: E731
-    try:
-        profile = measure_step_times(spec, batch_sizes=grid, settings=plan.profile_settings,
-                                     checkpoint=out / "profile.ckpt.jsonl", log_dir=out / "logs",
-                                     mode=plan.mode, on_first_server_ready=on_ready)
-    finally:
-        if on_ready is not None and "acceptance" not in measured:
+    profile = profile_on(None) if plan.mode == "per-k" else None
+    need_server = profile is None or reused_acceptance is None or plan.serving is not None
+    if need_server:
+        t = time.time()
+        server_spec = acceptance_spec(spec).with_(
+            max_num_seqs=max(acceptance_spec(spec).max_num_seqs, max(grid)))
+        server, control = launch_tune_server(server_spec, max_batch_size=max(grid),
+                                             log_dir=out / "logs",
+                                             startup_timeout_s=plan.startup_timeout_s)
+        try:
+            wait_for(server)
+            times["startup_s"] = time.time() - t
+            if acceptance is None:
+                t = time.time()
+                acceptance = acceptance_pinned(server, control, prompts,
+                                               temperature=plan.temperature,
+                                               max_tokens=plan.max_tokens)
+                save_json(out / "acceptance.json", acceptance)
+                times["acceptance_s"] = time.time() - t
+            if profile is None:
+                profile = profile_on((server, control))
+            if plan.serving is not None:
+                t = time.time()
+                cells = serving_windows(server, control, prompts, plan=plan.serving,
+                                        temperature=plan.temperature)
+                times["serving_s"] = time.time() - t
+        finally:
             server.stop()
-    save_json(out / "profile.json", profile)
-    t_profile = time.time() - t0 - measured.get("acceptance_s", 0.0)
-    t0 = time.time()
-    if need_server and "acceptance" not in measured:
-        measure_on(*launch())
-    acceptance = measured.get("acceptance") or reused_acceptance
-    if reused_acceptance is None:
-        save_json(out / "acceptance.json", acceptance)
-    t_acceptance = time.time() - t0 + measured.get("acceptance_s", 0.0)
-    cells = measured.get("serving") or []
     if cells:
         workload = plan.serving.workload(measured_prompt_tokens(cells))
         rates = acceptance.rates[:profile.max_k]
@@ -259,4 +265,4 @@ def tune(spec: EngineSpec, plan: TunePlan, out_dir: Path, *, prompts: Sequence[s
                            tie_margin=plan.tie_margin, max_batch_size=plan.table_max_batch_size,
                            provenance={"tune_wall_s": round(time.time() - started, 1)})
     return TuneResult(profile=profile, acceptance=acceptance, built=built, serving_cells=cells,
-                      profile_s=t_profile, acceptance_s=t_acceptance)
+                      **times)

@@ -53,9 +53,14 @@ def test_cells_come_from_single_steps_with_an_interval_and_a_pause_does_not_move
     assert Profile.from_dict(p.to_dict()).cell(8, 1).interval_ms == paused.interval_ms
 
 
-def test_too_few_steps_in_any_cell_falls_back_to_the_window_sources():
+def test_a_cell_with_few_steps_is_flagged_and_one_without_any_falls_back_to_the_windows():
     cells = raw_cells()
     cells[0].step_blocks_ms = [[11.0] * 5]
+    p = assemble_profile({"engine": "fake"}, 2, cells, ProfileSettings(batch_sizes=(1, 8)))
+    assert p.meta["step_source"] == "steps"
+    few = p.cell(cells[0].batch_size, cells[0].k)
+    assert few.flagged and "few-steps" in few.flags and few.steps == 5
+    cells[0].step_blocks_ms = []  # a server without a step log, or a pin that never held
     p = assemble_profile({"engine": "fake"}, 2, cells, ProfileSettings(batch_sizes=(1, 8)))
     assert p.meta["step_source"] in ("client", "engine")
     assert all(c.interval_ms is None for c in p.cells)

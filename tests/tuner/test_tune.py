@@ -1,6 +1,6 @@
 """The tune's order (tabletune.tuner.tune) with the engine steps replaced by fakes that record
-what they were asked: profile first (written at once), then acceptance on one server, then the
-table from both."""
+what they were asked: one server, acceptance on it (written at once), the profile on the same
+server (written at once), then the table from both."""
 
 import pytest
 
@@ -13,32 +13,38 @@ from factories import make_acceptance, make_profile
 
 
 @pytest.fixture
-def fake_engine(monkeypatch):
+def fake_engine(monkeypatch, tmp_path):
     calls = []
 
-    def profile_step_times(spec, *, batch_sizes, settings, checkpoint, log_dir, mode,
-                           on_first_server_ready):
-        calls.append(("profile", spec.max_num_seqs, list(batch_sizes), mode))
-        if on_first_server_ready is not None:
-            on_first_server_ready()
-        return make_profile()
-
     class Server:
+        spec = None
+
         def stop(self):
             calls.append(("stop",))
 
-    def launch_serving_server(spec, *, max_batch_size, log_dir, startup_timeout_s):
-        calls.append(("launch", spec.max_num_seqs, max_batch_size))
-        return Server(), log_dir / "control.json"
+    server = Server()
 
-    def acceptance_and_serving(server, control, prompts, *, measure_acceptance, plan,
-                               temperature, max_tokens):
-        calls.append(("acceptance", measure_acceptance, len(prompts)))
-        return make_acceptance(), []
+    def profile_step_times(spec, *, batch_sizes, settings, checkpoint, log_dir, mode, server):
+        calls.append(("profile", spec.max_num_seqs, list(batch_sizes), mode,
+                      "on the tune's server" if server is not None else "its own servers"))
+        # acceptance.json is on disk before the profile starts
+        if (tmp_path / "acceptance.json").exists():
+            calls.append(("acceptance.json written",))
+        return make_profile()
+
+    def launch_tune_server(spec, *, max_batch_size, log_dir, startup_timeout_s):
+        calls.append(("launch", spec.max_num_seqs, max_batch_size))
+        return server, log_dir / "control.json"
+
+    def acceptance_pinned(srv, control, prompts, *, temperature, max_tokens):
+        assert srv is server
+        calls.append(("acceptance", len(prompts)))
+        return make_acceptance()
 
     monkeypatch.setattr(profiler, "profile_step_times", profile_step_times)
-    monkeypatch.setattr(serving, "launch_serving_server", launch_serving_server)
-    monkeypatch.setattr(serving, "acceptance_and_serving", acceptance_and_serving)
+    monkeypatch.setattr(serving, "launch_tune_server", launch_tune_server)
+    monkeypatch.setattr(serving, "wait_for", lambda srv: calls.append(("ready",)))
+    monkeypatch.setattr(serving, "acceptance_pinned", acceptance_pinned)
     return calls
 
 
@@ -50,27 +56,41 @@ def plan(**kw) -> TunePlan:
     return TunePlan(**values)
 
 
-@pytest.mark.parametrize("overlap", [False, True])
-def test_profile_then_acceptance_on_one_server_then_the_table(fake_engine, tmp_path, overlap):
+def test_one_server_acceptance_then_the_profile_on_it_then_the_table(fake_engine, tmp_path):
     spec = EngineSpec(model="/m", drafter="/d", max_num_seqs=16)
-    result = tune(spec, plan(overlap_startups=overlap), tmp_path, prompts=["p"] * 8)
-    steps = [c[0] for c in fake_engine]
-    assert steps == (["launch", "profile", "acceptance"] if overlap
-                     else ["profile", "launch", "acceptance"])
-    assert ("profile", 64, [1, 8, 64], "one-launch") in fake_engine  # room for the largest B
-    assert ("launch", 64, 64) in fake_engine  # the acceptance server's batch
+    result = tune(spec, plan(), tmp_path, prompts=["p"] * 8)
+    assert [c[0] for c in fake_engine] == ["launch", "ready", "acceptance", "profile",
+                                           "acceptance.json written", "stop"]
+    assert ("launch", 64, 64) in fake_engine  # room for the acceptance batch and the largest B
+    assert ("profile", 64, [1, 8, 64], "one-launch", "on the tune's server") in fake_engine
     assert load_json(tmp_path / "profile.json", "profile") == result.profile
     assert load_json(tmp_path / "acceptance.json", "acceptance") == result.acceptance
     assert result.built.document.table == result.built.build.to_document({}).table
 
 
-def test_reused_acceptance_without_calibration_starts_no_acceptance_server(fake_engine,
-                                                                           tmp_path):
+def test_per_k_profiles_on_its_own_servers_first(fake_engine, tmp_path):
+    tune(EngineSpec(model="/m", drafter="/d"), plan(mode="per-k"), tmp_path, prompts=["p"] * 8)
+    assert [c[0] for c in fake_engine] == ["profile", "launch", "ready", "acceptance", "stop"]
+    assert fake_engine[0][-1] == "its own servers"
+
+
+def test_reused_acceptance_without_calibration_measures_only_the_profile(fake_engine,
+                                                                         tmp_path):
     result = tune(EngineSpec(model="/m", drafter="/d"), plan(), tmp_path, prompts=None,
                   reused_acceptance=make_acceptance())
-    assert [c[0] for c in fake_engine] == ["profile"]
+    assert [c[0] for c in fake_engine] == ["launch", "ready", "profile", "stop"]
     assert not (tmp_path / "acceptance.json").exists()
     assert result.acceptance == make_acceptance()
+
+
+def test_the_server_is_stopped_when_a_step_fails(fake_engine, tmp_path, monkeypatch):
+    def broken(*a, **kw):
+        raise RuntimeError("engine died")
+
+    monkeypatch.setattr(profiler, "profile_step_times", broken)
+    with pytest.raises(RuntimeError, match="engine died"):
+        tune(EngineSpec(model="/m", drafter="/d"), plan(), tmp_path, prompts=["p"] * 8)
+    assert fake_engine[-1] == ("stop",)
 
 
 def test_the_acceptance_engine_always_has_room_for_its_batch():
