@@ -782,13 +782,14 @@ def profile_step_times(spec: EngineSpec, *, batch_sizes: Sequence[int], checkpoi
     rr = RoundRobin(ckpt, settings)
     cells = len(lengths) * len(settings.batch_sizes)
     if progress and todo:
-        log.info("profile: starting vLLM (%s) to time %d cells x %d repeats (%d still to time; "
-                 "server log under %s)", mode, cells, settings.repeats, todo, log_dir)
+        log.info("profile: %s to time %d cells x %d repeats (%d still to time; server log under "
+                 "%s)", "on the tune's server" if server is not None else
+                 f"starting vLLM ({mode})", cells, settings.repeats, todo, log_dir)
     started = time.time()
     try:
         for phase, running, pin in _servers_per_length(run_spec, lengths, settings, ckpt,
                                                         log_dir, mode, server):
-            if progress and todo:
+            if progress and todo and server is None:
                 log.info("profile: server up after %.0f s; timing k = %s",
                          running.startup_s or 0, ", ".join(map(str, phase)))
                 if bar is None:  # created once a server is up: no bar sits at 0 meanwhile
