@@ -162,11 +162,18 @@ def _window_timer(prompts: Sequence[str], output_tokens: int, repeats: int) -> S
             server.guarded(run_batch, server.base_url, model, prompts[:batch_size],
                            max_tokens=output_tokens)
         for _ in range(windows or repeats):
-            short = server.guarded(run_batch, server.base_url, model, prompts[:batch_size],
-                                   max_tokens=1)
-            long = server.guarded(run_batch, server.base_url, model, prompts[:batch_size],
-                                  max_tokens=output_tokens)
-            out.append((long.wall_s - short.wall_s) / (output_tokens - 1) * 1000.0)
+            # A difference of two timings: a stall of the machine inside the short batch can
+            # make it zero or negative, which is no step time; such a window is timed again
+            # (twice at most, then kept as it is).
+            for _attempt in range(3):
+                short = server.guarded(run_batch, server.base_url, model,
+                                       prompts[:batch_size], max_tokens=1)
+                long = server.guarded(run_batch, server.base_url, model, prompts[:batch_size],
+                                      max_tokens=output_tokens)
+                ms = (long.wall_s - short.wall_s) / (output_tokens - 1) * 1000.0
+                if ms > 0:
+                    break
+            out.append(ms)
         return out
 
     return timer

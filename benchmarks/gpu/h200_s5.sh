@@ -50,7 +50,7 @@ case "$1" in
       echo "--- $(date +%T)"; tail -n 3 "$WORK/job.out" | cut -c1-300
     done
     tail -n 60 "$WORK/job.out" | cut -c1-400
-    "$0" collect ;;
+    bash "$0" collect ;;
   collect)
     cp "$WORK/job.out" "$OUT/"
     grep -h "TableTune\|graph trace\|Traceback\|Error" "$WORK"/*/logs/*.log 2>/dev/null \

@@ -120,3 +120,16 @@ def test_a_handful_of_prefill_steps_is_not_taken_as_certain():
     w = workload_step(cell, Workload(32), (0.8, 0.6))
     q, _ = prefill_mix(8, 32, 2.4)
     assert w["uncertainty"] >= q * 16.0 * 0.5 / w["serving_step_ms"] * 0.99
+
+
+def test_a_closed_loop_a_few_requests_short_of_b_still_counts_at_b():
+    # c = 256: finished requests are replaced a step or two later, so most steps hold 250-255.
+    steps = [step(i, 13.0, 250 + i % 6) for i in range(60)]
+    steps += [step(100 + i, 27.0, 252, new=2) for i in range(40)]
+    steps += [step(300, 9.0, 200)]  # far below B: the loop ramping down, left out
+    mix = StepMix.from_steps(steps, 256, 2)
+    assert mix.decode.steps == 60 and mix.decode.median_ms == pytest.approx(13.0)
+    assert mix.mixed.steps == 40 and mix.prefills_per_mixed_step == 2.0
+    assert mix.steps_at_b == 100 and 250 <= mix.batch_mean <= 255
+    # below B = 20 the batch must be exactly B
+    assert StepMix.from_steps([step(i, 5.0, 15) for i in range(20)], 16, 2).decode is None
