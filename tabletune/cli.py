@@ -346,6 +346,7 @@ def cmd_tune(args) -> int:
                      serving=serving_sizes is not None,
                      workload_output_tokens=args.workload_output_tokens,
                      serving_warm_up_s=args.serving_warm_up, serving_window_s=args.serving_window,
+                     serving_rounds=args.serving_rounds,
                      temperature=args.temperature, max_tokens=args.max_tokens,
                      lengths=args.lengths,
                      tie_margin=args.tie_margin, table_max_batch_size=args.table_max_batch_size)
@@ -622,7 +623,11 @@ def add_tuner_parsers(sub) -> None:
                    help="seconds of closed-loop load before a serving window opens "
                         "(default: %(default)s)")
     p.add_argument("--serving-window", type=number(positive=True, below=3600), default=3.0,
-                   help="seconds a serving window is timed (default: %(default)s)")
+                   help="seconds each length is timed in a batch size's closed loop, in all "
+                        "(default: %(default)s)")
+    p.add_argument("--serving-rounds", type=integer(1, 100), default=3,
+                   help="turns each length takes in a closed loop, the lengths alternating "
+                        "(default: %(default)s)")
     p.add_argument("--out-dir", default="tabletune-out",
                    help="folder for profile, acceptance, table, plots and logs/")
     p.set_defaults(func=cmd_tune)

@@ -27,6 +27,9 @@ class ServingWindow:
     accepted_per_position: tuple[float, ...]
     # Step time (ms) in the window's first and second half: how steady the window was.
     half_step_ms: tuple[float, float]
+    # Draft tokens accepted in the window, where only the total is known (a window made from
+    # the step log, whose records carry no per-position counts); None otherwise.
+    accepted_tokens: float | None = None
 
     @property
     def step_ms(self) -> float:

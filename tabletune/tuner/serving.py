@@ -34,16 +34,18 @@ from tabletune.core.workload import Workload, goodput_step_ms, prefill_mix, serv
 from tabletune.engine.client import run_batch, run_load
 from tabletune.engine.server import EngineError, VllmServer, speculative_config
 from tabletune.engine.spec import EngineSpec
-from tabletune.engine.window import ServingWindow, serving_window
+from tabletune.engine.window import ServingWindow
 
 log = logging.getLogger("tabletune.serving")
 
-# Serving calibration defaults (the CLI's): closed-loop windows at this many of the profiled
-# batch sizes (spread evenly in log B, always the smallest and the largest), each after a
-# warm-up in which the first requests finish and the mix of prefills forms.
+# Serving calibration defaults (the CLI's): one closed loop at each of this many of the
+# profiled batch sizes (spread evenly in log B, always the smallest and the largest), after a
+# warm-up in which the first requests finish and the mix of prefills forms; inside it each
+# length is timed DEFAULT_SERVING_WINDOW_S seconds in all, in DEFAULT_SERVING_ROUNDS turns.
 DEFAULT_SERVING_POINTS = 4
 DEFAULT_SERVING_WARM_UP_S = 2.0
 DEFAULT_SERVING_WINDOW_S = 3.0
+DEFAULT_SERVING_ROUNDS = 3
 
 
 def serving_batch_sizes(grid: Sequence[int], points: int = DEFAULT_SERVING_POINTS) -> tuple[int, ...]:
@@ -92,20 +94,33 @@ class StepMix:
 
     @classmethod
     def from_steps(cls, steps: Sequence[Step], batch_size: int, k: int) -> StepMix:
+        """One block of steps (a window that ran at one length throughout)."""
+        return cls.from_blocks([list(steps)], batch_size, k)
+
+    @classmethod
+    def from_blocks(cls, blocks: Sequence[Sequence[Step]], batch_size: int, k: int) -> StepMix:
+        """Blocks of steps timed apart (a rotating loop's turns at length k): the medians
+        pool them, the intervals resample them (``core.step_stats``)."""
         low = batch_size - batch_band(batch_size)
-        at_b = [s for s in steps if low <= s.requests <= batch_size and s.period_ns > 0]
-        decode = [s.period_ms for s in at_b if s.pure_decode_k() == k]
-        mixed = [s for s in at_b if s.k == k and s.new_requests > 0]
-        new = sum(s.new_requests for s in mixed)
+        steps = [s for block in blocks for s in block]
+        at_b = [[s for s in block if low <= s.requests <= batch_size and s.period_ns > 0]
+                for block in blocks]
+        decode = [[s.period_ms for s in block if s.pure_decode_k() == k] for block in at_b]
+        mixed = [[s for s in block if s.k == k and s.new_requests > 0] for block in at_b]
+        n_decode = sum(map(len, decode))
+        n_mixed = sum(map(len, mixed))
+        new = sum(s.new_requests for block in mixed for s in block)
         all_new = sum(s.new_requests for s in steps)
+        kept = [s for block in at_b for s in block]
         return cls(
-            decode=estimate_step_ms([decode]) if len(decode) >= MIN_WINDOW_STEPS else None,
-            mixed=estimate_step_ms([[s.period_ms for s in mixed]]) if mixed else None,
-            prefills_per_mixed_step=new / len(mixed) if mixed else 0.0,
+            decode=estimate_step_ms(decode) if n_decode >= MIN_WINDOW_STEPS else None,
+            mixed=(estimate_step_ms([[s.period_ms for s in block] for block in mixed])
+                   if n_mixed else None),
+            prefills_per_mixed_step=new / n_mixed if n_mixed else 0.0,
             prompt_tokens=(sum(s.prefill_tokens for s in steps if s.new_requests) / all_new
                            if all_new else None),
-            steps_at_b=len(at_b), steps=len(steps),
-            batch_mean=sum(s.requests for s in at_b) / len(at_b) if at_b else 0.0)
+            steps_at_b=len(kept), steps=len(steps),
+            batch_mean=sum(s.requests for s in kept) / len(kept) if kept else 0.0)
 
     def to_dict(self) -> dict:
         return {"decode": self.decode.to_dict() if self.decode else None,
@@ -174,50 +189,128 @@ def wait_for(server: VllmServer) -> None:
     log.info("tune: server ready after %.0f s", server.startup_s or 0.0)
 
 
+def length_blocks(steps: Sequence[Step]) -> dict[int, list[list[Step]]]:
+    """A rotating loop's steps by the length each drafted, in blocks of consecutive steps (the
+    empty steps of an idle engine belong to no block)."""
+    blocks: dict[int, list[list[Step]]] = {}
+    current: list[Step] = []
+    for st in steps:
+        if not st.requests:
+            continue
+        if current and st.k != current[0].k:
+            blocks.setdefault(current[0].k, []).append(current)
+            current = []
+        current.append(st)
+    if current:
+        blocks.setdefault(current[0].k, []).append(current)
+    return blocks
+
+
+def window_from_steps(steps: Sequence[Step]) -> ServingWindow | None:
+    """A length's share of a rotating loop as a window: its steps' time over their count (the
+    fallback where too few are pure decode steps), tokens from the step log's counts."""
+    timed = [st for st in steps if st.period_ns > 0]
+    if len(timed) < 2:
+        return None
+    half = len(timed) // 2
+    first, second = timed[:half], timed[half:]
+    return ServingWindow(
+        seconds=sum(st.period_ns for st in timed) / 1e9, steps=float(len(timed)),
+        generation_tokens=float(sum(st.decode_requests + st.new_requests + max(st.accepted, 0)
+                                    for st in timed)),
+        drafts=float(sum(st.verifying for st in timed)), accepted_per_position=(),
+        half_step_ms=(sum(st.period_ns for st in first) / 1e6 / len(first),
+                      sum(st.period_ns for st in second) / 1e6 / len(second)),
+        accepted_tokens=float(sum(max(st.accepted, 0) for st in timed)))
+
+
+class _Rotation:
+    """Pins the lengths in turn, ``switch_s`` each, the order shifted by one every full turn,
+    until stopped (a thread beside the closed loop)."""
+
+    def __init__(self, control: Path, lengths: Sequence[int], switch_s: float) -> None:
+        import threading
+
+        self.control, self.lengths, self.switch_s = control, list(lengths), switch_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        turn = 0
+        while not self._stop.is_set():
+            n = len(self.lengths)
+            for i in range(n):
+                write_control(self.control, force_k=self.lengths[(i + turn) % n])
+                if self._stop.wait(self.switch_s):
+                    return
+            turn += 1
+
+    def __enter__(self) -> _Rotation:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+
 def measure_serving(server: VllmServer, control: Path, prompts: Sequence[str], *,
                     batch_sizes: Sequence[int], lengths: Sequence[int], output_tokens: int,
                     temperature: float = 0.0, warm_up_s: float = DEFAULT_SERVING_WARM_UP_S,
-                    window_s: float = DEFAULT_SERVING_WINDOW_S, seed: int = 1,
+                    window_s: float = DEFAULT_SERVING_WINDOW_S,
+                    rounds: int = DEFAULT_SERVING_ROUNDS, seed: int = 1,
                     progress: Callable[[int, int], None] | None = None) -> list[ServingCell]:
-    """A closed-loop window per (B, k): k pinned for every step, B requests in flight."""
+    """One closed loop per B (B requests in flight), every length timed inside it: k is pinned
+    in turn for ``window_s / rounds`` seconds at a time, ``rounds`` times each, so a slow
+    second of the machine lands on one block of one length and the lengths of one B see the
+    same machine. The step log splits the loop's steady window by the length each step
+    drafted (``length_blocks``); each length's blocks make its ``StepMix``."""
     low, high = max(1, output_tokens // 2), max(1, output_tokens + output_tokens // 2)
+    lengths = list(lengths)
+    switch_s = window_s / rounds
     cells: list[ServingCell] = []
     total = len(batch_sizes) * len(lengths)
+    # Every length's first steps pay one-off costs (graphs, kernels, caches), as the profile's
+    # warm-up knows: a short batch at the largest B at each length first, untimed.
     for k in lengths:
         write_control(control, force_k=k)
-        # A length's first steps pay one-off costs (graphs, kernels, caches), as the profile's
-        # warm-up knows: a short batch at the largest B first, untimed.
         server.guarded(run_batch, server.base_url, server.spec.served_model_name,
                        list(prompts)[:max(batch_sizes)], max_tokens=8, temperature=temperature)
-        for b in batch_sizes:
-            window = None
-            # A half window without a single engine step is a stall (a busy machine starving
-            # the API server), not a step time: time the window again, up to twice.
-            for _attempt in range(3):
-                reader = server.step_log()
-                position = reader.position() if reader is not None else 0
+    for b in batch_sizes:
+        by_length: dict[int, list[list[Step]]] = {}
+        # A loop whose window holds no step of some length (a busy machine starving the API
+        # server) is timed again, up to twice.
+        for _attempt in range(3):
+            reader = server.step_log()
+            if reader is None:
+                raise EngineError(f"{server.log_path}: the server keeps no step log: the "
+                                  "serving windows cannot tell the lengths apart")
+            position = reader.position()
+            with _Rotation(control, lengths, switch_s):
                 result = server.guarded(
                     run_load, server.base_url, server.spec.served_model_name, prompts,
                     concurrency=b, requests_per_worker=1, max_tokens=(low, high),
-                    temperature=temperature, window=(warm_up_s, window_s), cut_tail=True,
-                    seed=seed + len(cells))
-                window = serving_window(result, server.spec.max_k)
-                if window is not None:
-                    break
-                log.warning("serving: B=%d, k=%d: no engine step in half of the window; "
-                            "timing it again", b, k)
+                    temperature=temperature, window=(warm_up_s, window_s * len(lengths)),
+                    cut_tail=True, seed=seed + b)
+            by_length = length_blocks(_window_steps(server, position, result) or [])
+            if all(window_from_steps([st for blk in by_length.get(k, []) for st in blk])
+                   is not None for k in lengths):
+                break
+            log.warning("serving: B=%d: a length ran fewer than two steps in the window; "
+                        "timing the loop again", b)
+        for k in lengths:
+            blocks = by_length.get(k, [])
+            window = window_from_steps([st for blk in blocks for st in blk])
             if window is None:
-                raise EngineError(f"serving window B={b}, k={k}: the engine's step counter "
-                                  "(vllm:iteration_tokens_total) did not move in three tries")
-            steps = _window_steps(server, position, result)
-            cells.append(ServingCell(b, k, window, None if steps is None else
-                                     StepMix.from_steps(steps, b, k)))
+                raise EngineError(f"serving loop B={b}: length {k} ran fewer than two engine "
+                                  "steps in the window in three tries")
+            cells.append(ServingCell(b, k, window, StepMix.from_blocks(blocks, b, k)))
             if progress is not None:
                 progress(len(cells), total)
     write_control(control)
     # Let the cancelled requests of the last window drain before anything else is timed.
     time.sleep(0.5)
-    return cells
+    return sorted(cells, key=lambda c: (c.k, c.batch_size))
 
 
 @dataclass(frozen=True)
@@ -228,9 +321,10 @@ class ServingPlan:
     batch_sizes: tuple[int, ...]
     output_tokens: int
     warm_up_s: float = DEFAULT_SERVING_WARM_UP_S
-    window_s: float = DEFAULT_SERVING_WINDOW_S
+    window_s: float = DEFAULT_SERVING_WINDOW_S  # each length's time in a loop, in all
     # Where output_tokens came from: "default", "option", "records" (the stated workload).
     source: str = "default"
+    rounds: int = DEFAULT_SERVING_ROUNDS  # turns each length takes in a loop
 
     def workload(self, prompt_tokens: float | None = None) -> Workload:
         return Workload(float(self.output_tokens), prompt_tokens, self.source)
@@ -240,7 +334,8 @@ class ServingPlan:
                 "source": self.source,
                 "output_tokens_range": [max(1, self.output_tokens // 2),
                                         self.output_tokens + self.output_tokens // 2],
-                "warm_up_s": self.warm_up_s, "window_s": self.window_s}
+                "warm_up_s": self.warm_up_s, "window_s": self.window_s,
+                "rounds": self.rounds}
 
 
 def measured_prompt_tokens(cells: Sequence[ServingCell]) -> float | None:
@@ -321,15 +416,15 @@ def serving_windows(server: VllmServer, control: Path, prompts: Sequence[str], *
                     plan: ServingPlan, temperature: float) -> list[ServingCell]:
     """The serving windows of ``plan`` on a ready tune server, every length."""
     spec = server.spec
-    n = len(plan.batch_sizes) * (spec.max_k + 1)
-    log.info("serving: %d closed-loop windows (B %s x k 0..%d, %g s warm-up + %g s each, "
-             "output %d tokens on average)", n, list(plan.batch_sizes), spec.max_k,
-             plan.warm_up_s, plan.window_s, plan.output_tokens)
+    log.info("serving: %d closed loops (B %s; in each, k 0..%d take turns, %g s each in %d "
+             "turns after a %g s warm-up; output %d tokens on average)", len(plan.batch_sizes),
+             list(plan.batch_sizes), spec.max_k, plan.window_s, plan.rounds, plan.warm_up_s,
+             plan.output_tokens)
     cells = measure_serving(
         server, control, prompts, batch_sizes=plan.batch_sizes, lengths=range(spec.max_k + 1),
         output_tokens=plan.output_tokens, temperature=temperature, warm_up_s=plan.warm_up_s,
-        window_s=plan.window_s,
-        progress=lambda done, total: log.info("serving: %d/%d windows", done, total))
+        window_s=plan.window_s, rounds=plan.rounds,
+        progress=lambda done, total: log.info("serving: %d/%d cells", done, total))
     for c in cells:
         decode = c.steps.decode if c.steps is not None else None
         log.info("serving: B=%d k=%d %.2f ms a step (%d steps, %.0f tokens a step%s)",

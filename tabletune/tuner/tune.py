@@ -106,7 +106,8 @@ def tune_plan(spec: EngineSpec, batch_sizes: Sequence[int], *, repeats: int | No
               startup_timeout_s: float | None = None, mode: str = "one-launch",
               serving_batch_sizes: Sequence[int] | None = None, serving: bool = True,
               workload_output_tokens: int | None = None, serving_warm_up_s: float | None = None,
-              serving_window_s: float | None = None, temperature: float | None = None,
+              serving_window_s: float | None = None, serving_rounds: int | None = None,
+              temperature: float | None = None,
               max_tokens: int | None = None,
               lengths: Sequence[int] | None = None, tie_margin: float = DEFAULT_TIE_MARGIN,
               table_max_batch_size: int | None = None) -> TunePlan:
@@ -116,8 +117,8 @@ def tune_plan(spec: EngineSpec, batch_sizes: Sequence[int], *, repeats: int | No
     the default; options are taken as checked by the caller."""
     from tabletune.core.defaults import DEFAULT_MAX_TOKENS, DEFAULT_REPEATS, DEFAULT_TEMPERATURE
     from tabletune.tuner.profiler import DEFAULT_STARTUP_TIMEOUT_S, ProfileSettings
-    from tabletune.tuner.serving import (DEFAULT_SERVING_WARM_UP_S, DEFAULT_SERVING_WINDOW_S,
-                                         ServingPlan)
+    from tabletune.tuner.serving import (DEFAULT_SERVING_ROUNDS, DEFAULT_SERVING_WARM_UP_S,
+                                         DEFAULT_SERVING_WINDOW_S, ServingPlan)
     from tabletune.tuner.serving import serving_batch_sizes as auto_sizes
 
     grid = tuple(sorted(set(batch_sizes)))
@@ -137,6 +138,7 @@ def tune_plan(spec: EngineSpec, batch_sizes: Sequence[int], *, repeats: int | No
             output_tokens=workload_output_tokens or WORKLOAD_OUTPUT_TOKENS[device],
             warm_up_s=serving_warm_up_s or DEFAULT_SERVING_WARM_UP_S,
             window_s=serving_window_s or DEFAULT_SERVING_WINDOW_S,
+            rounds=serving_rounds or DEFAULT_SERVING_ROUNDS,
             source="option" if workload_output_tokens else "default")
     return TunePlan(batch_sizes=grid, profile_settings=ProfileSettings(**settings), mode=mode,
                     serving=plan,

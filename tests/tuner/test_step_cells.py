@@ -133,3 +133,48 @@ def test_a_closed_loop_a_few_requests_short_of_b_still_counts_at_b():
     assert mix.steps_at_b == 100 and 250 <= mix.batch_mean <= 255
     # below B = 20 the batch must be exactly B
     assert StepMix.from_steps([step(i, 5.0, 15) for i in range(20)], 16, 2).decode is None
+
+
+def test_a_rotating_loop_splits_into_blocks_per_length():
+    from tabletune.tuner.serving import length_blocks, window_from_steps
+
+    steps = ([step(i, 10.0, 8, k=0) for i in range(5)] + [step(0, 0, 0, k=3)]
+             + [step(10 + i, 14.0, 8, k=2) for i in range(4)]
+             + [step(20 + i, 10.5, 8, k=0) for i in range(3)])
+    blocks = length_blocks(steps)
+    assert [len(b) for b in blocks[0]] == [5, 3] and [len(b) for b in blocks[2]] == [4]
+    assert 3 not in blocks  # an empty step belongs to no block
+    w = window_from_steps([s for b in blocks[2] for s in b])
+    assert w.step_ms == pytest.approx(14.0) and w.steps == 4
+    assert w.accepted_tokens == 4 * 8 and w.drafts == 4 * 8
+    assert window_from_steps(blocks[2][0][:1]) is None
+
+
+def test_a_length_timed_in_turns_pools_its_blocks_and_its_interval_sees_them_apart():
+    fast = [step(i, 10.0, 8) for i in range(20)]
+    slow = [step(100 + i, 12.0, 8) for i in range(20)]  # the machine slower on the 2nd turn
+    mix = StepMix.from_blocks([fast, slow, fast], 8, 2)
+    assert mix.decode.steps == 60 and mix.decode.blocks == 3
+    assert mix.decode.median_ms == pytest.approx(10.0)
+    assert mix.decode.high_ms >= 12.0  # resampling the turns can draw the slow one twice
+
+
+def test_the_rotation_pins_every_length_in_turn_and_stops(tmp_path, monkeypatch):
+    import threading
+
+    from tabletune.tuner import serving
+
+    pinned = []
+    six = threading.Event()
+
+    def write_control(path, *, force_k=None, table=None):
+        pinned.append(force_k)
+        if len(pinned) >= 6:
+            six.set()
+
+    monkeypatch.setattr(serving, "write_control", write_control)
+    with serving._Rotation(tmp_path / "control.json", [0, 1, 2], 0.001) as rotation:
+        assert six.wait(30)
+    assert not rotation._thread.is_alive()  # stopped with the loop
+    # every length in turn, the order shifted by one every full turn: 0 1 2 | 1 2 0 | ...
+    assert pinned[:6] == [0, 1, 2, 1, 2, 0]
