@@ -30,17 +30,17 @@ from tabletune.core.atomic import atomic_replace
 __all__ = ["DEFAULT_CAPACITY", "Step", "StepLogReader", "StepLogWriter"]
 
 MAGIC = b"TTSTEPS1"
-VERSION = 1
-# magic, version, record size, capacity, count, then the writer's own cost: wall ns and thread
-# CPU ns spent recording, records that paid it
-_HEADER = struct.Struct("<8sIIqqqqq")
+# 2: the cost tail is (count, cost ns, records costed); 1 (the H200 run of issue 27) kept
+# (count, wall ns, CPU ns, records costed). Records are the same in both.
+VERSION = 2
+# magic, version, record size, capacity, then count, the writer's own cost (ns spent recording)
+# and how many records it covers, written together after each record
+_HEADER = struct.Struct("<8sIIqqqq")
 _COUNT_AT = 24  # offset of count inside the header
-_COST_AT = 32
 # t_ns, period_ns, requests, new_requests, verifying, k, tokens, verified_drafts, accepted,
 # reserved
 _RECORD = struct.Struct("<qqiiiiiiii")
-_COUNT = struct.Struct("<q")
-_COST = struct.Struct("<qqq")  # wall ns, thread CPU ns, records timed
+_TAIL = struct.Struct("<qqq")  # count, cost ns, records costed
 HEADER_SIZE = 64  # _HEADER padded, so records start aligned
 DEFAULT_CAPACITY = 1 << 16  # 3 MiB; minutes of steps even at 2 ms a step
 
@@ -125,29 +125,26 @@ class StepLogWriter:
         atomic_replace(tmp, self.path)
         self._file = open(self.path, "r+b")
         self._map = mmap.mmap(self._file.fileno(), size)
-        _HEADER.pack_into(self._map, 0, MAGIC, VERSION, _RECORD.size, capacity, 0, 0, 0, 0)
+        _HEADER.pack_into(self._map, 0, MAGIC, VERSION, _RECORD.size, capacity, 0, 0, 0)
         self.count = 0
         self._cost_ns = 0
-        self._cost_cpu_ns = 0
         self._costed = 0
 
     def append(self, t_ns: int, period_ns: int, requests: int, new_requests: int,
-               verifying: int, k: int, tokens: int, verified_drafts: int,
-               accepted: int) -> None:
+               verifying: int, k: int, tokens: int, verified_drafts: int, accepted: int,
+               cost_ns: int = -1) -> None:
+        """One record; ``cost_ns``: what recording the previous step cost the engine (the
+        scheduler times its own hook and hands the figure in with the next record; -1:
+        not timed)."""
         slot = HEADER_SIZE + (self.count % self.capacity) * _RECORD.size
         _RECORD.pack_into(self._map, slot, t_ns, period_ns, requests, new_requests, verifying,
                           k, tokens, verified_drafts, accepted, 0)
         self.count += 1
+        if cost_ns >= 0:
+            self._cost_ns += cost_ns
+            self._costed += 1
         # Published after the record: a reader never sees a count whose record is unwritten.
-        _COUNT.pack_into(self._map, _COUNT_AT, self.count)
-
-    def add_cost(self, ns: int, cpu_ns: int = 0) -> None:
-        """What recording a step cost the engine (the scheduler times its own hook: wall
-        time, and the thread's CPU time, which a preemption of the engine does not inflate)."""
-        self._cost_ns += ns
-        self._cost_cpu_ns += cpu_ns
-        self._costed += 1
-        _COST.pack_into(self._map, _COST_AT, self._cost_ns, self._cost_cpu_ns, self._costed)
+        _TAIL.pack_into(self._map, _COUNT_AT, self.count, self._cost_ns, self._costed)
 
     def close(self) -> None:
         try:
@@ -166,21 +163,25 @@ class StepLogReader:
         if len(self._map) < HEADER_SIZE:
             raise ValueError(f"{self.path}: {len(self._map)} bytes is too short for a step log")
         magic, version, record_size, capacity, *_ = _HEADER.unpack_from(self._map, 0)
-        if magic != MAGIC or version != VERSION or record_size != _RECORD.size:
+        if magic != MAGIC or version not in (1, VERSION) or record_size != _RECORD.size:
             raise ValueError(f"{self.path}: not a TableTune step log (magic {magic!r}, "
                              f"version {version})")
         if len(self._map) < HEADER_SIZE + capacity * record_size:
             raise ValueError(f"{self.path}: shorter than its {capacity} records")
         self.capacity = capacity
+        self.version = version
 
     def position(self) -> int:
         """Records written so far."""
-        return _COUNT.unpack_from(self._map, _COUNT_AT)[0]
+        return _TAIL.unpack_from(self._map, _COUNT_AT)[0]
 
-    def recording_cost_us(self) -> tuple[float, float, int]:
-        """(mean wall µs the engine spent recording a step, mean thread-CPU µs, steps timed)."""
-        wall, cpu, n = _COST.unpack_from(self._map, _COST_AT)
-        return (wall / n / 1e3 if n else 0.0), (cpu / n / 1e3 if n else 0.0), n
+    def recording_cost_us(self) -> tuple[float, int]:
+        """(mean µs the engine spent recording a step, steps timed)."""
+        if self.version == 1:
+            total, _cpu, n = struct.unpack_from("<qqq", self._map, _COUNT_AT + 8)
+        else:
+            _, total, n = _TAIL.unpack_from(self._map, _COUNT_AT)
+        return (total / n / 1e3 if n else 0.0), n
 
     def since(self, position: int) -> tuple[list[Step], int]:
         """(the steps written after ``position`` that the ring still holds, how many it had

@@ -453,7 +453,8 @@ class VllmServer:
 
     def step_log(self):
         """The reader of this server's step log (``tabletune.core.step_log.StepLogReader``);
-        None when the server keeps none or its scheduler has not opened it."""
+        None when the server keeps none or its scheduler has not opened it (no file). A file
+        that is there but cannot be read is an EngineError that says why."""
         if self.step_log_path is None:
             return None
         if self._step_reader is None:
@@ -461,8 +462,10 @@ class VllmServer:
 
             try:
                 self._step_reader = StepLogReader(self.step_log_path)
-            except (OSError, ValueError):
+            except FileNotFoundError:
                 return None
+            except (OSError, ValueError) as e:
+                raise EngineError(f"step log {self.step_log_path}: {e}") from None
         return self._step_reader
 
     def metrics(self) -> list[tuple[str, dict[str, str], float]]:

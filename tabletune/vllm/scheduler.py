@@ -71,6 +71,7 @@ class TableTuneScheduler(Scheduler):
         self._tabletune_slow_s = 0.0
         self._tabletune_steps: StepLogWriter | None = None
         self._tabletune_last_ns = 0
+        self._tabletune_step_cost = -1
         self._tabletune_spec_stats = None
         try:
             self._install_tabletune()
@@ -166,8 +167,9 @@ class TableTuneScheduler(Scheduler):
         return result
 
     def _tabletune_record_step(self, now_ns: int, out) -> None:
-        """One step-log record; O(1) in the batch (the counters vLLM keeps)."""
-        started, started_cpu = time.perf_counter_ns(), time.thread_time_ns()
+        """One step-log record; O(1) in the batch (the counters vLLM keeps). Its own cost goes
+        in with the next record."""
+        started = time.perf_counter_ns()
         try:
             last, self._tabletune_last_ns = self._tabletune_last_ns, now_ns
             spec = self._tabletune_spec_stats
@@ -176,11 +178,11 @@ class TableTuneScheduler(Scheduler):
                 verified, accepted = spec.num_draft_tokens, spec.num_accepted_tokens
             else:  # nothing verified, or no stats from this vLLM (stats off): unknown
                 verified = accepted = 0 if not verifying else -1
-            log = self._tabletune_steps
-            log.append(now_ns, now_ns - last if last else 0, len(out.num_scheduled_tokens),
-                       len(out.scheduled_new_reqs), verifying, out.num_spec_tokens_to_schedule,
-                       out.total_num_scheduled_tokens, verified, accepted)
-            log.add_cost(time.perf_counter_ns() - started, time.thread_time_ns() - started_cpu)
+            self._tabletune_steps.append(
+                now_ns, now_ns - last if last else 0, len(out.num_scheduled_tokens),
+                len(out.scheduled_new_reqs), verifying, out.num_spec_tokens_to_schedule,
+                out.total_num_scheduled_tokens, verified, accepted, self._tabletune_step_cost)
+            self._tabletune_step_cost = time.perf_counter_ns() - started
         except Exception:
             logger.exception("TableTune step log failed; switched off")
             self._tabletune_steps = None

@@ -204,6 +204,11 @@ def test_build_max_batch_size_beyond_reason_is_an_error_not_an_overflow(docs, ca
      "--batch-sizes: '32,64' has no batch size <= --max-batch-size 16"),
     (["--batch-sizes", "0-4"], "batch_sizes: '0-4' must name batch sizes >= 1"),
     (["--prompts", "/no/such/prompts.jsonl"], "--prompts: /no/such/prompts.jsonl is not a file"),
+    (["--workload-output-tokens", "1"], "--workload-output-tokens: 1 is not an integer >= 2"),
+    (["--workload-output-tokens", "400"],
+     "--workload-output-tokens: 400: the serving windows' longest requests (600 tokens) do not "
+     "fit --max-model-len 512"),
+    (["--serving-rounds", "0"], "--serving-rounds: 0 is not an integer >= 1"),
 ])
 def test_tune_refuses_bad_arguments_before_any_work(tmp_path, capsys, no_engine, args, message):
     out = tmp_path / "out"

@@ -48,9 +48,11 @@ def test_the_ring_overwrites_the_oldest_and_says_how_many_a_slow_reader_lost(tmp
 def test_the_writer_keeps_its_own_cost_for_the_benchmark(tmp_path):
     writer = StepLogWriter(tmp_path / "s.steps", capacity=4)
     reader = StepLogReader(tmp_path / "s.steps")
-    writer.add_cost(2000, 1000)
-    writer.add_cost(4000, 3000)
-    assert reader.recording_cost_us() == (3.0, 2.0, 2)
+    writer.append(1, 0, 1, 1, 0, 0, 9, 0, 0)  # the first record: nothing timed yet
+    writer.append(2, 1, 1, 0, 0, 0, 1, 0, 0, cost_ns=2000)
+    writer.append(3, 1, 1, 0, 0, 0, 1, 0, 0, cost_ns=4000)
+    assert reader.recording_cost_us() == (3.0, 2)
+    assert reader.position() == 3
 
 
 def test_a_file_that_is_not_a_step_log_is_refused(tmp_path):

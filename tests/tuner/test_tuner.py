@@ -98,6 +98,21 @@ def test_checkpoint_keeps_cells_survives_a_torn_last_line_and_rejects_another_de
         Checkpoint(path, {"engine": "vllm", "model": "other"}, SETTINGS)
 
 
+def test_a_checkpoint_with_a_bad_single_step_is_refused_naming_the_line(tmp_path):
+    path = tmp_path / "c.jsonl"
+    fp = {"engine": "vllm", "model": "m"}
+    ckpt = Checkpoint(path, fp, SETTINGS)
+    ckpt.add(RawCell(1, 0, [10.0], [9.0], 3, [[9.0, 9.1, 8.9]]))
+    assert Checkpoint(path, fp, SETTINGS).cells[(1, 0)].step_blocks_ms == [[9.0, 9.1, 8.9]]
+    with open(path, "a") as f:
+        f.write(json.dumps({"batch_size": 2, "k": 0, "client_samples_ms": [10.0],
+                            "engine_samples_ms": [9.0],
+                            "step_blocks_ms": [[9.0, 9.1, 9.0, -1.0]]}) + "\n")
+    with pytest.raises(ContractError, match=r"line 3: step_blocks_ms\[0\]\[3\]: -1.0 is not a "
+                                            r"positive number"):
+        Checkpoint(path, fp, SETTINGS)
+
+
 def test_assembly_uses_the_steadier_source_for_every_cell():
     raw = [RawCell(b, k, [10.0 * b + k, 14.0 * b + k, 12.0 * b + k],
                    [9.0 * b + k, 9.1 * b + k, 9.05 * b + k]) for b in (1, 2) for k in (0, 1)]
