@@ -789,9 +789,10 @@ def profile_step_times(spec: EngineSpec, *, batch_sizes: Sequence[int], checkpoi
     try:
         for phase, running, pin in _servers_per_length(run_spec, lengths, settings, ckpt,
                                                         log_dir, mode, server):
-            if progress and todo and server is None:
-                log.info("profile: server up after %.0f s; timing k = %s",
-                         running.startup_s or 0, ", ".join(map(str, phase)))
+            if progress and todo:
+                if server is None:
+                    log.info("profile: server up after %.0f s; timing k = %s",
+                             running.startup_s or 0, ", ".join(map(str, phase)))
                 if bar is None:  # created once a server is up: no bar sits at 0 meanwhile
                     bar = rr.progress = ProfileProgress(todo)
             keys = [(b, k) for k in phase for b in settings.batch_sizes]
