@@ -1,4 +1,5 @@
-"""Acceptance: run the longest length K on sampled prompts and read vLLM's own counters.
+"""Acceptance: run the longest length K on sampled prompts and read vLLM's own counters (on the
+tune's server: ``tabletune.tuner.tune.measure_acceptance``).
 
 a_i = (tokens accepted at draft position i) / (drafts), from the difference of
 ``vllm:spec_decode_num_accepted_tokens_per_pos`` and ``vllm:spec_decode_num_drafts`` before and
@@ -18,7 +19,7 @@ from tabletune.core.errors import ContractError
 from tabletune.core.files import parse_json, read_text_file
 from tabletune.core.goodput import monotone_rates
 from tabletune.engine.client import run_batch
-from tabletune.engine.server import EngineError, VllmServer, speculative_config
+from tabletune.engine.server import EngineError, VllmServer
 from tabletune.engine.fingerprint import deployment_fingerprint
 from tabletune.engine.spec import EngineSpec
 
@@ -106,17 +107,6 @@ def measure_acceptance_on(server: VllmServer, prompts: Sequence[str], *, max_k: 
     )
 
 
-def launch_acceptance_server(spec: EngineSpec, *, log_dir: Path | None = None,
-                             startup_timeout_s: float = 600.0) -> VllmServer:
-    """Start (without waiting) the server an acceptance run measures: length K, no table."""
-    log_dir = Path(log_dir) if log_dir else Path(".")
-    server = VllmServer(spec, speculative=speculative_config(spec, None),
-                        log_path=log_dir / "acceptance.log", startup_timeout_s=startup_timeout_s)
-    log.info("acceptance: starting vLLM (%s, k=%d); its log: %s", spec.model, spec.max_k,
-             server.log_path)
-    return server.launch()
-
-
 def acceptance_from(server: VllmServer, prompts: Sequence[str], *,
                     temperature: float = DEFAULT_TEMPERATURE,
                     max_tokens: int = DEFAULT_MAX_TOKENS) -> Acceptance:
@@ -158,12 +148,3 @@ def check_acceptance_inputs(prompts: Sequence[str], temperature: float) -> None:
     if temperature < 0:
         raise ContractError(f"temperature: {temperature!r} must be >= 0")
 
-
-def measure_acceptance(spec: EngineSpec, prompts: Sequence[str], *,
-                       temperature: float = DEFAULT_TEMPERATURE,
-                       max_tokens: int = DEFAULT_MAX_TOKENS, log_dir: Path | None = None,
-                       startup_timeout_s: float = 600.0) -> Acceptance:
-    """Start a server at the longest length K (no table), measure, stop it."""
-    check_acceptance_inputs(prompts, temperature)
-    server = launch_acceptance_server(spec, log_dir=log_dir, startup_timeout_s=startup_timeout_s)
-    return acceptance_from(server, prompts, temperature=temperature, max_tokens=max_tokens)
