@@ -67,7 +67,8 @@ from tabletune.core.defaults import DEFAULT_EDGE_TOLERANCE, DEFAULT_REPEATS
     },
 )
 def tabletune_profile():
-    @task(queue=ENGINE_QUEUE, pool=ENGINE_POOL, execution_timeout=dt.timedelta(hours=3))
+    @task(queue=ENGINE_QUEUE, pool=ENGINE_POOL, execution_timeout=dt.timedelta(hours=3),
+          multiple_outputs=True)
     @permanent_errors_fail_fast
     def profile(info: dict, params=None, run_id=None) -> dict:
         import re
@@ -88,7 +89,8 @@ def tabletune_profile():
 
     info = start_run(kind="profile")
     measured = profile(info)
-    built = rebuild(info, profile=measured)
+    # The acceptance is None unless the registry had no production version to take it from.
+    built = rebuild(info, profile=measured["profile"], acceptance=measured["acceptance"])
     report = validate(info, built)
     version = register(info, built, report)
     gate_and_promote(info, version, report)

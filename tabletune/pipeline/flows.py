@@ -193,7 +193,11 @@ def measure_acceptance(
     with tempfile.TemporaryDirectory(prefix="tabletune-engine-") as log_dir:
         acceptance = measure(spec, prompts, temperature=temperature, max_tokens=max_tokens,
                              log_dir=Path(log_dir))
-    # Its rates are logged once, by rebuild (acceptance_a<i>), like every other run's.
+    # Its rates go to MLflow once, by rebuild (acceptance_a<i>), like every other run's; the
+    # task log says what was measured on what, for whoever opens the task in Airflow's UI.
+    log.info("measured acceptance %s from %d drafts on %d prompts of %s",
+             " / ".join(f"{a:.3f}" for a in acceptance.rates), acceptance.num_drafts,
+             len(prompts), sample_uri)
     registry.log_json(mlflow_run_id, "table/acceptance.json", acceptance)
     return acceptance.to_dict()
 
@@ -281,7 +285,11 @@ def profile_deployment(
     profile, then the serving calibration for the stated workload on the acceptance server),
     with production's acceptance where there is one (measured on synthetic prompts otherwise).
     Logs the calibrated profile and remembers its fingerprint. ``checkpoint``'s folder keeps
-    the tune's checkpoint and logs (a retry resumes from them)."""
+    the tune's checkpoint and logs (a retry resumes from them).
+
+    Returns ``{"profile": ..., "acceptance": ...}``: the acceptance the tune measured when the
+    registry has no production version yet (so the first profile of a fresh registry builds a
+    table), else None (production's is the one to keep)."""
     from tabletune.core.defaults import DEFAULT_NUM_PROMPTS
     from tabletune.engine.model_pair import synthetic_prompts
     from tabletune.tuner.tune import tune, tune_plan
@@ -305,7 +313,8 @@ def profile_deployment(
     # the hourly check re-profile the same deployment again and again.
     registry.set_model_tag(model_name, LAST_PROFILED_TAG,
                            json.dumps(profile.fingerprint, sort_keys=True, default=str))
-    return profile.to_dict()
+    measured = None if reused is not None else result.acceptance.to_dict()
+    return {"profile": profile.to_dict(), "acceptance": measured}
 
 
 # -------------------------------------------------------------------------------------------

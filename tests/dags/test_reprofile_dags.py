@@ -23,6 +23,7 @@ REPO = Path(__file__).resolve().parents[2]
 FINGERPRINT_OLD = {"engine": "vllm", "engine_version": "0.31.0", "device": "cuda",
                    "gpu": "H100", "gpu_count": 1, "driver": "570.1"}
 FINGERPRINT_NEW = {**FINGERPRINT_OLD, "engine_version": "0.32.0"}
+MEASURED_ACCEPTANCE = make_acceptance(rates=(0.7, 0.5, 0.3))
 
 
 class FakeEngine:
@@ -44,9 +45,11 @@ class FakeEngine:
                                    "repeats": plan.profile_settings.repeats,
                                    "out_dir": str(out_dir), "plan": plan,
                                    "reused_acceptance": reused_acceptance})
-        # The upgrade made every step 30% slower, so the rebuilt table moves its edges.
+        # The upgrade made every step 30% slower, so the rebuilt table moves its edges. The
+        # tune measures acceptance itself only when it has none to reuse.
         return SimpleNamespace(profile=make_profile(fingerprint=dict(self.fingerprint),
-                                                    scale=1.3))
+                                                    scale=1.3),
+                               acceptance=reused_acceptance or MEASURED_ACCEPTANCE)
 
 
 def load_dags(services):
@@ -135,3 +138,19 @@ def test_reprofile_does_nothing_until_the_fingerprint_changes_then_profiles(
     again = dags.reprofile_dag.test(run_conf={"deployment_key": key})
     assert task_states(again)["announce_change"] == "skipped"
     assert len(engine.profile_calls) == 1
+
+
+def test_the_first_profile_of_a_fresh_registry_builds_its_table_with_the_measured_acceptance(
+        services, engine, unique):
+    key = f"fresh-{unique}"
+    model = f"tabletune-{key}"
+    dags = load_dags(services)
+
+    profiled = dags.profile_dag.test(run_conf={"deployment_key": key, "batch_sizes": [1, 2, 4],
+                                               "repeats": 1})
+    assert profiled.state == "success", task_states(profiled)
+    assert engine.profile_calls[0]["reused_acceptance"] is None
+    registry = services.registry()
+    assert registry.alias_state(model).production == "1"
+    first = registry.read_version(model, "1")
+    assert first.acceptance.rates == MEASURED_ACCEPTANCE.rates

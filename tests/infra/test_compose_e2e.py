@@ -55,14 +55,12 @@ def docker(*args: str) -> str:
 
 
 def stack_env() -> dict[str, str]:
+    """The stack's env file as docker-compose reads it (python-dotenv: quotes removed)."""
+    from dotenv import dotenv_values
+
     path = subprocess.run([str(UP), "env"], capture_output=True, text=True, check=True,
                           timeout=30).stdout.strip()
-    env = {}
-    for line in Path(path).read_text().splitlines():
-        if line and not line.startswith("#") and "=" in line:
-            key, value = line.split("=", 1)
-            env[key] = value
-    return env
+    return {key: value or "" for key, value in dotenv_values(path).items()}
 
 
 def hostnames(service: str) -> dict[str, str]:
@@ -112,7 +110,14 @@ def run_dag(api: AirflowApi, dag_id: str, conf: dict) -> tuple[str, dict[str, di
     finally:
         api.call("PATCH", f"/dags/{dag_id}", json={"is_paused": True})
     tis = task_instances(api, dag_id, run_id)
-    assert state == "success", {t: (ti["state"], ti["hostname"]) for t, ti in tis.items()}
+    if state != "success":
+        # The failed task's own log, read as the UI reads it (from the worker's log server).
+        failed = [t for t, ti in tis.items() if ti["state"] in ("failed", "upstream_failed")]
+        logs = {t: api.task_log(dag_id, run_id, t, tis[t]["try_number"] or 1)[-3000:]
+                for t in failed if tis[t]["state"] == "failed"}
+        raise AssertionError(f"{dag_id} run {run_id} is {state}: "
+                             f"{ {t: (ti['state'], ti['hostname']) for t, ti in tis.items()} }"
+                             f"\nlogs of the failed tasks: {json.dumps(logs, indent=1)}")
     return run_id, tis
 
 
@@ -181,6 +186,13 @@ def test_compose_stack_runs_the_pipeline_on_celery_workers_and_scales_the_gpu_qu
     production = alias(model, "production")
     assert production["version"] == "2" and production["run_id"] == run["info"]["run_id"]
     assert alias(model, "previous")["version"] == "1"
+    # The engine task's log as the UI shows it: the API server fetches it from the gpu worker's
+    # log server (one [api] secret_key for every Airflow container), with the task's own lines.
+    log = api.task_log("tabletune_acceptance_weekly", weekly, "measure_acceptance",
+                       tis["measure_acceptance"]["try_number"])
+    assert "same 'secret_key'" not in log, log[-2000:]
+    sample_uri = f"s3://{env['TABLETUNE_PROMPTS_BUCKET']}/"
+    assert "measured acceptance" in log and f"on 16 prompts of {sample_uri}" in log, log[-2000:]
 
     # A re-profile by hand: step times measured on the gpu worker, registered and promoted.
     profiled, tis = run_dag(api, "tabletune_profile", {

@@ -41,6 +41,12 @@ def test_compose_stack_is_valid_and_binds_published_ports_to_loopback():
     assert services["s3"]["image"].startswith("minio/")
     for name in ("airflow-scheduler", "mlflow"):  # every TableTune image takes its base
         assert set(services[name]["build"]["args"]) == {"BASE_IMAGE", "EXTRA_CA_CERTS"}
+    # One [api] secret_key for every Airflow container, or the UI cannot read a worker's log.
+    airflow = {name: service["environment"] for name, service in services.items()
+               if "AIRFLOW__CORE__EXECUTOR" in service.get("environment", {})}
+    assert {"airflow-apiserver", "airflow-worker", "airflow-worker-gpu"} <= set(airflow)
+    keys = {env.get("AIRFLOW__API__SECRET_KEY") for env in airflow.values()}
+    assert keys == {"CHANGE-ME-api-secret-key"}, keys
 
 
 def test_offline_override_builds_every_image_and_runs_the_gpu_queue_on_the_cpu():
