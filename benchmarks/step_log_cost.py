@@ -35,7 +35,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--drafter")
     p.add_argument("--method", default="draft_model")
     p.add_argument("--out", type=Path, default=RESULTS)
+    p.add_argument("--no-engine", action="store_true",
+                   help="time the hook's own work outside any engine instead: a hot loop, and "
+                        "calls with the CPU caches flushed between them (writes "
+                        "results/step_log_hook.json)")
     args = p.parse_args(argv)
+    if args.no_engine:
+        return hook_only(args, argv)
 
     from tabletune.core.vllm_contract import CONTROL_FILE_ENV, SCHEDULER_CLS, write_control
     from tabletune.engine.client import run_batch
@@ -73,15 +79,25 @@ def main(argv: list[str] | None = None) -> int:
     from tabletune.core.step_log import StepLogReader
 
     cost_us, timed = StepLogReader(server.step_log_path).recording_cost_us()
+    # Per step (each record carries its predecessor's cost): a preemption of the engine thread
+    # inside the hook on a loaded machine moves the mean, not the median.
+    per_step = sorted(s.recording_ns / 1000.0 for s in steps if s.recording_ns >= 0)
+    quantile = (lambda q: per_step[min(len(per_step) - 1, int(q * len(per_step)))]
+                if per_step else None)
     decode = [s.period_ms for s in steps if s.requests == b and s.pure_decode_k() == args.k]
     step_ms = statistics.median(decode) if decode else None
     result = {
         "command": "python " + " ".join([Path(__file__).as_posix()] + (argv or sys.argv[1:])),
-        "what": "mean us TableTune's scheduler spent building and writing one step-log record, "
-                "timed inside the engine process (perf_counter around the hook), over every "
-                "step of the server's run",
+        "what": "us TableTune's scheduler spent building and writing one step-log record, "
+                "timed inside the engine process (perf_counter around the hook): the mean over "
+                "every step of the server's run (cost_us_per_step), and the median, p90 and "
+                "max over the batch's steps",
         "batch_size": b, "k": args.k, "device": spec.device, "model": spec.model,
         "steps_timed": timed, "cost_us_per_step": round(cost_us, 3),
+        "cost_us_median": round(statistics.median(per_step), 3) if per_step else None,
+        "cost_us_p90": round(quantile(0.9), 3) if per_step else None,
+        "cost_us_max": round(per_step[-1], 3) if per_step else None,
+        "steps_of_the_batch_timed": len(per_step),
         "pure_decode_steps_at_b": len(decode),
         "median_step_ms_at_b": step_ms,
         "cost_share_of_step": (cost_us / 1000.0 / step_ms) if step_ms else None,
@@ -92,6 +108,66 @@ def main(argv: list[str] | None = None) -> int:
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+def hook_only(args, argv) -> int:
+    """The scheduler's step-log hook (the same calls on a stand-in scheduler output of B
+    requests) outside the engine: what the record costs by itself, hot and with cold caches."""
+    from types import SimpleNamespace
+
+    from tabletune.core.step_log import StepLogWriter
+
+    b = args.batch_size
+    work = Path(tempfile.mkdtemp(prefix="tabletune-hook-"))
+    writer = StepLogWriter(work / "hook.steps")
+    out = SimpleNamespace(scheduled_spec_decode_tokens={i: [1] * args.k for i in range(b)},
+                          num_scheduled_tokens={i: 1 + args.k for i in range(b)},
+                          scheduled_new_reqs=[], num_spec_tokens_to_schedule=args.k,
+                          total_num_scheduled_tokens=b * (1 + args.k))
+    spec = SimpleNamespace(num_draft_tokens=b * args.k, num_accepted_tokens=b)
+    state = {"last": 0, "cost": -1}
+
+    def hook(now_ns: int) -> None:  # tabletune.vllm.scheduler._tabletune_record_step's body
+        started = time.perf_counter_ns()
+        last, state["last"] = state["last"], now_ns
+        verifying = len(out.scheduled_spec_decode_tokens)
+        writer.append(now_ns, now_ns - last if last else 0, len(out.num_scheduled_tokens),
+                      len(out.scheduled_new_reqs), verifying, out.num_spec_tokens_to_schedule,
+                      out.total_num_scheduled_tokens, spec.num_draft_tokens,
+                      spec.num_accepted_tokens, state["cost"])
+        state["cost"] = time.perf_counter_ns() - started
+
+    def run(n: int, between=None) -> dict:
+        costs = []
+        for _ in range(n):
+            if between is not None:
+                between()
+            hook(time.monotonic_ns())
+            costs.append(state["cost"] / 1000.0)
+        costs.sort()
+        return {"calls": n, "median_us": round(statistics.median(costs), 3),
+                "p90_us": round(costs[int(0.9 * n)], 3), "max_us": round(costs[-1], 3)}
+
+    flush = bytearray(64 << 20)  # larger than the last-level cache
+
+    def thrash() -> None:
+        for i in range(0, len(flush), 4096):
+            flush[i] = 1
+
+    result = {
+        "command": "python " + " ".join([Path(__file__).as_posix()] + (argv or sys.argv[1:])),
+        "what": "us one step-log record costs outside the engine: the scheduler hook's calls on "
+                "a stand-in output of B requests, in a hot loop and with 64 MiB touched "
+                "between calls (caches cold, as after an engine step)",
+        "batch_size": b, "k": args.k,
+        "hot": run(200_000), "cold": run(300, thrash),
+        "machine": platform.machine(), "python": platform.python_version(),
+        "date": time.strftime("%Y-%m-%d"),
+    }
+    path = args.out if args.out != RESULTS else RESULTS.with_name("step_log_hook.json")
+    path.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
     return 0
 

@@ -36,7 +36,7 @@ from tabletune_airflow import (
 )
 
 from tabletune.core import envs
-from tabletune.core.defaults import DEFAULT_EDGE_TOLERANCE, DEFAULT_REPEATS
+from tabletune.core.defaults import DEFAULT_EDGE_TOLERANCE
 
 
 @dag(
@@ -52,7 +52,9 @@ from tabletune.core.defaults import DEFAULT_EDGE_TOLERANCE, DEFAULT_REPEATS
     params={
         "batch_sizes": Param(None, type=["null", "array"], items={"type": "integer", "minimum": 1},
                              description="Batch sizes to profile (default: the tuner's grid)."),
-        "repeats": Param(DEFAULT_REPEATS, type="integer", minimum=1),
+        "repeats": Param(None, type=["null", "integer"], minimum=1,
+                         description="Repeats per (B, k) cell (default: the tuner's, as "
+                                     "`tabletune tune` takes them on this device)."),
         "workload_output_tokens": Param(
             None, type=["null", "integer"], minimum=2,
             description="The traffic the table is built for: mean output tokens a request "

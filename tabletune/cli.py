@@ -31,7 +31,6 @@ from tabletune.tuner.profiler import (
     DEFAULT_REFERENCE_DRIFT_BOUND,
     DEFAULT_MAX_SPREAD,
     DEFAULT_REFERENCE_EVERY,
-    DEFAULT_REPEATS,
     DEFAULT_STARTUP_TIMEOUT_S,
 )
 
@@ -84,8 +83,13 @@ def add_profile_args(p: argparse.ArgumentParser) -> None:
                    f"to 16, every 4 to 64, every 8 to --max-batch-size; embedded: {EMBEDDED_GRID})")
     p.add_argument("--max-batch-size", type=integer(1, MAX_BATCH_SIZE), default=None,
                    help="profile batch sizes up to this B (default: 256; embedded: 16)")
-    p.add_argument("--repeats", type=integer(1), default=DEFAULT_REPEATS,
-                   help="timing windows per (B, k) cell")
+    p.add_argument("--repeats", type=integer(1), default=None,
+                   help="repeats per (B, k) cell, a round over the grid apart "
+                        "(default: 3 on cpu, 5 on cuda)")
+    p.add_argument("--block-steps", type=integer(0), default=8, metavar="N",
+                   help="the lengths of one B share one batch, taking turns N engine steps at "
+                        "a time, so the machine's level shifts land on all of them alike "
+                        "(0: one batch per length, one after another)")
     p.add_argument("--max-spread", type=number(positive=True), default=DEFAULT_MAX_SPREAD,
                    help="repeat a cell (up to 2 more times), then flag it, while the relative "
                         "spread of its repeats exceeds this")
@@ -103,8 +107,9 @@ def add_profile_args(p: argparse.ArgumentParser) -> None:
                    default=DEFAULT_STARTUP_TIMEOUT_S,
                    help="seconds a vLLM server may take to become healthy")
     p.add_argument("--output-tokens", type=integer(2), default=None,
-                   help="tokens per request in a repeat; its pure decode steps at B last "
-                        "until the first request is done (default: 65 on cpu, 129 on cuda)")
+                   help="tokens per request and length in a repeat (a batch that interleaves "
+                        "the lengths asks for this many times their number); its pure decode "
+                        "steps at B last until the first request is done (default: 65)")
 
 
 def _profile_settings(args, spec):
@@ -113,7 +118,8 @@ def _profile_settings(args, spec):
     return tune_plan(spec, _grid(args), repeats=args.repeats,
                      profile_output_tokens=args.output_tokens, max_spread=args.max_spread,
                      reference_every=args.reference_every, drift_bound=args.drift_bound,
-                     startup_timeout_s=args.startup_timeout, serving=False).profile_settings
+                     block_steps=args.block_steps, startup_timeout_s=args.startup_timeout,
+                     serving=False).profile_settings
 
 
 def _run_profile(args, spec, out_dir: Path, checkpoint: Path | None = None) -> Profile:
@@ -193,6 +199,8 @@ def _check_min(value, option: str, minimum: int | float) -> None:
 
 def cmd_profile(args) -> int:
     _check_out(args.out, checkpoint=args.checkpoint)
+    _check_min(args.block_steps, "--block-steps", 0)
+    _check_repeat_fits(args)
     if args.checkpoint is not None:
         check_output_path(args.checkpoint, "--checkpoint")
     out = Path(args.out)
@@ -243,6 +251,30 @@ def cmd_build(args) -> int:
     return 0
 
 
+# Room left for a timing prompt in --max-model-len (the built-in prompts are ~32 tokens).
+PROMPT_ROOM_TOKENS = 64
+
+
+def _check_repeat_fits(args) -> None:
+    """A repeat's requests (every length's share in one batch) must fit --max-model-len."""
+    from tabletune.tuner.tune import PROFILE_OUTPUT_TOKENS
+
+    max_len = getattr(args, "max_model_len", None)
+    if not max_len:
+        return
+    per_length = args.output_tokens or PROFILE_OUTPUT_TOKENS["cuda" if args.device == "cuda"
+                                                             else "cpu"]
+    lengths = args.max_k + 1  # a profile times every length 0..K
+    shared = args.block_steps and getattr(args, "mode", "one-launch") == "one-launch"
+    needed = per_length * (lengths if shared else 1) + PROMPT_ROOM_TOKENS
+    if needed > max_len:
+        raise ContractError(
+            f"--output-tokens: {per_length}: a repeat's requests ({per_length} tokens"
+            f"{f' x {lengths} lengths sharing a batch' if shared else ''} + "
+            f"{PROMPT_ROOM_TOKENS} for the prompt) do not fit --max-model-len {max_len}; "
+            "lower --output-tokens, or --block-steps 0 (a batch per length)")
+
+
 def _validate_tune_args(args) -> None:
     """Every check of ``tune``'s options and input files, before any engine starts or file is
     written (the prompts file is read here, once: ``prompts_from_args`` keeps what it read)."""
@@ -255,8 +287,10 @@ def _validate_tune_args(args) -> None:
             (args.max_tokens, "--max-tokens", 1), (args.temperature, "--temperature", 0),
             (args.tie_margin, "--tie-margin", 0),
             (args.table_max_batch_size, "--table-max-batch-size", 1),
-            (args.reference_every, "--reference-every", 0)):
+            (args.reference_every, "--reference-every", 0),
+            (args.block_steps, "--block-steps", 0)):
         _check_min(value, option, minimum)
+    _check_repeat_fits(args)
     for value, option in ((args.max_spread, "--max-spread"), (args.drift_bound, "--drift-bound"),
                           (args.startup_timeout, "--startup-timeout")):
         if not 0 < value < float("inf"):
@@ -341,7 +375,8 @@ def cmd_tune(args) -> int:
     reused = load_json(args.acceptance, "acceptance") if args.acceptance else None
     plan = tune_plan(spec, grid, repeats=args.repeats, profile_output_tokens=args.output_tokens,
                      max_spread=args.max_spread, reference_every=args.reference_every,
-                     drift_bound=args.drift_bound, startup_timeout_s=args.startup_timeout,
+                     drift_bound=args.drift_bound, block_steps=args.block_steps,
+                     startup_timeout_s=args.startup_timeout,
                      mode=args.mode, serving_batch_sizes=serving_sizes,
                      serving=serving_sizes is not None,
                      workload_output_tokens=args.workload_output_tokens,
@@ -349,7 +384,8 @@ def cmd_tune(args) -> int:
                      serving_rounds=args.serving_rounds,
                      temperature=args.temperature, max_tokens=args.max_tokens,
                      lengths=args.lengths,
-                     tie_margin=args.tie_margin, table_max_batch_size=args.table_max_batch_size)
+                     tie_margin=args.tie_margin, table_max_batch_size=args.table_max_batch_size,
+                     cpu_affinity=args.cpu_affinity)
     need_prompts = reused is None or plan.serving is not None
     result = tune(spec, plan, out, prompts=prompts_from_args(args) if need_prompts else None,
                   reused_acceptance=reused, started=started,
@@ -605,6 +641,11 @@ def add_tuner_parsers(sub) -> None:
     add_prompt_args(p)
     add_build_args(p)
     p.add_argument("--acceptance", type=Path, help="reuse an acceptance file instead of measuring")
+    p.add_argument("--cpu-affinity", choices=("off", "auto"), default="off",
+                   help="auto: on cuda, the engine core, vLLM's API server and the tune's client "
+                        "each on host cores of their own (two, two, the rest; core 0 left out), "
+                        "so that one's busy second is not the other's slower step; "
+                        "off (default): wherever the OS puts them")
     p.add_argument("--overlap-startups", action="store_true",
                    help="no effect: a tune starts one server (kept so that older command "
                         "lines run)")

@@ -10,6 +10,15 @@ held-out loss keep working), the reject-all value beside it, and f's own uncerta
 builder adds to the cell's. Only the lengths' ratio to each other at one B moves the table: a
 factor common to every length would leave it alone, a factor that differs by k is what the
 reject-all profile got wrong.
+
+On a GPU a step whose tokens pass the largest captured CUDA graph (``graph_tokens``, read from
+the engine) runs without graphs: a serving step at (B, k) that carries a prefill of P tokens
+does when B (1 + k) + P > graph_tokens, and costs about twice as much. The factor jumps there;
+interpolating across the jump would smear it over every B between two measured ones. So a cell
+takes its factor only from measured cells of its length on the same side of that line. A cell
+beyond the line with no measured cell beyond it (nothing timed its steps off the graphs) keeps
+the nearest factor but is marked ``untimed`` with an uncertainty of ``UNTIMED_UNCERTAINTY``, so
+the builder does not move a batch size to it on the strength of a guess.
 """
 
 from __future__ import annotations
@@ -23,16 +32,32 @@ from typing import Any
 from tabletune.core.contracts import Profile
 from tabletune.core.errors import check_nonnegative, check_step_ms, fail
 
-__all__ = ["serving_factors", "calibrate_profile"]
+__all__ = ["serving_factors", "calibrate_profile", "off_graphs", "UNTIMED_UNCERTAINTY"]
 
 # (serving step ms, relative uncertainty of that time) per measured (B, k)
 Measured = Mapping[tuple[int, int], tuple[float, float]]
+# The relative uncertainty of a factor nothing measured on its side of the graph line: a step
+# off the captured graphs ran about 2x one on them on the H200 (benchmarks/results/h200-s5).
+UNTIMED_UNCERTAINTY = 0.5
 
 
-def serving_factors(profile: Profile, measured: Measured) -> dict[tuple[int, int], tuple[float, float]]:
+def off_graphs(batch_size: int, k: int, graph_tokens: int | None,
+               prefill_tokens: float) -> bool:
+    """Whether a serving step at (B, k) carrying a prefill of ``prefill_tokens`` passes the
+    largest captured graph (``graph_tokens``; None: no graphs, nothing to pass)."""
+    if graph_tokens is None:
+        return False
+    return batch_size * (1 + k) + prefill_tokens > graph_tokens
+
+
+def serving_factors(profile: Profile, measured: Measured, *, graph_tokens: int | None = None,
+                    prefill_tokens: float = 0.0,
+                    untimed: set | None = None) -> dict[tuple[int, int], tuple[float, float]]:
     """f(B, k) and its relative uncertainty for every profiled cell.
 
     ``measured`` must name profiled cells and cover every length at one batch size at least.
+    With ``graph_tokens``, factors come from measured cells on the same side of the graph line
+    (module doc); the cells beyond it with none measured there are added to ``untimed``.
     """
     if not isinstance(profile, Profile):
         fail("profile", profile, "is not a Profile")
@@ -51,34 +76,50 @@ def serving_factors(profile: Profile, measured: Measured) -> dict[tuple[int, int
         if not pts:
             fail(f"serving[k={k}]", None, "has no measured batch size (every length needs one)")
         pts.sort()
-        xs = [math.log(b) for b, _, _ in pts]
         for b in profile.batch_sizes:
-            x = math.log(b)
-            i = bisect_left(xs, x)
-            if i < len(xs) and xs[i] == x:
-                out[(b, k)] = pts[i][1:]
-            elif i == 0:
-                out[(b, k)] = pts[0][1:]
-            elif i == len(xs):
-                out[(b, k)] = pts[-1][1:]
-            else:
-                w = (x - xs[i - 1]) / (xs[i] - xs[i - 1])
-                (_, f0, u0), (_, f1, u1) = pts[i - 1], pts[i]
-                # An interpolated factor is as uncertain as the less certain of its two ends.
-                out[(b, k)] = ((1.0 - w) * f0 + w * f1, max(u0, u1))
+            side = off_graphs(b, k, graph_tokens, prefill_tokens)
+            same = [p for p in pts if off_graphs(p[0], k, graph_tokens, prefill_tokens) == side]
+            f, u = _interpolate(same or pts, b)
+            if not same:
+                u = max(u, UNTIMED_UNCERTAINTY)
+                if untimed is not None:
+                    untimed.add((b, k))
+            out[(b, k)] = (f, u)
     return out
 
 
+def _interpolate(pts: list[tuple[int, float, float]], b: int) -> tuple[float, float]:
+    """(factor, uncertainty) at ``b`` from sorted (B, f, u) points: linear in log B between
+    them, held at the nearest one beyond them."""
+    xs = [math.log(p[0]) for p in pts]
+    x = math.log(b)
+    i = bisect_left(xs, x)
+    if i < len(xs) and xs[i] == x:
+        return pts[i][1:]
+    if i == 0:
+        return pts[0][1:]
+    if i == len(xs):
+        return pts[-1][1:]
+    w = (x - xs[i - 1]) / (xs[i] - xs[i - 1])
+    (_, f0, u0), (_, f1, u1) = pts[i - 1], pts[i]
+    # An interpolated factor is as uncertain as the less certain of its two ends.
+    return (1.0 - w) * f0 + w * f1, max(u0, u1)
+
+
 def calibrate_profile(profile: Profile, measured: Measured,
-                      meta: dict[str, Any] | None = None) -> Profile:
+                      meta: dict[str, Any] | None = None, *, graph_tokens: int | None = None,
+                      prefill_tokens: float = 0.0) -> Profile:
     """``profile`` with every cell's step time (and repeats) times its serving factor.
 
     ``meta`` (what was measured, how) is stored under ``profile.meta["serving_calibration"]``
     together with the factors. A profile calibrated already is refused: factors multiply.
+    ``graph_tokens`` / ``prefill_tokens``: the graph line (``serving_factors``).
     """
     if any(c.serving_factor is not None for c in profile.cells):
         fail("profile", "serving_factor", "is calibrated already (its cells carry a factor)")
-    factors = serving_factors(profile, measured)
+    untimed: set = set()
+    factors = serving_factors(profile, measured, graph_tokens=graph_tokens,
+                              prefill_tokens=prefill_tokens, untimed=untimed)
     cells = []
     for c in profile.cells:
         f, u = factors[(c.batch_size, c.k)]
@@ -92,6 +133,12 @@ def calibrate_profile(profile: Profile, measured: Measured,
                      for (b, k), (ms, unc) in sorted(measured.items())],
         "factors": [{"batch_size": b, "k": k, "factor": f, "uncertainty": u}
                     for (b, k), (f, u) in sorted(factors.items())],
+        "graphs": {
+            "graph_tokens": graph_tokens, "prefill_tokens": prefill_tokens,
+            "off_graphs": [[b, k] for (b, k) in sorted(factors)
+                           if off_graphs(b, k, graph_tokens, prefill_tokens)],
+            "untimed": [list(key) for key in sorted(untimed)],
+        },
     }
     return Profile(fingerprint=profile.fingerprint, max_k=profile.max_k, cells=tuple(cells),
                    meta=new_meta)

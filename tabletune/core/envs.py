@@ -102,6 +102,11 @@ STEP_LOG = EnvVar(
     "Path of the step log TableTune's scheduler writes inside the engine: one record per step "
     "(period, requests, k, tokens, accepted) in a fixed-size ring (tabletune.core.step_log). "
     "Set by the launchers for every server that runs TableTune's scheduler.")
+ENGINE_CPUS = EnvVar(
+    "TABLETUNE_ENGINE_CPUS", None, text_or_none,
+    "Host cores (cpulist, e.g. 1-2) TableTune's scheduler pins every thread of the engine core "
+    "process to when it starts (tabletune.core.cpu_sets); set by the tune's launcher with "
+    "--cpu-affinity auto. Unset: vLLM's own placement.")
 COMPAT = EnvVar(
     "TABLETUNE_COMPAT", True, on_unless_off,
     "The vLLM compatibility layer (tabletune.vllm.compat); 0/off/false/no runs vLLM unpatched.")
@@ -153,7 +158,8 @@ STATE_DIR = EnvVar(
 ENV_VARS: dict[str, EnvVar] = {var.name: var for var in (
     REJECT_ALL, CONTROL_FILE, CONTROLLER, CONTROLLER_SETTINGS, CONTROLLER_OUT,
     CONTROLLER_ALLOW_FOREIGN_PRIOR, CONTROLLER_START_TABLE, PRIOR_CACHE,
-    CONTROLLER_FAULT_AFTER_STEPS, CONTROLLER_FAULT_SLOW_MS_PER_DRAFT, STEP_LOG, COMPAT,
+    CONTROLLER_FAULT_AFTER_STEPS, CONTROLLER_FAULT_SLOW_MS_PER_DRAFT, STEP_LOG, ENGINE_CPUS,
+    COMPAT,
     TRACE_GRAPHS, COMPAT_TRY, CACHE, ENGINE_QUEUE, ENGINE_POOL, TASK_RETRIES, RETRY_DELAY_S,
     DEPLOYMENT_KEY, PROMPTS_BUCKET, PROMPTS_PREFIX, STAGING_PREFIX, STATE_DIR,
 )}

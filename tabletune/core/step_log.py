@@ -27,22 +27,30 @@ from pathlib import Path
 
 from tabletune.core.atomic import atomic_replace
 
-__all__ = ["DEFAULT_CAPACITY", "Step", "StepLogReader", "StepLogWriter"]
+__all__ = ["DEFAULT_CAPACITY", "Step", "StepLogReader", "StepLogWriter", "facts_path"]
 
 MAGIC = b"TTSTEPS1"
-# 2: the cost tail is (count, cost ns, records costed); 1 (the H200 run of issue 27) kept
-# (count, wall ns, CPU ns, records costed). Records are the same in both.
-VERSION = 2
+# 3: each record's last field is what recording the step before it cost (ns; -1 not timed);
+# 2: the cost tail is (count, cost ns, records costed), the last field 0; 1 (the H200 run of
+# issue 27) kept (count, wall ns, CPU ns, records costed). Records are otherwise the same.
+VERSION = 3
 # magic, version, record size, capacity, then count, the writer's own cost (ns spent recording)
 # and how many records it covers, written together after each record
 _HEADER = struct.Struct("<8sIIqqqq")
 _COUNT_AT = 24  # offset of count inside the header
 # t_ns, period_ns, requests, new_requests, verifying, k, tokens, verified_drafts, accepted,
-# reserved
+# recording_ns (the previous record's cost)
 _RECORD = struct.Struct("<qqiiiiiiii")
 _TAIL = struct.Struct("<qqq")  # count, cost ns, records costed
 HEADER_SIZE = 64  # _HEADER padded, so records start aligned
+_INT32_MAX = 2**31 - 1
 DEFAULT_CAPACITY = 1 << 16  # 3 MiB; minutes of steps even at 2 ms a step
+
+
+def facts_path(step_log: str | os.PathLike[str]) -> Path:
+    """Beside the step log, the engine's facts its steps depend on (JSON, written once by
+    TableTune's scheduler at start): the captured CUDA graphs, the token budget of a step."""
+    return Path(f"{os.fspath(step_log)}.engine.json")
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +75,9 @@ class Step:
     tokens: int
     verified_drafts: int
     accepted: int
+    # What writing the previous step's record cost the engine, ns (-1: not timed, or a log
+    # older than version 3).
+    recording_ns: int = -1
 
     @property
     def period_ms(self) -> float:
@@ -138,7 +149,7 @@ class StepLogWriter:
         not timed)."""
         slot = HEADER_SIZE + (self.count % self.capacity) * _RECORD.size
         _RECORD.pack_into(self._map, slot, t_ns, period_ns, requests, new_requests, verifying,
-                          k, tokens, verified_drafts, accepted, 0)
+                          k, tokens, verified_drafts, accepted, min(cost_ns, _INT32_MAX))
         self.count += 1
         if cost_ns >= 0:
             self._cost_ns += cost_ns
@@ -163,7 +174,7 @@ class StepLogReader:
         if len(self._map) < HEADER_SIZE:
             raise ValueError(f"{self.path}: {len(self._map)} bytes is too short for a step log")
         magic, version, record_size, capacity, *_ = _HEADER.unpack_from(self._map, 0)
-        if magic != MAGIC or version not in (1, VERSION) or record_size != _RECORD.size:
+        if magic != MAGIC or version not in (1, 2, VERSION) or record_size != _RECORD.size:
             raise ValueError(f"{self.path}: not a TableTune step log (magic {magic!r}, "
                              f"version {version})")
         if len(self._map) < HEADER_SIZE + capacity * record_size:
@@ -192,7 +203,8 @@ class StepLogReader:
         steps = []
         for i in range(start, end):
             slot = HEADER_SIZE + (i % self.capacity) * _RECORD.size
-            steps.append(Step(*_RECORD.unpack_from(self._map, slot)[:9]))
+            fields = _RECORD.unpack_from(self._map, slot)
+            steps.append(Step(*fields) if self.version >= 3 else Step(*fields[:9]))
         return steps, lost
 
     def close(self) -> None:

@@ -23,6 +23,8 @@ import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
+from tabletune.core import envs
+from tabletune.core.cpu_sets import format_cpu_list
 from tabletune.core.vllm_contract import REJECT_ALL_ENV, STEP_LOG_ENV
 from tabletune.engine.spec import EngineSpec
 
@@ -234,6 +236,14 @@ def _die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
+def _before_exec(frontend_cores: set[int] | None) -> None:
+    """Runs in the child before exec: die with the parent, and start on the API server's cores
+    (the engine core it forks inherits them until TableTune's scheduler moves it)."""
+    _die_with_parent()
+    if frontend_cores:
+        os.sched_setaffinity(0, frontend_cores)
+
+
 # vLLM binds ZeroMQ sockets at TMPDIR/<uuid4> (36 characters); a Unix socket's path holds at
 # most 107 bytes, so the server's temporary folder may have at most 107 - 37 = 70.
 _MAX_SERVER_TMP_LEN = 70
@@ -270,8 +280,12 @@ class VllmServer:
     def __init__(self, spec: EngineSpec, *, speculative: dict | None, log_path: Path,
                  reject_all: bool = False, port: int | None = None,
                  startup_timeout_s: float = 600.0, extra_env: dict | None = None,
-                 extra_args: tuple[str, ...] = (), step_log: bool = False) -> None:
+                 extra_args: tuple[str, ...] = (), step_log: bool = False,
+                 cpu_plan=None) -> None:
         self.spec = spec
+        # tabletune.core.cpu_sets.CpuPlan: the API server (and what it starts) on its cores,
+        # the engine core re-pinned to its own by TableTune's scheduler. None: the OS decides.
+        self.cpu_plan = cpu_plan
         self.speculative = speculative
         self.log_path = Path(log_path)
         self.reject_all = reject_all
@@ -324,6 +338,9 @@ class VllmServer:
             env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         env.pop(REJECT_ALL_ENV, None)
         env.pop(STEP_LOG_ENV, None)
+        env.pop(envs.ENGINE_CPUS.name, None)
+        if self.cpu_plan is not None:
+            env[envs.ENGINE_CPUS.name] = format_cpu_list(self.cpu_plan.engine)
         if self.step_log_path is not None:
             env[STEP_LOG_ENV] = str(self.step_log_path)
         if self.reject_all and self.spec.device == "cpu":
@@ -359,9 +376,11 @@ class VllmServer:
         self._log_file = open(self.log_path, "ab")
         self.tmp_dir = _server_tmp_dir()
         try:
+            frontend = set(self.cpu_plan.frontend) if self.cpu_plan is not None else None
             self.proc = subprocess.Popen(
                 self.command(), stdout=self._log_file, stderr=subprocess.STDOUT,
-                env=self.environment(), start_new_session=True, preexec_fn=_die_with_parent,
+                env=self.environment(), start_new_session=True,
+                preexec_fn=lambda: _before_exec(frontend),
             )
         except BaseException:
             shutil.rmtree(self.tmp_dir, ignore_errors=True)
@@ -467,6 +486,20 @@ class VllmServer:
             except (OSError, ValueError) as e:
                 raise EngineError(f"step log {self.step_log_path}: {e}") from None
         return self._step_reader
+
+    def engine_facts(self) -> dict | None:
+        """The engine's configuration facts TableTune's scheduler wrote beside the step log
+        (``core.step_log.facts_path``: the captured graphs, a step's token budget); None
+        without a step log or before the scheduler wrote them."""
+        from tabletune.core.step_log import facts_path
+
+        if self.step_log_path is None:
+            return None
+        try:
+            facts = json.loads(facts_path(self.step_log_path).read_text())
+        except (OSError, ValueError):
+            return None
+        return facts if isinstance(facts, dict) else None
 
     def metrics(self) -> list[tuple[str, dict[str, str], float]]:
         self.check_alive()

@@ -276,7 +276,7 @@ def profile_deployment(
     mlflow_run_id: str,
     model_name: str,
     batch_sizes: Sequence[int],
-    repeats: int,
+    repeats: int | None,
     checkpoint: Path,
     workload_output_tokens: int | None = None,
 ) -> dict[str, Any]:

@@ -13,8 +13,10 @@ the median of every repeat's single steps pooled, with a two-level bootstrap int
 cross-check. (Profiles without a step log — older checkpoints — fall back to the steadier of
 the per-repeat client and engine values.)
 
-Repeats are interleaved: round r times every cell once (all B and, in one-launch mode, all k)
-before round r + 1 starts, so a slow minute of the machine lands on one repeat of many cells
+In one-launch mode the lengths of one B share each repeat's batch: they take turns in blocks of
+a few engine steps (``tuner.interleave``), so the machine's level shifts land on all of them
+alike. Repeats are interleaved: round r times every cell once (all B and all k) before round
+r + 1 starts, so a slow minute of the machine lands on one repeat of many cells
 instead of every repeat of a few. A reference cell is re-timed every few repeats; when it has
 moved beyond a bound, the repeats timed since its last good check are dropped and timed again,
 and a level it keeps is accepted as a new epoch (cells whose repeats straddle epochs are timed
@@ -118,6 +120,9 @@ class ProfileSettings:
     # Re-checks of a moved reference (drift_wait_s apart) before its new level is accepted.
     drift_retries: int = 2
     drift_wait_s: float = 5.0
+    # The lengths of one B share one batch, taking turns this many steps at a time
+    # (tuner.interleave); 0 = a batch per length, one after another.
+    block_steps: int = 8
 
     def __post_init__(self) -> None:
         if self.repeats < 1:
@@ -130,6 +135,8 @@ class ProfileSettings:
             raise ValueError(f"reference_every: {self.reference_every!r} must be >= 0")
         if not self.drift_bound > 0:
             raise ValueError(f"drift_bound: {self.drift_bound!r} must be > 0")
+        if self.block_steps < 0:
+            raise ValueError(f"block_steps: {self.block_steps!r} must be >= 0")
 
 
 @dataclass
@@ -421,8 +428,12 @@ def _assemble_from_steps(fingerprint: dict, max_k: int, raw: list[RawCell],
         "method": ("acceptance on, k pinned per cell; step = median of the cell's single pure "
                    "decode steps (exactly B requests, none prefilling, each verifying and "
                    "drafting k) from TableTune's step log, every repeat pooled; 90 % two-level "
-                   "bootstrap interval (repeats, then steps); lengths of one B timed one after "
-                   "another, their order rotated every round"),
+                   "bootstrap interval (repeats, then steps); "
+                   + (f"the lengths of one B share each repeat's batch, {settings.block_steps} "
+                      "steps of one length, then the next, in turn"
+                      if settings.block_steps else
+                      "lengths of one B timed one after another, their order rotated every "
+                      "round")),
         "steps": {
             "estimator": "median",
             "interval": "90 % two-level bootstrap (repeats, then steps within a repeat)",
@@ -495,6 +506,38 @@ class CellTimer:
         client_ms = batch.wall_s * 1000.0 / max(steps, 1)
         return client_ms, (_median(periods) if periods else None), len(periods), periods
 
+    def repeat_lengths(self, batch_size: int, lengths: Sequence[int],
+                       pin: Callable[[int], None]) -> dict[int, "Repeat"]:
+        """One repeat of every cell (``batch_size``, k in ``lengths``) from one batch: the
+        lengths take turns in blocks of steps (``tuner.interleave``), each for
+        ``output_tokens`` tokens a request on average, so a cell keeps about as many steps as a
+        repeat of its own. The client's value (the batch's wall time over its steps) is the
+        batch's, the same for every length."""
+        from tabletune.tuner.interleave import StepRotation, split_by_length
+
+        if len(lengths) == 1:
+            pin(lengths[0])
+            return {lengths[0]: self.one_repeat(batch_size, lengths[0])}
+        reader = self.server.step_log()
+        if reader is None:
+            raise EngineError(f"{self.server.log_path}: the server keeps no step log (TableTune's "
+                              "scheduler did not open it): no step to time a cell with")
+        prompts = self.prompts[:batch_size]
+        n_out = self.settings.output_tokens * len(lengths)
+        position = reader.position()
+        with StepRotation(reader, lengths, pin, self.settings.block_steps):
+            batch = self.server.guarded(run_batch, self.server.base_url, self.model, prompts,
+                                        max_tokens=n_out, temperature=self.settings.temperature)
+        self.server.check_alive()
+        if any(t != n_out for t in batch.completion_tokens):
+            raise EngineError(f"asked for {n_out} tokens per request at B={batch_size}, lengths "
+                              f"{list(lengths)}, got {sorted(set(batch.completion_tokens))}")
+        records, _lost = reader.since(position)
+        steps = sum(1 for st in records if st.requests > 0)
+        client_ms = batch.wall_s * 1000.0 / max(steps, 1)
+        return {k: (client_ms, (_median(periods) if periods else None), len(periods), periods)
+                for k, periods in split_by_length(records, batch_size, lengths).items()}
+
 
 # client ms, engine ms (None: no steps seen), steps seen, the single steps (None: no step log;
 # a timer without one may return the first three alone)
@@ -518,6 +561,7 @@ class RoundRobin:
         self.sleep = sleep
         self.progress = progress
         self.measure: Callable[[int, int], Repeat] | None = None
+        self.measure_lengths: Callable[[int, Sequence[int]], dict[int, Repeat]] | None = None
         self.pin: Callable[[int], None] | None = None
         self.pinned: int | None = None
         self.reference: tuple[int, int] | None = None
@@ -536,10 +580,15 @@ class RoundRobin:
     # -- engine boundary ------------------------------------------------------------------
 
     def attach(self, measure: Callable[[int, int], Repeat], pin: Callable[[int], None],
-               reference: tuple[int, int]) -> None:
-        """A (new) server: its own reference level, epoch and pinned length."""
+               reference: tuple[int, int],
+               measure_lengths: Callable[[int, Sequence[int]], dict[int, Repeat]] | None = None,
+               ) -> None:
+        """A (new) server: its own reference level, epoch and pinned length.
+        ``measure_lengths(B, ks)``, when given, times one repeat of every (B, k) of a round in
+        one batch (the lengths in turn, ``tuner.interleave``)."""
         self.flush()
         self.measure, self.pin, self.pinned = measure, pin, None
+        self.measure_lengths = measure_lengths
         self.reference = reference
         self.baseline = []
         if self.reference_ms or self.events:
@@ -551,6 +600,11 @@ class RoundRobin:
             self.pinned = k
         self.repeats_timed += 1
         return self.measure(b, k)
+
+    def _time_lengths(self, b: int, ks: Sequence[int]) -> dict[int, Repeat]:
+        self.pinned = None  # the rotation leaves whichever length came last
+        self.repeats_timed += len(ks)
+        return self.measure_lengths(b, ks)
 
     # -- bookkeeping ----------------------------------------------------------------------
 
@@ -652,9 +706,10 @@ class RoundRobin:
     def run(self, targets: dict[tuple[int, int], int]) -> None:
         """Time repeats until every cell ``key`` has ``targets[key]`` of them, round-robin.
 
-        Within a round the lengths of one batch size are timed one after another (slow drift
-        of the machine lands on all of them alike, and cancels in their ratio, which is what
-        moves the table), their order rotated from round to round."""
+        Within a round the lengths of one batch size share one batch, taking turns in blocks
+        of steps (with ``measure_lengths``), or are timed one after another: the machine's
+        level shifts land on all of them alike and cancel in their ratio, which is what moves
+        the table. Their order is rotated from round to round."""
         lengths = sorted({key[1] for key in targets})
         while True:
             todo = [key for key in targets if self.count(key) < targets[key]]
@@ -664,10 +719,19 @@ class RoundRobin:
             turn = self.rounds
             self.rounds += 1
             todo.sort(key=lambda key: (key[0], (lengths.index(key[1]) - turn) % len(lengths)))
-            for key in todo:
-                if self.count(key) == low:
-                    self.window.append((key, self._time(*key)))
-                    self._after_repeat()
+            due = [key for key in todo if self.count(key) == low]
+            if self.measure_lengths is not None:
+                for b in sorted({key[0] for key in due}):
+                    ks = [key[1] for key in due if key[0] == b]
+                    repeats = self._time_lengths(b, ks)
+                    for k in ks:
+                        self.window.append(((b, k), repeats[k]))
+                    for _ in ks:
+                        self._after_repeat()
+                continue
+            for key in due:
+                self.window.append((key, self._time(*key)))
+                self._after_repeat()
         self.flush()
 
     def remeasure(self, keys: Sequence[tuple[int, int]], repeats: int, why: str) -> None:
@@ -800,7 +864,10 @@ def profile_step_times(spec: EngineSpec, *, batch_sizes: Sequence[int], checkpoi
             for k in phase:
                 pin(k)
                 timer.warm_up(max(settings.batch_sizes))
-            rr.attach(timer.one_repeat, pin, (min(settings.batch_sizes), phase[0]))
+            interleaved = (lambda b, ks, pin=pin: timer.repeat_lengths(b, ks, pin)
+                           ) if settings.block_steps and len(phase) > 1 else None
+            rr.attach(timer.one_repeat, pin, (min(settings.batch_sizes), phase[0]),
+                      measure_lengths=interleaved)
             # Per-k mode has one length per server: nothing to compare across lengths there.
             run_schedule(rr, keys, settings, repair=len(phase) == len(lengths))
     finally:

@@ -159,7 +159,7 @@ def _window_steps(server: VllmServer, position: int, result) -> list[Step] | Non
 
 
 def launch_tune_server(spec: EngineSpec, *, max_batch_size: int, log_dir: Path,
-                       startup_timeout_s: float = 600.0, name: str = "tune"
+                       startup_timeout_s: float = 600.0, name: str = "tune", cpu_plan=None
                        ) -> tuple[VllmServer, Path]:
     """Start (without waiting) the one server a tune measures on: every length in vLLM's table,
     acceptance on, k pinned per phase through a control file (``logs/control.json``), the step
@@ -177,7 +177,7 @@ def launch_tune_server(spec: EngineSpec, *, max_batch_size: int, log_dir: Path,
             run_spec, table_with_every_length(run_spec.max_k, max(max_batch_size, 2))),
         log_path=log_dir / f"{name}.log", startup_timeout_s=startup_timeout_s,
         extra_env={CONTROL_FILE_ENV: str(control)},
-        extra_args=("--scheduler-cls", SCHEDULER_CLS), step_log=True)
+        extra_args=("--scheduler-cls", SCHEDULER_CLS), step_log=True, cpu_plan=cpu_plan)
     log.info("tune: starting vLLM (%s, every length 0..%d pinned per phase); its log: %s",
              spec.model, spec.max_k, server.log_path)
     return server.launch(), control

@@ -26,6 +26,8 @@ returns what they are made from.
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,7 +40,9 @@ from tabletune.core.workload import DEFAULT_OUTPUT_TOKENS
 from tabletune.engine.spec import EngineSpec
 
 __all__ = ["TunePlan", "TuneResult", "tune", "tune_plan", "measure_step_times",
-           "measure_acceptance", "acceptance_spec"]
+           "measure_acceptance", "acceptance_spec", "cpu_plan_for", "CPU_AFFINITY_CHOICES"]
+
+log = logging.getLogger("tabletune.tune")
 
 # The acceptance server always has room for this many requests at once (the acceptance batch).
 ACCEPTANCE_MIN_NUM_SEQS = 64
@@ -92,9 +96,13 @@ def measure_acceptance(spec: EngineSpec, prompts: Sequence[str], *, temperature:
             server.stop()
 
 
-# Tokens a request of a profile repeat asks for. Acceptance is on, so a repeat's pure decode
-# steps at B end when its first request is done: ~N / (1 + a_1 + .. + a_k) of them, ~N at k = 0.
-PROFILE_OUTPUT_TOKENS = {"cuda": 129, "cpu": 65}
+# Tokens a request of a profile repeat asks for, per length (the lengths of one B share a batch
+# that asks for this many times the number of lengths: tuner.interleave). Acceptance is on, so a
+# length's pure decode steps number ~N / (1 + a_1 + .. + a_k), ~N at k = 0.
+PROFILE_OUTPUT_TOKENS = {"cuda": 65, "cpu": 65}
+# Repeats per cell: on the H200 the level of the machine shifts from one second to the next;
+# each repeat (a round over the grid apart) is one more draw of it.
+PROFILE_REPEATS = {"cuda": 5, "cpu": 3}
 # The workload a tune states when the user states none: chat-length answers on a GPU; on the
 # CPU build (the embedded toy pair, minutes per tune) the acceptance run's length.
 WORKLOAD_OUTPUT_TOKENS = {"cuda": DEFAULT_OUTPUT_TOKENS, "cpu": 64}
@@ -103,19 +111,20 @@ WORKLOAD_OUTPUT_TOKENS = {"cuda": DEFAULT_OUTPUT_TOKENS, "cpu": 64}
 def tune_plan(spec: EngineSpec, batch_sizes: Sequence[int], *, repeats: int | None = None,
               profile_output_tokens: int | None = None, max_spread: float | None = None,
               reference_every: int | None = None, drift_bound: float | None = None,
-              startup_timeout_s: float | None = None, mode: str = "one-launch",
+              block_steps: int | None = None, startup_timeout_s: float | None = None, mode: str = "one-launch",
               serving_batch_sizes: Sequence[int] | None = None, serving: bool = True,
               workload_output_tokens: int | None = None, serving_warm_up_s: float | None = None,
               serving_window_s: float | None = None, serving_rounds: int | None = None,
               temperature: float | None = None,
               max_tokens: int | None = None,
               lengths: Sequence[int] | None = None, tie_margin: float = DEFAULT_TIE_MARGIN,
-              table_max_batch_size: int | None = None) -> TunePlan:
+              table_max_batch_size: int | None = None,
+              cpu_affinity: str | None = None) -> TunePlan:
     """The one place a tune's defaults are filled in: ``tabletune tune`` and the pipeline's
     re-profile both build their plan here, so they measure the same stages with the same cell
     semantics and the same workload (``tests/pipeline/test_one_measuring_path.py``). None means
     the default; options are taken as checked by the caller."""
-    from tabletune.core.defaults import DEFAULT_MAX_TOKENS, DEFAULT_REPEATS, DEFAULT_TEMPERATURE
+    from tabletune.core.defaults import DEFAULT_MAX_TOKENS, DEFAULT_TEMPERATURE
     from tabletune.tuner.profiler import DEFAULT_STARTUP_TIMEOUT_S, ProfileSettings
     from tabletune.tuner.serving import (DEFAULT_SERVING_ROUNDS, DEFAULT_SERVING_WARM_UP_S,
                                          DEFAULT_SERVING_WINDOW_S, ServingPlan)
@@ -124,11 +133,11 @@ def tune_plan(spec: EngineSpec, batch_sizes: Sequence[int], *, repeats: int | No
     grid = tuple(sorted(set(batch_sizes)))
     device = "cuda" if spec.device == "cuda" else "cpu"
     settings: dict[str, Any] = {
-        "batch_sizes": grid, "repeats": repeats or DEFAULT_REPEATS,
+        "batch_sizes": grid, "repeats": repeats or PROFILE_REPEATS[device],
         "output_tokens": profile_output_tokens or PROFILE_OUTPUT_TOKENS[device],
         "startup_timeout_s": startup_timeout_s or DEFAULT_STARTUP_TIMEOUT_S}
     for name, value in (("max_spread", max_spread), ("reference_every", reference_every),
-                        ("drift_bound", drift_bound)):
+                        ("drift_bound", drift_bound), ("block_steps", block_steps)):
         if value is not None:
             settings[name] = value
     plan = None
@@ -146,7 +155,8 @@ def tune_plan(spec: EngineSpec, batch_sizes: Sequence[int], *, repeats: int | No
                     max_tokens=max_tokens or DEFAULT_MAX_TOKENS,
                     startup_timeout_s=startup_timeout_s or DEFAULT_STARTUP_TIMEOUT_S,
                     lengths=tuple(lengths) if lengths is not None else None,
-                    tie_margin=tie_margin, table_max_batch_size=table_max_batch_size)
+                    tie_margin=tie_margin, table_max_batch_size=table_max_batch_size,
+                    cpu_affinity=cpu_affinity or "off")
 
 
 @dataclass(frozen=True)
@@ -163,6 +173,30 @@ class TunePlan:
     lengths: tuple[int, ...] | None = None
     tie_margin: float = DEFAULT_TIE_MARGIN
     table_max_batch_size: int | None = None
+    # "auto": on cuda with enough cores, the engine core, the API server and the client each on
+    # cores of their own (tabletune.core.cpu_sets); "off": wherever the OS puts them.
+    cpu_affinity: str = "off"
+
+
+CPU_AFFINITY_CHOICES = ("off", "auto")
+
+
+def cpu_plan_for(spec: EngineSpec, choice: str):
+    """The tune's ``CpuPlan`` for ``choice``, or None (off, the CPU build, whose engine binds its
+    own OpenMP threads, or too few cores to spread)."""
+    from tabletune.core.cpu_sets import plan_cpus
+    from tabletune.engine.placement import usable_cores
+
+    if choice not in CPU_AFFINITY_CHOICES:
+        raise ValueError(f"cpu_affinity: {choice!r} is not one of {CPU_AFFINITY_CHOICES}")
+    if choice == "off" or spec.device != "cuda":
+        return None
+    plan = plan_cpus(usable_cores())
+    if plan is None:
+        log.warning("tune: --cpu-affinity auto: %d usable cores are too few to give the engine "
+                    "core, the API server and the client their own; not pinning",
+                    len(usable_cores()))
+    return plan
 
 
 @dataclass(frozen=True)
@@ -193,6 +227,7 @@ def tune(spec: EngineSpec, plan: TunePlan, out_dir: Path, *, prompts: Sequence[s
     written (the CLI describes it there).
     """
     from tabletune.core.calibration import calibrate_profile
+    from tabletune.engine.placement import pinned
     from tabletune.tuner.serving import (acceptance_pinned, launch_tune_server,
                                          measured_for_calibration, measured_prompt_tokens,
                                          serving_windows, wait_for, workload_step)
@@ -208,11 +243,18 @@ def tune(spec: EngineSpec, plan: TunePlan, out_dir: Path, *, prompts: Sequence[s
     cells: list = []
     times = {"startup_s": 0.0, "acceptance_s": 0.0, "profile_s": 0.0, "serving_s": 0.0}
 
+    cpus = cpu_plan_for(spec, plan.cpu_affinity)
+    facts: dict = {}  # the tune server's engine facts (captured graphs), once it is up
+
     def profile_on(server) -> Profile:
         t = time.time()
         measured = measure_step_times(spec, batch_sizes=grid, settings=plan.profile_settings,
                                       checkpoint=out / "profile.ckpt.jsonl",
                                       log_dir=out / "logs", mode=plan.mode, server=server)
+        # Where it ran belongs with what it measured (the noise floor depends on it).
+        measured = dataclasses.replace(measured, meta={
+            **measured.meta, "cpu_affinity": plan.cpu_affinity if server is not None else "off",
+            "cpu_plan": cpus.to_dict() if cpus is not None and server is not None else None})
         save_json(out / "profile.json", measured)
         times["profile_s"] += time.time() - t
         return measured
@@ -225,32 +267,43 @@ def tune(spec: EngineSpec, plan: TunePlan, out_dir: Path, *, prompts: Sequence[s
             max_num_seqs=max(acceptance_spec(spec).max_num_seqs, max(grid)))
         server, control = launch_tune_server(server_spec, max_batch_size=max(grid),
                                              log_dir=out / "logs",
-                                             startup_timeout_s=plan.startup_timeout_s)
+                                             startup_timeout_s=plan.startup_timeout_s,
+                                             cpu_plan=cpus)
+        if cpus is not None:
+            log.info("tune: %s", cpus.describe())
         try:
-            wait_for(server)
-            times["startup_s"] = time.time() - t
-            if acceptance is None:
-                t = time.time()
-                acceptance = acceptance_pinned(server, control, prompts,
-                                               temperature=plan.temperature,
-                                               max_tokens=plan.max_tokens)
-                save_json(out / "acceptance.json", acceptance)
-                times["acceptance_s"] = time.time() - t
-            if profile is None:
-                profile = profile_on((server, control))
-            if plan.serving is not None:
-                t = time.time()
-                cells = serving_windows(server, control, prompts, plan=plan.serving,
-                                        temperature=plan.temperature)
-                times["serving_s"] = time.time() - t
+            with pinned(cpus.client if cpus is not None else None):
+                wait_for(server)
+                times["startup_s"] = time.time() - t
+                facts = server.engine_facts() or {}
+                if acceptance is None:
+                    t = time.time()
+                    acceptance = acceptance_pinned(server, control, prompts,
+                                                   temperature=plan.temperature,
+                                                   max_tokens=plan.max_tokens)
+                    save_json(out / "acceptance.json", acceptance)
+                    times["acceptance_s"] = time.time() - t
+                if profile is None:
+                    profile = profile_on((server, control))
+                if plan.serving is not None:
+                    t = time.time()
+                    cells = serving_windows(server, control, prompts, plan=plan.serving,
+                                            temperature=plan.temperature)
+                    times["serving_s"] = time.time() - t
         finally:
             server.stop()
     if cells:
         workload = plan.serving.workload(measured_prompt_tokens(cells))
         rates = acceptance.rates[:profile.max_k]
+        # A step past the largest captured graph runs without graphs: factors are not
+        # interpolated across that line (core.calibration).
+        graph_tokens = (facts.get("max_cudagraph_capture_size") if facts.get("cudagraphs")
+                        else None)
         profile = calibrate_profile(
             profile, measured_for_calibration(cells, workload, rates),
-            meta={"method": "closed-loop windows with acceptance on, k pinned for every step, "
+            graph_tokens=graph_tokens, prefill_tokens=workload.prompt_tokens or 0.0,
+            meta={"engine": facts,
+                  "method": "closed-loop windows with acceptance on, k pinned for every step, "
                             "requests of the stated workload's output length; step = the "
                             "window's median pure decode step and median prefill-carrying "
                             "step (TableTune's step log, at exactly B requests) mixed as the "

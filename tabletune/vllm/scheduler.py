@@ -34,20 +34,44 @@ engine schedules asynchronously; the start-up log says which one runs.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
 
 from tabletune.controller.step_clock import StepClock
 from tabletune.core import envs
-from tabletune.core.step_log import StepLogWriter
+from tabletune.core.cpu_sets import parse_cpu_list
+from tabletune.core.atomic import atomic_write_text
+from tabletune.core.step_log import StepLogWriter, facts_path
 from tabletune.core.vllm_contract import CONTROL_FILE_ENV, OUT_ENV, PRIOR_ENV, SLOW_FAULT_ENV
+from tabletune.engine.placement import pin_threads
 from tabletune.vllm.lookup import ControlFile, StepLookup
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 
 # Under "vllm." so records go through vLLM's own log handlers in the engine process.
 logger = logging.getLogger("vllm.tabletune.scheduler")
+
+def engine_facts(vllm_config) -> dict:
+    """What the engine was configured with that a step's time depends on: whether it replays
+    captured CUDA graphs, up to how many tokens (a step past that runs without them), and a
+    step's token budget. Read from the config by attribute, so a version without one says None."""
+    compilation = getattr(vllm_config, "compilation_config", None)
+    model = getattr(vllm_config, "model_config", None)
+    scheduler = getattr(vllm_config, "scheduler_config", None)
+    sizes = sorted(int(x) for x in (getattr(compilation, "cudagraph_capture_sizes", None) or []))
+    mode = getattr(compilation, "cudagraph_mode", None)
+    mode_name = getattr(mode, "name", None) or (None if mode is None else str(mode))
+    graphs = (not getattr(model, "enforce_eager", False) and bool(sizes)
+              and mode_name not in (None, "NONE"))
+    largest = getattr(compilation, "max_cudagraph_capture_size", None) or (
+        sizes[-1] if sizes else None)
+    return {"cudagraphs": graphs, "cudagraph_mode": mode_name,
+            "max_cudagraph_capture_size": int(largest) if graphs and largest else None,
+            "cudagraph_capture_sizes": sizes if graphs else [],
+            "max_num_batched_tokens": getattr(scheduler, "max_num_batched_tokens", None)}
+
 
 def _async_scheduling(args, kwargs) -> bool:
     config = kwargs.get("vllm_config", args[0] if args else None)
@@ -79,8 +103,21 @@ class TableTuneScheduler(Scheduler):
             logger.exception("TableTune scheduler could not install; running vLLM's own lookup")
             self._tabletune_lookup = None
         try:
+            cores = envs.ENGINE_CPUS.get()
+            if cores:
+                # Every thread of the engine core (its loop, and the threads torch, ZeroMQ and
+                # vLLM started before the scheduler) on the cores the launcher chose for it.
+                pinned = pin_threads(parse_cpu_list(cores))
+                logger.info("TableTune: the engine core's %d threads pinned to cores %s",
+                            len(pinned), cores)
+        except Exception:  # a placement it cannot have is not worth an engine
+            logger.exception("TableTune could not pin the engine core to %s; vLLM's placement",
+                             envs.ENGINE_CPUS.get())
+        try:
             path = envs.STEP_LOG.get()
             if path:
+                atomic_write_text(facts_path(path), json.dumps(
+                    engine_facts(getattr(self, "vllm_config", None))))
                 self._tabletune_steps = StepLogWriter(path)
                 logger.info("TableTune step log: %s (%d records)", path,
                             self._tabletune_steps.capacity)

@@ -209,6 +209,14 @@ def test_build_max_batch_size_beyond_reason_is_an_error_not_an_overflow(docs, ca
      "--workload-output-tokens: 400: the serving windows' longest requests (600 tokens) do not "
      "fit --max-model-len 512"),
     (["--serving-rounds", "0"], "--serving-rounds: 0 is not an integer >= 1"),
+    (["--block-steps=-1"], "--block-steps: -1 is not an integer >= 0"),
+    (["--output-tokens", "200"],
+     "--output-tokens: 200: a repeat's requests (200 tokens x 4 lengths sharing a batch + 64 "
+     "for the prompt) do not fit --max-model-len 512; lower --output-tokens, or --block-steps 0 "
+     "(a batch per length)"),
+    (["--output-tokens", "500", "--block-steps", "0"],
+     "--output-tokens: 500: a repeat's requests (500 tokens + 64 for the prompt) do not fit "
+     "--max-model-len 512; lower --output-tokens, or --block-steps 0 (a batch per length)"),
 ])
 def test_tune_refuses_bad_arguments_before_any_work(tmp_path, capsys, no_engine, args, message):
     out = tmp_path / "out"

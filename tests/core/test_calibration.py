@@ -76,3 +76,44 @@ def test_serving_batch_sizes_spread_in_log_b_with_both_ends():
     assert picked[0] == 1 and picked[-1] == 256 and len(picked) == 4
     assert serving_batch_sizes((1, 2, 4), 4) == (1, 2, 4)
     assert serving_batch_sizes((1, 2, 4, 8, 16), 3) == (1, 4, 16)
+
+
+def _h200_like(measured_bs=(1, 16, 64, 128, 256)):
+    """k = 3 at B = 256 passes 1 024 tokens with any prefill (the H200's graph line), and its
+    serving steps there ran 2x; everywhere else 1.2x."""
+    p = _profile(bs=(1, 16, 64, 128, 192, 256), ks=(0, 1, 2, 3))
+    measured = {}
+    for b in measured_bs:
+        for k in p.lengths:
+            factor = 2.0 if b * (1 + k) + 30 > 1024 else 1.2
+            measured[(b, k)] = (p.step_ms(b, k) * factor, 0.02)
+    return p, measured
+
+
+def test_a_factor_never_comes_from_across_the_graph_line():
+    p, measured = _h200_like()
+    smeared = serving_factors(p, measured)
+    assert 1.2 < smeared[(192, 3)][0] < 2.0  # interpolated across the jump
+    untimed: set = set()
+    f = serving_factors(p, measured, graph_tokens=1024, prefill_tokens=30, untimed=untimed)
+    assert f[(192, 3)] == pytest.approx((1.2, 0.02))   # 768 + 30 tokens: on the graphs
+    assert f[(256, 3)] == pytest.approx((2.0, 0.02))   # measured beyond the line
+    assert f[(256, 2)] == pytest.approx((1.2, 0.02))
+    assert untimed == set()
+
+
+def test_a_cell_beyond_the_line_that_nothing_timed_there_is_marked_and_uncertain():
+    p, measured = _h200_like(measured_bs=(1, 16, 64, 128))
+    calibrated = calibrate_profile(p, measured, graph_tokens=1024, prefill_tokens=30)
+    cell = next(c for c in calibrated.cells if (c.batch_size, c.k) == (256, 3))
+    assert cell.serving_factor == pytest.approx(1.2)  # the nearest, held
+    assert cell.serving_uncertainty == 0.5
+    graphs = calibrated.meta["serving_calibration"]["graphs"]
+    assert graphs["untimed"] == [[256, 3]] and graphs["off_graphs"] == [[256, 3]]
+    assert graphs["graph_tokens"] == 1024
+
+
+def test_without_graphs_nothing_is_off_them():
+    p, measured = _h200_like()
+    calibrated = calibrate_profile(p, measured)
+    assert calibrated.meta["serving_calibration"]["graphs"]["off_graphs"] == []

@@ -53,6 +53,8 @@ def test_the_writer_keeps_its_own_cost_for_the_benchmark(tmp_path):
     writer.append(3, 1, 1, 0, 0, 0, 1, 0, 0, cost_ns=4000)
     assert reader.recording_cost_us() == (3.0, 2)
     assert reader.position() == 3
+    # Each record also carries its predecessor's cost, for a median over steps.
+    assert [st.recording_ns for st in reader.since(0)[0]] == [-1, 2000, 4000]
 
 
 def test_a_file_that_is_not_a_step_log_is_refused(tmp_path):

@@ -200,3 +200,58 @@ def test_the_progress_total_grows_with_every_repeat_timed_again_and_says_why(tmp
     # Every repeat timed (reference checks aside) was counted, and the count ends at the total.
     assert bar.reasons and bar.done == bar.total > 3 * len(KEYS)
     assert all("reference cell moved" in why or "re-timing" in why for why in bar.reasons)
+
+
+class InterleavingMachine(FakeMachine):
+    """Times every length of one B in one batch; the load factor of the batch's tick lands on
+    all of them alike (what sharing a batch is for)."""
+
+    def __init__(self, load=lambda t: 1.0):
+        super().__init__(load)
+        self.batches: list[tuple[int, tuple[int, ...]]] = []
+
+    def measure_lengths(self, b: int, ks):
+        self.batches.append((b, tuple(ks)))
+        factor = self.load(self.clock)
+        self.clock += 1
+        out = {}
+        for k in ks:
+            self.timed.append((b, k))
+            ms = truth(b, k) * factor
+            out[k] = (ms, ms, 60)
+        return out
+
+
+def test_with_shared_batches_every_round_times_the_lengths_of_each_b_in_one_batch(tmp_path):
+    # The level moves by 20 % from one batch to the next and back: repeats of a cell differ,
+    # the ratios between lengths of one B never do.
+    machine = InterleavingMachine(load=lambda t: 1.2 if int(t) % 2 else 1.0)
+    s = settings(reference_every=0)
+    ckpt = Checkpoint(tmp_path / "c.jsonl", {"engine": "fake"}, s)
+    rr = RoundRobin(ckpt, s, sleep=machine.sleep)
+    rr.attach(machine.measure, machine.pin, (1, 0), measure_lengths=machine.measure_lengths)
+    run_schedule(rr, KEYS, s, repair=True)
+    assert len(machine.batches) == 3 * len(GRID)
+    assert [b for b, _ in machine.batches] == [1, 2, 4] * 3
+    # The order of the lengths inside a batch turns from round to round.
+    assert {ks for _, ks in machine.batches} == {(0, 1, 2), (1, 2, 0), (2, 0, 1)}
+    for b in GRID:
+        samples = {k: ckpt.cells[(b, k)].engine_samples_ms for k in LENGTHS}
+        assert all(len(v) == 3 for v in samples.values())
+        for r in range(3):
+            ratio = samples[2][r] / samples[0][r]
+            assert ratio == pytest.approx(truth(b, 2) / truth(b, 0))
+        assert max(samples[0]) / min(samples[0]) == pytest.approx(1.2)
+
+
+def test_with_shared_batches_the_reference_check_still_pins_its_own_length(tmp_path):
+    machine = InterleavingMachine()
+    s = settings(reference_every=4)
+    ckpt = Checkpoint(tmp_path / "c.jsonl", {"engine": "fake"}, s)
+    rr = RoundRobin(ckpt, s, sleep=machine.sleep)
+    rr.attach(machine.measure, machine.pin, (1, 0), measure_lengths=machine.measure_lengths)
+    run_schedule(rr, KEYS, s, repair=True)
+    assert all(len(ckpt.cells[key].engine_samples_ms) == 3 for key in KEYS)
+    # Single repeats of the reference cell, pinned, between the shared batches.
+    assert machine.pins and set(machine.pins) == {0}
+    assert rr.meta()["reference_ms"]

@@ -22,6 +22,9 @@ def fake_engine(monkeypatch, tmp_path):
         def stop(self):
             calls.append(("stop",))
 
+        def engine_facts(self):
+            return {"cudagraphs": False}
+
     server = Server()
 
     def profile_step_times(spec, *, batch_sizes, settings, checkpoint, log_dir, mode, server):
@@ -32,7 +35,7 @@ def fake_engine(monkeypatch, tmp_path):
             calls.append(("acceptance.json written",))
         return make_profile()
 
-    def launch_tune_server(spec, *, max_batch_size, log_dir, startup_timeout_s):
+    def launch_tune_server(spec, *, max_batch_size, log_dir, startup_timeout_s, cpu_plan=None):
         calls.append(("launch", spec.max_num_seqs, max_batch_size))
         return server, log_dir / "control.json"
 

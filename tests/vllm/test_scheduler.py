@@ -10,6 +10,7 @@ from fake_vllm import install_fake_schedulers
 from fake_vllm import scheduler_output as _output
 
 from tabletune.controller.step_clock import StepClock
+from tabletune.engine.placement import pin_threads
 
 
 @pytest.fixture
@@ -110,3 +111,56 @@ def test_a_broken_step_log_switches_itself_off_and_the_engine_goes_on(logging_sc
     assert scheduler.update_from_output(_output(2, 2, 2), None) == {}
     assert scheduler._tabletune_steps is None
     assert scheduler.update_from_output(_output(2, 2, 2), None) == {}
+
+
+def test_the_scheduler_pins_the_engine_core_where_the_launcher_says(scheduler_module,
+                                                                    monkeypatch):
+    import os
+
+    core = max(os.sched_getaffinity(0))
+    before = os.sched_getaffinity(0)
+    monkeypatch.setenv("TABLETUNE_ENGINE_CPUS", str(core))
+    try:
+        scheduler_module.TableTuneScheduler(SimpleNamespace())
+        assert os.sched_getaffinity(0) == {core}
+    finally:
+        pin_threads(before)  # every thread of this test process back where it was
+
+
+def test_a_placement_it_cannot_have_leaves_the_engine_running(scheduler_module, monkeypatch,
+                                                              caplog):
+    import os
+
+    before = os.sched_getaffinity(0)
+    monkeypatch.setenv("TABLETUNE_ENGINE_CPUS", "4000")  # no such core
+    scheduler = scheduler_module.TableTuneScheduler(SimpleNamespace())
+    assert scheduler._tabletune_lookup is not None
+    assert os.sched_getaffinity(0) == before
+    assert "could not pin the engine core to 4000" in caplog.text
+
+
+def test_the_engine_facts_say_whether_and_up_to_where_steps_replay_graphs(scheduler_module):
+    facts = scheduler_module.engine_facts
+    graphs = SimpleNamespace(
+        compilation_config=SimpleNamespace(cudagraph_capture_sizes=[512, 1, 2, 1024],
+                                           cudagraph_mode=SimpleNamespace(name="FULL_AND_PIECEWISE"),
+                                           max_cudagraph_capture_size=1024),
+        model_config=SimpleNamespace(enforce_eager=False),
+        scheduler_config=SimpleNamespace(max_num_batched_tokens=8192))
+    assert facts(graphs) == {"cudagraphs": True, "cudagraph_mode": "FULL_AND_PIECEWISE",
+                             "max_cudagraph_capture_size": 1024,
+                             "cudagraph_capture_sizes": [1, 2, 512, 1024],
+                             "max_num_batched_tokens": 8192}
+    eager = SimpleNamespace(compilation_config=graphs.compilation_config,
+                            model_config=SimpleNamespace(enforce_eager=True))
+    assert facts(eager)["cudagraphs"] is False
+    assert facts(eager)["max_cudagraph_capture_size"] is None
+    assert facts(None)["cudagraphs"] is False  # a config without the fields
+
+
+def test_the_facts_are_written_beside_the_step_log(logging_scheduler):
+    import json
+
+    _, path = logging_scheduler
+    facts = json.loads((path.parent / (path.name + ".engine.json")).read_text())
+    assert facts["cudagraphs"] is False and "max_num_batched_tokens" in facts
