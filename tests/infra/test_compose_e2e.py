@@ -13,10 +13,12 @@ infra/compose/up.sh started, and says so through TABLETUNE_COMPOSE_E2E=1.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -38,6 +40,16 @@ S3 = "http://127.0.0.1:9000"
 CPU_PROFILE = REPO / "benchmarks" / "results" / "cpu" / "profile.json"
 CPU_ACCEPTANCE = REPO / "benchmarks" / "results" / "cpu" / "acceptance.json"
 RUN_TIMEOUT_S = float(os.environ.get("TABLETUNE_COMPOSE_RUN_TIMEOUT_S", "1500"))
+
+
+@contextlib.contextmanager
+def phase(capsys, name: str):
+    """One line on the CI log per phase of the test, with its time (past pytest's capture)."""
+    started = time.monotonic()
+    yield
+    with capsys.disabled():
+        print(f"[compose-e2e] {name}: {time.monotonic() - started:.0f} s", file=sys.stderr,
+              flush=True)
 
 
 def compose(*args: str, timeout: float = 300) -> str:
@@ -160,7 +172,7 @@ def seed(model: str) -> None:
     assert alias(model, "production")["version"] == "1", out
 
 
-def test_compose_stack_runs_the_pipeline_on_celery_workers_and_scales_the_gpu_queue():
+def test_compose_stack_runs_the_pipeline_on_celery_workers_and_scales_the_gpu_queue(capsys):
     env = stack_env()
     key = f"compose-{int(time.time())}"
     model = f"tabletune-{key}"
@@ -173,16 +185,17 @@ def test_compose_stack_runs_the_pipeline_on_celery_workers_and_scales_the_gpu_qu
     assert len(gpu) == 1 and len(default) == 1, (gpu, default)
 
     # The weekly refresh: acceptance measured on the gpu worker, promoted to production.
-    weekly, tis = run_dag(api, "tabletune_acceptance_weekly", {
-        "deployment_key": key, "prefix": prefix, "window_end": today.isoformat(),
-        "n_prompts": 16, "min_prompts": 8, "max_tokens": 24, "compare_edges": False})
+    with phase(capsys, "weekly DAG run"):
+        weekly, tis = run_dag(api, "tabletune_acceptance_weekly", {
+            "deployment_key": key, "prefix": prefix, "window_end": today.isoformat(),
+            "n_prompts": 8, "min_prompts": 4, "max_tokens": 16, "compare_edges": False})
     assert_on_workers(tis, {"measure_acceptance"}, set(gpu.values()), set(default.values()))
     run = mlflow_run(weekly)
     assert run["info"]["status"] == "FINISHED"
     tags = {t["key"]: t["value"] for t in run["data"].get("tags", [])}
     assert tags["airflow.run_id"] == weekly
     metrics = {m["key"]: m["value"] for m in run["data"]["metrics"]}
-    assert metrics["prompts_sampled"] == 16 and metrics["gate_passed"] == 1
+    assert metrics["prompts_sampled"] == 8 and metrics["gate_passed"] == 1
     production = alias(model, "production")
     assert production["version"] == "2" and production["run_id"] == run["info"]["run_id"]
     assert alias(model, "previous")["version"] == "1"
@@ -192,11 +205,13 @@ def test_compose_stack_runs_the_pipeline_on_celery_workers_and_scales_the_gpu_qu
                        tis["measure_acceptance"]["try_number"])
     assert "same 'secret_key'" not in log, log[-2000:]
     sample_uri = f"s3://{env['TABLETUNE_PROMPTS_BUCKET']}/"
-    assert "measured acceptance" in log and f"on 16 prompts of {sample_uri}" in log, log[-2000:]
+    assert "measured acceptance" in log and f"on 8 prompts of {sample_uri}" in log, log[-2000:]
 
     # A re-profile by hand: step times measured on the gpu worker, registered and promoted.
-    profiled, tis = run_dag(api, "tabletune_profile", {
-        "deployment_key": key, "batch_sizes": [1, 2, 4], "repeats": 1, "edge_tolerance": 10.0})
+    with phase(capsys, "profile DAG run"):
+        profiled, tis = run_dag(api, "tabletune_profile", {
+            "deployment_key": key, "batch_sizes": [1, 2], "repeats": 1,
+            "edge_tolerance": 10.0})
     assert_on_workers(tis, {"profile"}, set(gpu.values()), set(default.values()))
     run = mlflow_run(profiled)
     assert run["info"]["status"] == "FINISHED"
@@ -210,20 +225,23 @@ def test_compose_stack_runs_the_pipeline_on_celery_workers_and_scales_the_gpu_qu
 
     # The horizontal path: a second worker on queue `gpu` joins; the first one leaves, and the
     # next engine task runs on the newcomer.
-    compose("up", "-d", "--no-build", "--no-recreate", "--scale", "airflow-worker-gpu=2",
-            "airflow-worker-gpu")
-    joined = {cid: h for cid, h in hostnames("airflow-worker-gpu").items() if cid not in gpu}
-    assert len(joined) == 1, joined
-    (new_id, new_host), = joined.items()
-    wait_for_log(new_id, "ready.", timeout_s=300)
-    (old_id,) = gpu
-    docker("stop", "--time", "60", old_id)
-    reprofile, tis = run_dag(api, "tabletune_reprofile", {"deployment_key": key})
-    assert tis["check_fingerprint"]["queue"] == "gpu"
-    assert tis["check_fingerprint"]["hostname"] == new_host, (tis["check_fingerprint"], new_host)
+    with phase(capsys, "second gpu worker, first stopped, reprofile DAG run"):
+        compose("up", "-d", "--no-build", "--no-recreate", "--scale", "airflow-worker-gpu=2",
+                "airflow-worker-gpu")
+        joined = {cid: h for cid, h in hostnames("airflow-worker-gpu").items() if cid not in gpu}
+        assert len(joined) == 1, joined
+        (new_id, new_host), = joined.items()
+        wait_for_log(new_id, "ready.", timeout_s=300)
+        (old_id,) = gpu
+        docker("stop", "--time", "60", old_id)
+        reprofile, tis = run_dag(api, "tabletune_reprofile", {"deployment_key": key})
+        assert tis["check_fingerprint"]["queue"] == "gpu"
+        assert tis["check_fingerprint"]["hostname"] == new_host, (
+            tis["check_fingerprint"], new_host)
 
     # Down with volumes: nothing of the project is left.
-    compose("down", "-v", "--remove-orphans", timeout=600)
+    with phase(capsys, "down -v"):
+        compose("down", "-v", "--remove-orphans", timeout=600)
     label = "label=com.docker.compose.project=" + os.environ.get("COMPOSE_PROJECT_NAME",
                                                                  "tabletune")
     assert docker("ps", "-aq", "--filter", label).split() == []

@@ -114,15 +114,17 @@ def test_a_profile_of_the_real_engine_survives_its_death_and_resumes_remeasuring
     ckpt = out / "ckpt.jsonl"
     cmd = [sys.executable, "-m", "tabletune.cli", "profile", "--max-k", "2",
            "--batch-sizes", "1,8", "--repeats", "1", "--max-num-seqs", "8",
-           # Acceptance on: a repeat's pure decode steps at B run until its first request is
-           # done, ~80 / 2.8 steps for the luckiest of 8 at k = 2: at least the 20 a cell needs
-           # for the step source. The k ordering checked below is >= 20 ms per step at B = 8
-           # (benchmarks/results/cpu), far above the noise of a median of 20 steps.
-           "--output-tokens", "81",
-           # Repeats reach the checkpoint after each good reference check: every 2 here. The
-           # bound is wide so that a noisy 2-core runner does not re-time the grid (the guard's
-           # decisions are tested with a fake machine in tests/tuner/test_profile_schedule.py).
-           "--reference-every", "2", "--drift-bound", "0.5",
+           # Acceptance on, the three lengths of a B in one batch of 3 x 61 tokens a request,
+           # 8 steps of each in turn (~40 tokens a turn): ~4 turns before the luckiest of 8 is
+           # done, ~26 pure decode steps a length once the switch steps are left out, above the
+           # 20 a cell needs for the step source. The k ordering checked below is >= 20 ms per
+           # step at B = 8 (benchmarks/results/cpu), far above the noise of a median of 20 steps.
+           "--output-tokens", "61",
+           # Repeats reach the checkpoint after each good reference check: after every batch
+           # here (3 repeats). The bound is wide so that a noisy 2-core runner does not re-time
+           # the grid (the guard's decisions are tested with a fake machine in
+           # tests/tuner/test_profile_schedule.py).
+           "--reference-every", "3", "--drift-bound", "0.5",
            "--checkpoint", str(ckpt), "--out", str(out / "profile.json")]
     every = sorted((b, k) for b in (1, 8) for k in (0, 1, 2))
     cli = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
