@@ -6,6 +6,8 @@
 # for the default workload (256 output tokens a request). The report compares the two
 # (benchmarks/gpu/h200_s5_report.py).
 # usage (device, repo root): benchmarks/gpu/h200_s5.sh start | wait SECONDS | collect
+# TUNES (default "tune-cold tune-warm"): the tunes the job runs in order, each FOLDER or
+# FOLDER:AFFINITY (adds --cpu-affinity AFFINITY; benchmarks/gpu/h200_s6.sh sets it).
 set -uo pipefail
 export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
@@ -19,17 +21,21 @@ engine() {  # $1: KV-cache bytes per server, $2: GPU memory fraction per server
        --max-model-len 1024
 }
 tt() { python3 -m tabletune.cli "$@"; }
-tune() {  # $1: folder name
+tune() {  # $1: folder name, $2: --cpu-affinity (none: the option left out)
   echo "$1 start $(date +%s)"
   # shellcheck disable=SC2046
   tt tune $(engine 24000000000 0.45) --batch-sizes "$GRID" \
     --num-prompts 160 --max-tokens 128 --serving-batch-sizes 1,16,64,128,256 \
-    --serving-warm-up 1 --serving-window 2 \
+    --serving-warm-up 1 --serving-window 2 ${2:+--cpu-affinity "$2"} \
     --out-dir "$WORK/$1" 2>&1 | grep -v "Iteration(" | tail -60
   echo "$1 end $(date +%s)"
 }
 job() {
-  tune tune-cold; tune tune-warm; echo "job end $(date +%s)"
+  local t
+  for t in ${TUNES:-tune-cold tune-warm}; do
+    if [[ "$t" == *:* ]]; then tune "${t%%:*}" "${t#*:}"; else tune "$t"; fi
+  done
+  echo "job end $(date +%s)"
 }
 case "$1" in
   start)
@@ -39,7 +45,7 @@ case "$1" in
     nvidia-smi --query-gpu=index,name,memory.used,driver_version --format=csv
     nproc
     [ -f "$MODELS/eagle3/config.json" ] || python3 benchmarks/gpu/make_models.py "$MODELS" >/dev/null
-    export -f job tune engine tt; export MODELS WORK GRID
+    export -f job tune engine tt; export MODELS WORK GRID TUNES
     setsid nohup bash -c job > "$WORK/job.out" 2>&1 < /dev/null &
     sleep 5; echo started ;;
   wait)  # until the job ends or SECONDS have passed; progress every 30 s

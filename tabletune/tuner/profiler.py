@@ -31,6 +31,7 @@ rounds where they stopped and skips every finished cell.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -484,26 +485,10 @@ class CellTimer:
         """B requests at once for ``output_tokens`` each; the repeat's pure decode steps (exactly
         B requests, none prefilling, each verifying and drafting k) from the step log: they run
         from the batch's prefill until its first request finishes."""
-        reader = self.server.step_log()
-        if reader is None:
-            raise EngineError(f"{self.server.log_path}: the server keeps no step log (TableTune's "
-                              "scheduler did not open it): no step to time a cell with")
-        prompts = self.prompts[:batch_size]
-        n_out = self.settings.output_tokens
-        position = reader.position()
-        batch = self.server.guarded(run_batch, self.server.base_url, self.model, prompts,
-                                    max_tokens=n_out, temperature=self.settings.temperature)
-        self.server.check_alive()
-        if any(t != n_out for t in batch.completion_tokens):
-            raise EngineError(f"asked for {n_out} tokens per request at B={batch_size}, k={k}, "
-                              f"got {sorted(set(batch.completion_tokens))}")
-        records, _lost = reader.since(position)
+        records, client_ms = self._timed_batch(batch_size, self.settings.output_tokens,
+                                               f"k={k}")
         periods = [round(st.period_ms, 4) for st in records
                    if st.requests == batch_size and st.pure_decode_k() == k]
-        # The client's view, kept as a cross-check: the batch's wall time over the engine steps
-        # it took (its prefill and its ramp-down included: a window's mean, not a cell value).
-        steps = sum(1 for st in records if st.requests > 0)
-        client_ms = batch.wall_s * 1000.0 / max(steps, 1)
         return client_ms, (_median(periods) if periods else None), len(periods), periods
 
     def repeat_lengths(self, batch_size: int, lengths: Sequence[int],
@@ -518,25 +503,33 @@ class CellTimer:
         if len(lengths) == 1:
             pin(lengths[0])
             return {lengths[0]: self.one_repeat(batch_size, lengths[0])}
+        records, client_ms = self._timed_batch(
+            batch_size, self.settings.output_tokens * len(lengths), f"lengths {list(lengths)}",
+            during=lambda reader: StepRotation(reader, lengths, pin, self.settings.block_steps))
+        return {k: (client_ms, (_median(periods) if periods else None), len(periods), periods)
+                for k, periods in split_by_length(records, batch_size, lengths).items()}
+
+    def _timed_batch(self, batch_size: int, n_out: int, what: str, during=None):
+        """B requests at once for ``n_out`` tokens each (inside ``during(reader)``, a context,
+        when given): the step log's records of the batch, and the client's view, kept as a
+        cross-check: the batch's wall time over the engine steps it took (its prefill and its
+        ramp-down included: a window's mean, not a cell value)."""
         reader = self.server.step_log()
         if reader is None:
             raise EngineError(f"{self.server.log_path}: the server keeps no step log (TableTune's "
                               "scheduler did not open it): no step to time a cell with")
-        prompts = self.prompts[:batch_size]
-        n_out = self.settings.output_tokens * len(lengths)
         position = reader.position()
-        with StepRotation(reader, lengths, pin, self.settings.block_steps):
-            batch = self.server.guarded(run_batch, self.server.base_url, self.model, prompts,
-                                        max_tokens=n_out, temperature=self.settings.temperature)
+        with (during(reader) if during is not None else contextlib.nullcontext()):
+            batch = self.server.guarded(run_batch, self.server.base_url, self.model,
+                                        self.prompts[:batch_size], max_tokens=n_out,
+                                        temperature=self.settings.temperature)
         self.server.check_alive()
         if any(t != n_out for t in batch.completion_tokens):
-            raise EngineError(f"asked for {n_out} tokens per request at B={batch_size}, lengths "
-                              f"{list(lengths)}, got {sorted(set(batch.completion_tokens))}")
+            raise EngineError(f"asked for {n_out} tokens per request at B={batch_size}, {what}, "
+                              f"got {sorted(set(batch.completion_tokens))}")
         records, _lost = reader.since(position)
         steps = sum(1 for st in records if st.requests > 0)
-        client_ms = batch.wall_s * 1000.0 / max(steps, 1)
-        return {k: (client_ms, (_median(periods) if periods else None), len(periods), periods)
-                for k, periods in split_by_length(records, batch_size, lengths).items()}
+        return records, batch.wall_s * 1000.0 / max(steps, 1)
 
 
 # client ms, engine ms (None: no steps seen), steps seen, the single steps (None: no step log;
