@@ -43,8 +43,8 @@ def pinned(cores: Iterable[int] | None) -> Iterator[None]:
     try:
         yield
     finally:
-        main = before.get(os.getpid())
+        main = before[os.getpid()]  # the main thread (its tid is the pid) is always there
         for name in os.listdir("/proc/self/task"):
             tid = int(name)
             with contextlib.suppress(ProcessLookupError):
-                os.sched_setaffinity(tid, before.get(tid, main or set(usable_cores())))
+                os.sched_setaffinity(tid, before.get(tid, main))

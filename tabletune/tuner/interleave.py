@@ -17,6 +17,7 @@ import threading
 from typing import Callable, Sequence
 
 from tabletune.core.step_log import Step, StepLogReader
+from tabletune.engine.server import EngineError
 
 __all__ = ["DEFAULT_BLOCK_STEPS", "StepRotation", "split_by_length"]
 
@@ -81,7 +82,8 @@ class StepRotation:
         self._stop.set()
         self._thread.join(timeout=10)
         if self._error is not None and exc[0] is None:
-            raise RuntimeError(f"the length rotation failed: {self._error}") from self._error
+            # An EngineError: the commands report it in one line (exit 2), no traceback.
+            raise EngineError(f"the length rotation failed: {self._error}") from self._error
 
 
 def split_by_length(records: Sequence[Step], batch_size: int,

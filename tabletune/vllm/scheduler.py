@@ -116,14 +116,18 @@ class TableTuneScheduler(Scheduler):
         try:
             path = envs.STEP_LOG.get()
             if path:
-                atomic_write_text(facts_path(path), json.dumps(
-                    engine_facts(getattr(self, "vllm_config", None))))
                 self._tabletune_steps = StepLogWriter(path)
                 logger.info("TableTune step log: %s (%d records)", path,
                             self._tabletune_steps.capacity)
         except Exception:
             logger.exception("TableTune step log could not open; running without it")
             self._tabletune_steps = None
+        if self._tabletune_steps is not None:
+            try:  # its own try: facts that cannot be written cost the reader a fact, not the log
+                atomic_write_text(facts_path(self._tabletune_steps.path), json.dumps(
+                    engine_facts(getattr(self, "vllm_config", None))))
+            except Exception:
+                logger.exception("TableTune could not write the engine facts beside the step log")
 
     def _install_tabletune(self) -> None:
         if self.dynamic_sd_lookup is None:
