@@ -474,6 +474,19 @@ def _describe_workload(prov: dict) -> str:
     return Workload.from_dict(raw, "table.provenance.workload").describe()
 
 
+def _batch_size_runs(batch_sizes: list, interpolated: set) -> list[str]:
+    """Consecutive batch sizes of one kind (interpolated or profiled) as one "a–b" run: a
+    table over B = 1..256 can hold dozens of them."""
+    runs: list[list] = []
+    for b in batch_sizes:
+        if runs and b == runs[-1][1] + 1 and (b in interpolated) == (runs[-1][0] in interpolated):
+            runs[-1][1] = b
+        else:
+            runs.append([b, b])
+    return [f"{lo}{f'–{hi}' if hi != lo else ''}{' (interpolated)' if lo in interpolated else ''}"
+            for lo, hi in runs]
+
+
 def _describe_edges(g: dict) -> list[str]:
 
     edges = g.get("edges")
@@ -491,7 +504,7 @@ def _describe_edges(g: dict) -> list[str]:
                           "table.goodput.held_by_noise_batch_sizes")
     if held:
         interpolated = set(g.get("interpolated_batch_sizes") or [])
-        named = ", ".join(f"{b}{' (interpolated)' if b in interpolated else ''}" for b in held)
+        named = ", ".join(_batch_size_runs(held, interpolated))
         out.append(f"  kept the previous length within the noise at "
                    f"{'B = ' if len(held) == 1 else 'batch sizes '}{named}"
                    + (": T there is interpolated between profiled batch sizes, so that noise "

@@ -147,6 +147,22 @@ def test_show_prints_no_nan_for_an_all_zero_goodput_block(docs, capsys):
     assert "nan" not in out and "this table (modelled, in-sample): " in out
 
 
+def test_show_names_the_batch_sizes_held_by_noise_as_runs(docs, capsys):
+    doc = _table(docs)
+    g = doc["goodput"]
+    g["edges"] = [{"batch_size": 198, "from_k": 3, "to_k": 2, "gain": 0.138,
+                   "uncertainty": 0.126}]
+    g["held_by_noise_batch_sizes"] = [149, 150, 151, 192, 193, 194, 200]
+    g["interpolated_batch_sizes"] = [149, 150, 151, 193, 194, 200]
+    path = docs / "held.json"
+    path.write_text(json.dumps(doc))
+    capsys.readouterr()
+    assert main(["show", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert ("within the noise at batch sizes 149–151 (interpolated), 192, 193–194 "
+            "(interpolated), 200 (interpolated): T there is interpolated") in out
+
+
 class _no_warnings:
     """Fail on any warning (numpy's 'invalid value encountered in divide' among them)."""
 

