@@ -17,9 +17,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
+from tabletune.core.arm_stats import (DEFAULT_CONFIDENCE, MIN_REPEATS, loss_intervals,
+                                      median_interval, relative_half_width)
 from tabletune.core.atomic import atomic_write_text
 from tabletune.core.builder import MAX_BATCH_SIZE
 from tabletune.core.contracts import load_json, save_json
+from tabletune.core.defaults import DEFAULT_MAX_TOKENS
+from tabletune.core.workload import Workload
 from tabletune.core.errors import ContractError
 from tabletune.core.files import check_output_dir, parse_json
 from tabletune.core.tables import DOCS_TABLE, DraftTable
@@ -42,6 +46,9 @@ class Arm:
     table: DraftTable | None = None
     env: tuple[tuple[str, str], ...] = ()
     prior: str | None = None       # controller: the prior folder (table/profile/acceptance.json)
+    # The workload the arm's table was built for (its provenance), if it states one.
+    workload: Workload | None = None
+    source: str | None = None      # the table.json (or prior folder) it came from
 
     def speculative(self, spec: EngineSpec, max_batch_size: int) -> dict | None:
         if self.kind == "none":
@@ -72,25 +79,55 @@ def parse_arm(text: str, max_k: int) -> Arm:
                                 f"{', '.join(missing) or 'a path'}")
         for name in ("profile", "acceptance"):
             load_json(folder / f"{name}.json", name)  # a broken prior fails here, not in vLLM
-        return Arm("controller", "controller", prior=str(folder))
-    try:
-        if kind == "none":
-            return Arm("no speculation", "none")
-        if kind in ("fixed", "fixed-table"):
+        doc = load_json(folder / "table.json", "table")
+        return Arm("controller", "controller", prior=str(folder),
+                   workload=stated_workload(doc, folder / "table.json"), source=str(folder))
+    if kind == "none":
+        return Arm("no speculation", "none")
+    if kind == "docs":
+        return Arm("vLLM docs table", "table", table=DOCS_TABLE)
+    if kind == "table":  # a bad file is named by load_json, not taken for a bad arm
+        doc = load_json(arg, "table")
+        return Arm(f"table {Path(arg).name}", "table", table=doc.table,
+                   workload=stated_workload(doc, arg), source=arg)
+    if kind in ("fixed", "fixed-table"):
+        try:
             k = int(arg)
-            if not 1 <= k <= max_k:
-                raise ValueError
+        except ValueError:
+            k = 0
+        if 1 <= k <= max_k:
             label = f"fixed k={k}" if kind == "fixed" else f"k={k} via table"
             return Arm(label, kind, k=k)
-        if kind == "docs":
-            return Arm("vLLM docs table", "table", table=DOCS_TABLE)
-        if kind == "table":
-            doc = load_json(arg, "table")
-            return Arm(f"table {Path(arg).name}", "table", table=doc.table)
-    except ValueError:
-        pass
     raise ContractError(f"--arms: {text!r} is not none, fixed:K, fixed-table:K (1 <= K <= "
                         f"{max_k}), docs, table:PATH or controller:DIR")
+
+
+def stated_workload(doc, path) -> Workload | None:
+    """The workload a table document was built for (``provenance.workload``; None: none
+    stated, an uncalibrated table)."""
+    raw = doc.provenance.get("workload")
+    return None if raw is None else Workload.from_dict(raw, f"{path}: provenance.workload")
+
+
+
+# Requests of a stated workload: lengths spread evenly over L x (1 +- this), as the tune's
+# serving windows sent them (tabletune.tuner.serving.ServingPlan).
+WORKLOAD_OUTPUT_SPREAD = 0.5
+
+
+def traffic(args, arms: Sequence[Arm]) -> tuple[int, float, dict | None]:
+    """(max tokens, output spread, the workload followed) of the load: ``--max-tokens`` /
+    ``--output-spread`` where given; otherwise the workload the first table arm states (the
+    traffic its table was built for); otherwise the acceptance run's default length, every
+    request alike."""
+    stated = next((a for a in arms if a.workload is not None), None)
+    if args.max_tokens is not None or stated is None:
+        return (args.max_tokens or DEFAULT_MAX_TOKENS,
+                args.output_spread if args.output_spread is not None else 0.0, None)
+    spread = (args.output_spread if args.output_spread is not None
+              else WORKLOAD_OUTPUT_SPREAD)
+    return (max(1, round(stated.workload.output_tokens)), spread,
+            {**stated.workload.to_dict(), "from": stated.source})
 
 
 def controller_env(arm: Arm, *, start_table: DraftTable, settings: dict, out_dir: Path) -> dict:
@@ -147,6 +184,7 @@ def run_arms(spec: EngineSpec, arms: Sequence[Arm], *, concurrency: Sequence[int
              on_level: Callable[[list[ArmResult]], None] | None = None,
              repeats: int = 1, window: tuple[float, float] | None = None,
              target_spread: float | None = None, max_repeats: int | None = None,
+             target_interval: float | None = None, level_budget_s: float | None = None,
              ) -> list[ArmResult]:
     """Load-test each arm at each concurrency level.
 
@@ -166,9 +204,12 @@ def run_arms(spec: EngineSpec, arms: Sequence[Arm], *, concurrency: Sequence[int
     after every level (to save partial results).
 
     Each level runs ``repeats`` rounds (each round every arm once, the order rotating from round
-    to round); with ``target_spread`` more rounds follow, up to ``max_repeats``, while some
-    arm's repeats at that level spread wider than it. ``window=(warm_up_s, length_s)``
-    measures each repeat over a steady window of the engine's own counters (``run_load``).
+    to round); more rounds follow, up to ``max_repeats`` and while the level has run less than
+    ``level_budget_s`` (None: no limit but the rounds), while some arm's repeats at that level
+    spread wider than ``target_spread`` or its median's 90 % bootstrap interval is wider than
+    ``target_interval`` (relative half-width; ``core.arm_stats``). ``window=(warm_up_s,
+    length_s)`` measures each repeat over a steady window of the engine's own counters
+    (``run_load``).
     """
     max_c = max(concurrency)
     run_spec = spec.with_(max_num_seqs=max(spec.max_num_seqs, max_c))
@@ -203,10 +244,12 @@ def run_arms(spec: EngineSpec, arms: Sequence[Arm], *, concurrency: Sequence[int
             for c in concurrency:
                 level: list[ArmResult] = []
                 rounds = 0
+                level_started = time.monotonic()
                 while rounds < repeats or (
-                        target_spread is not None and rounds < (max_repeats or repeats)
-                        and max(level_stats(level)[key]["spread"] for key in
-                                level_stats(level)) > target_spread):
+                        rounds < (max_repeats or repeats)
+                        and (level_budget_s is None
+                             or time.monotonic() - level_started < level_budget_s)
+                        and unresolved(level, target_spread, target_interval)):
                     for server, control, arm in pairs[turn:] + pairs[:turn]:
                         _select(control, arm)
                         level.append(_measure_level(server, run_spec, arm, c, prompts,
@@ -222,6 +265,18 @@ def run_arms(spec: EngineSpec, arms: Sequence[Arm], *, concurrency: Sequence[int
             for server, _, _ in batch:
                 server.stop()
     return _in_arm_order(results, arms, concurrency)
+
+
+def unresolved(level: Sequence[ArmResult], target_spread: float | None,
+               target_interval: float | None) -> bool:
+    """Whether some arm of this level needs another round: its repeats spread wider than
+    ``target_spread``, or its median's interval is wider than ``target_interval`` (a level
+    with fewer than 3 rounds has none yet). Neither target set: no."""
+    stats = level_stats(level).values()
+    if target_spread is not None and any(s["spread"] > target_spread for s in stats):
+        return True
+    return target_interval is not None and any(s["half_width"] > target_interval
+                                               for s in stats)
 
 
 def _in_arm_order(results, arms, concurrency) -> list[ArmResult]:
@@ -316,8 +371,10 @@ def _measure_level(server, spec, arm, c, prompts, max_tokens, requests_per_clien
 
 
 def level_stats(results: Sequence[ArmResult]) -> dict[tuple[str, int], dict]:
-    """Per (arm, concurrency): the median of its repeats, their spread ((max - min) / median)
-    and, with steady windows, the median step time and acceptance per position."""
+    """Per (arm, concurrency): the median of its repeats, their spread ((max - min) / median),
+    the median's 90 % bootstrap interval (None below 3 repeats) and its relative half-width
+    (inf then: JSON has no inf, so ``_write_results`` writes None) and, with steady windows,
+    the median step time, tokens per step and acceptance per position."""
     import statistics
 
     groups: dict[tuple[str, int], list[ArmResult]] = {}
@@ -326,13 +383,18 @@ def level_stats(results: Sequence[ArmResult]) -> dict[tuple[str, int], dict]:
     out = {}
     for key, rs in groups.items():
         rates = [r.tokens_per_s for r in rs]
-        med = statistics.median(rates)
+        med, low, high = median_interval(rates, seed=key[1])
+        half = relative_half_width(med, low, high)
         stats = {"arm": key[0], "concurrency": key[1], "repeats": len(rs),
                  "median_tokens_per_s": med,
-                 "spread": (max(rates) - min(rates)) / med if med > 0 else float("inf")}
+                 "spread": (max(rates) - min(rates)) / med if med > 0 else float("inf"),
+                 "interval_tokens_per_s": None if low is None else [low, high],
+                 "half_width": half}
         windows = [r.window for r in rs if r.window]
         if windows:
             stats["median_step_ms"] = statistics.median(w["step_ms"] for w in windows)
+            stats["median_tokens_per_step"] = statistics.median(
+                w["generation_tokens"] / w["steps"] if w["steps"] else 0.0 for w in windows)
             drafts = sum(w["drafts"] for w in windows)
             if drafts:
                 stats["rates"] = [sum(w["accepted_per_position"][i] for w in windows) / drafts
@@ -344,7 +406,7 @@ def level_stats(results: Sequence[ArmResult]) -> dict[tuple[str, int], dict]:
 
 def loss_table(results: Sequence[ArmResult], fixed_arms: Sequence[str]) -> dict:
     """Per arm: loss vs the best fixed arm at each load, and the worst-load loss (medians of
-    the repeats)."""
+    the repeats), each with its interval (``core.arm_stats.loss_intervals``)."""
     by = {key: s["median_tokens_per_s"] for key, s in level_stats(results).items()}
     levels = sorted({r.concurrency for r in results})
     arms = list(dict.fromkeys(r.arm for r in results))
@@ -355,7 +417,15 @@ def loss_table(results: Sequence[ArmResult], fixed_arms: Sequence[str]) -> dict:
         worst_c = max(losses, key=losses.get)
         out[a] = {"loss_by_concurrency": losses, "worst_loss": losses[worst_c],
                   "worst_concurrency": worst_c}
-    return {"best_fixed_tokens_per_s": best, "arms": out}
+    rounds: dict[tuple[str, int], dict[int, float]] = {}
+    for r in results:
+        rounds.setdefault((r.arm, r.concurrency), {})[r.repeat] = r.tokens_per_s
+    for a, row in loss_intervals(rounds, fixed_arms).items():
+        out[a].update(row)
+    return {"best_fixed_tokens_per_s": best, "arms": out,
+            "intervals": f"{DEFAULT_CONFIDENCE:.0%} percentile bootstrap of the medians, whole "
+                         "rounds resampled (every arm of a round together); none below "
+                         f"{MIN_REPEATS} rounds"}
 
 
 def _write_results(out_dir: Path, kind: str, spec: EngineSpec, results, losses, extra,
@@ -363,24 +433,41 @@ def _write_results(out_dir: Path, kind: str, spec: EngineSpec, results, losses, 
     from tabletune.report import plots
 
     out_dir.mkdir(parents=True, exist_ok=True)
+    levels = [{**lv, "half_width": lv["half_width"] if lv["half_width"] != float("inf")
+               else None} for lv in level_stats(results).values()]
     doc = {"schema": RESULTS_SCHEMA, "kind": kind, "fingerprint": deployment_fingerprint(spec),
            "complete": complete, "results": [asdict(r) for r in results],
-           "levels": list(level_stats(results).values()), "losses": losses, **extra}
+           "levels": levels, "losses": losses, **extra}
     path = out_dir / f"{kind}.json"
     atomic_write_text(path, json.dumps(doc, indent=2) + "\n")
     if not complete:
         return path
     arms: dict[str, list] = {}
+    intervals: dict[str, list] = {}
     for (arm, c), stats in level_stats(results).items():
         arms.setdefault(arm, []).append((c, stats["median_tokens_per_s"]))
-    plots.plot_throughput(arms, out_dir / f"{kind}.png", title=f"tabletune {kind}")
+        if stats["interval_tokens_per_s"] is not None:
+            intervals.setdefault(arm, []).append((c, *stats["interval_tokens_per_s"]))
+    plots.plot_throughput(arms, out_dir / f"{kind}.png", title=f"tabletune {kind}",
+                          intervals=intervals)
     return path
 
 
 def _print_losses(losses: dict) -> None:
-    print(f"{'arm':>24}  worst loss vs best fixed length (at concurrency)")
+    print(f"{'arm':>24}  worst loss vs best fixed length (at concurrency) [90 % interval]")
     for arm, row in losses["arms"].items():
-        print(f"{arm:>24}  {row['worst_loss']:6.1%} (c={row['worst_concurrency']})")
+        interval = row.get("worst_loss_interval")
+        bounds = (f" [{interval[0]:.1%}, {interval[1]:.1%}]" if interval is not None
+                  else f" [no interval: fewer than {MIN_REPEATS} repeats]")
+        apart = row.get("distinguishable_by_concurrency") or {}
+        blurred = sorted(c for c, ok in apart.items() if not ok)
+        note = ""
+        if interval is not None and interval[0] <= 0 <= interval[1]:
+            note = "  (not told apart from the best fixed length)"
+        elif blurred and row["worst_loss"] > 0:
+            note = f"  (loss inside the interval at c={','.join(map(str, blurred))})"
+        print(f"{arm:>24}  {row['worst_loss']:6.1%} (c={row['worst_concurrency']}){bounds}"
+              f"{note}")
 
 
 def _common(args) -> tuple[EngineSpec, list[str], list[int]]:
@@ -414,19 +501,28 @@ def cmd_evaluate(args) -> int:
         + ([f"table:{args.table}"] if args.table else []))
     arms = [parse_arm(t.strip(), spec.max_k) for t in arm_texts]
     window = _window(args)
-    if not 0 <= args.output_spread < 1:
+    if args.output_spread is not None and not 0 <= args.output_spread < 1:
         raise ContractError(f"--output-spread: {args.output_spread!r} is not in [0, 1)")
-    lengths = args.max_tokens
-    if args.output_spread:
-        lengths = (max(1, round(args.max_tokens * (1 - args.output_spread))),
-                   round(args.max_tokens * (1 + args.output_spread)))
+    max_tokens, output_spread, workload = traffic(args, arms)
+    lengths = max_tokens
+    if output_spread:
+        lengths = (max(1, round(max_tokens * (1 - output_spread))),
+                   round(max_tokens * (1 + output_spread)))
+    if workload is not None:
+        spread = (f", {lengths[0]}-{lengths[1]}" if isinstance(lengths, tuple) else "")
+        print(f"traffic: the workload {workload['from']} was built for: {max_tokens} output "
+              f"tokens a request on average{spread} (--max-tokens / --output-spread to send "
+              "other traffic)", flush=True)
     if args.repeats < 1:
         raise ContractError(f"--repeats: {args.repeats!r} must be >= 1")
     if args.max_repeats is not None and args.max_repeats < args.repeats:
         raise ContractError(f"--max-repeats: {args.max_repeats!r} is below --repeats "
                             f"({args.repeats})")
-    if args.target_spread is not None and not 0 < args.target_spread < float("inf"):
-        raise ContractError(f"--target-spread: {args.target_spread!r} is not a positive number")
+    for value, option in ((args.target_spread, "--target-spread"),
+                          (args.target_interval, "--target-interval"),
+                          (args.level_budget, "--level-budget")):
+        if value is not None and not 0 < value < float("inf"):
+            raise ContractError(f"{option}: {value!r} is not a positive number")
     controller_start = controller_start_table(args.controller_start)
     controller_settings = parse_json(args.controller_settings, "--controller-settings",
                                      "settings")
@@ -447,11 +543,13 @@ def cmd_evaluate(args) -> int:
 
     def extra() -> dict:
         return {"arms": [a.name for a in arms], "wall_s": round(time.time() - started, 1),
-                "max_tokens": args.max_tokens, "output_spread": args.output_spread,
+                "max_tokens": max_tokens, "output_spread": output_spread,
+                "workload": workload,
                 "requests_per_client": args.requests_per_client,
                 "min_seconds_per_level": args.min_seconds,
                 "repeats": args.repeats, "window": args.window,
                 "target_spread": args.target_spread, "max_repeats": args.max_repeats,
+                "target_interval": args.target_interval, "level_budget_s": args.level_budget,
                 "one_server": args.one_server, "startup_s": startups,
                 **({"controller": {"prior": controllers[0].prior,
                                    "start_table": controller_start.to_vllm(),
@@ -472,7 +570,8 @@ def cmd_evaluate(args) -> int:
                        controller_settings=controller_settings,
                        on_level=lambda partial: save(partial, False),
                        repeats=args.repeats, window=window, target_spread=args.target_spread,
-                       max_repeats=args.max_repeats)
+                       max_repeats=args.max_repeats, target_interval=args.target_interval,
+                       level_budget_s=args.level_budget)
     path, losses = save(results, True)
     if losses is not None:
         _print_losses(losses)
@@ -494,10 +593,11 @@ def add_evaluate_parsers(sub) -> None:
         p.add_argument("--min-seconds", type=number(positive=True), default=None,
                        help="keep each level's clients sending requests until this long has "
                             "passed (steady loads on fast engines)")
-        p.add_argument("--output-spread", type=number(0.0, below=1.0), default=0.0,
+        p.add_argument("--output-spread", type=number(0.0, below=1.0), default=None,
                        help="spread request lengths evenly over --max-tokens x (1 +- this), "
-                            "so requests finish one by one as in real traffic (default: "
-                            "%(default)s: every request --max-tokens long)")
+                            "so requests finish one by one as in real traffic (default: 0, "
+                            f"every request --max-tokens long; {WORKLOAD_OUTPUT_SPREAD} when "
+                            "the load follows a table's stated workload)")
         p.add_argument("--repeats", type=integer(1, 1000), default=1,
                        help="rounds per level: every arm once a round, the order rotating "
                             "(default: %(default)s)")
@@ -505,7 +605,15 @@ def add_evaluate_parsers(sub) -> None:
                        help="add rounds at a level while some arm's repeats spread wider than "
                             "this ((max - min) / median), up to --max-repeats")
         p.add_argument("--max-repeats", type=integer(1, 1000), default=None,
-                       help="most rounds per level with --target-spread (default: --repeats)")
+                       help="most rounds per level with --target-spread or --target-interval "
+                            "(default: --repeats, i.e. no round added)")
+        p.add_argument("--target-interval", type=number(positive=True), default=0.02,
+                       help="with --max-repeats above --repeats: add rounds at a level while "
+                            "some arm's median throughput has a 90 %% bootstrap interval wider "
+                            "than +- this fraction (3 rounds at least; default: %(default)s)")
+        p.add_argument("--level-budget", type=number(positive=True), default=None,
+                       metavar="SECONDS",
+                       help="start no added round at a level after this many seconds there")
         p.add_argument("--window", default=None, metavar="WARM_UP_S,LENGTH_S",
                        help="measure each repeat over a steady window of vLLM's own counters "
                             "(step count, generated tokens, drafts): clients busy from the "
@@ -519,6 +627,12 @@ def add_evaluate_parsers(sub) -> None:
 
     p = sub.add_parser("evaluate", help="load-test no speculation, fixed lengths and tables")
     load_args(p, "1,2,4,8,16,32")
+    # Unset unless given: the traffic then follows the evaluated table's stated workload.
+    p.set_defaults(max_tokens=None)
+    for action in p._actions:
+        if action.dest == "max_tokens":
+            action.help = ("output tokens per request (default: the workload the first table "
+                           f"arm was built for, else {DEFAULT_MAX_TOKENS})")
     p.add_argument("--arms", help="comma-separated: none, fixed:K, fixed-table:K, docs, "
                    "table:PATH, controller:DIR (a prior folder: table.json, profile.json, "
                    "acceptance.json) (default: none, fixed:1..K, docs, and --table if given)")

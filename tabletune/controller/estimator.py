@@ -52,7 +52,7 @@ from tabletune.controller.settings import (
 from tabletune.controller.state import STATE_SCHEMA, estimator_state
 from tabletune.controller.step_model import StepTimeModel
 from tabletune.core.builder import StepTimes, build_table
-from tabletune.core.errors import check_int, fail
+from tabletune.core.errors import check_int, check_nonnegative, fail
 from tabletune.core.goodput import validate_rates
 from tabletune.core.tables import DraftTable
 
@@ -94,7 +94,11 @@ class Estimator:
         settings: ControllerSettings | None = None,
         *,
         history: int = 64,
+        graph_line: tuple[int, float] | None = None,
     ) -> None:
+        """``graph_line``: (the largest captured CUDA graph in tokens, the prefill tokens a
+        serving step carries): a rebuild never moves a batch size onto a length whose steps
+        pass that graph unless live steps timed it there (``hold.hold_off_graphs``)."""
         if not isinstance(start_table, DraftTable):
             fail("start_table", start_table, "is not a DraftTable")
         if not isinstance(step_times, StepTimes):
@@ -106,6 +110,9 @@ class Estimator:
         if not prior:
             fail("prior_rates", list(prior), "is empty (need a_1..a_K for K >= 1)")
         history = check_int(history, "history", minimum=1, maximum=MAX_HISTORY)
+        if graph_line is not None:
+            check_int(graph_line[0], "graph_line.tokens", minimum=1)
+            check_nonnegative(graph_line[1], "graph_line.prefill_tokens")
 
         allowed = settings.allowed_lengths
         field = "settings.allowed_lengths"
@@ -166,6 +173,17 @@ class Estimator:
         self._probe_left = 0
         self._probe_now = 0
         self._probes = 0
+        self._prior_se = step_times.uncertainty_grid(range(1, max_b + 1), allowed)
+        # [b - 1, col[k]]: a step of b requests at length k (plus a prefill) passes the largest
+        # captured CUDA graph (core.calibration.off_graphs); None: no graph line known.
+        self._graph_line = graph_line
+        self._off_graphs = None
+        if graph_line is not None:
+            from tabletune.core.calibration import off_graphs
+
+            tokens, prefill = graph_line
+            self._off_graphs = np.array([[off_graphs(b, k, tokens, prefill) for k in allowed]
+                                         for b in range(1, max_b + 1)], dtype=bool)
         self._install(start_table)
 
     # ---------------------------------------------------------------------------------- hot path
@@ -230,7 +248,8 @@ class Estimator:
         noise = self._noise(timing, rates, drafted, w, observed)
         new_lookup, held_by = apply_hold_rule(candidate, self._lookup, noise,
                                               edge_z=self._settings.edge_z,
-                                              min_width=self._settings.range_width)
+                                              min_width=self._settings.range_width,
+                                              off_graphs=self._off_graphs)
         changed = new_lookup != self._lookup
         if changed:
             # Which evidence alone gives the change: the new a_hat with the T' in use until
@@ -285,7 +304,11 @@ class Estimator:
         per_s = 1000.0 * np.arange(1, self._max_b + 1, dtype=float)[:, None] / timing.grid(
             sizes, self._allowed)
         time_se = self._live.model.error_grid(sizes, self._allowed)
-        time_se[~observed] = 0.0  # the profile's ranking: nothing there moves between rebuilds
+        # Where no traffic has been the profile alone speaks, with its own uncertainty (the
+        # tune's bootstrap and serving-factor errors): the start table is replaced there only
+        # where the prior prefers another length beyond what it can resolve. Constant between
+        # rebuilds, so nothing there moves back and forth.
+        time_se[~observed] = self._prior_se[~observed]
         grounded = self._live.grounded(self._allowed)
         grounded[~observed] = True  # the profile alone speaks there
         return GainNoise(
@@ -503,6 +526,11 @@ class Estimator:
         out = [r for r in self._history if r.index > self._drained]
         self._drained = self._num_rebuilds
         return out
+
+    @property
+    def graph_line(self) -> tuple[int, float] | None:
+        """(largest captured graph in tokens, prefill tokens a step carries); None: none."""
+        return self._graph_line
 
     def state(self) -> dict[str, Any]:
         """Everything needed to inspect this estimator (or, in the tests, restore it), JSON-ready

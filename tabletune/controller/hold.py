@@ -26,8 +26,8 @@ import numpy as np
 
 from tabletune.controller.records import HELD_BY
 
-__all__ = ["GainNoise", "Comparison", "apply_hold_rule", "hold_within_noise", "keep_monotone",
-           "merge_narrow_ranges", "runs"]
+__all__ = ["GainNoise", "Comparison", "apply_hold_rule", "hold_off_graphs", "hold_within_noise",
+           "keep_monotone", "merge_narrow_ranges", "runs"]
 
 
 @dataclass(frozen=True)
@@ -246,11 +246,41 @@ def merge_narrow_ranges(lookup: Sequence[int], min_width: int,
         changed += len(batch_sizes)
 
 
+def hold_off_graphs(candidate: Sequence[int], current: Sequence[int], noise: GainNoise,
+                    off_graphs: np.ndarray) -> tuple[list[int], int]:
+    """Keep the current k where the candidate would move a batch size onto a length whose
+    steps run off the captured CUDA graphs (``off_graphs[b - 1, col[k]]``) from one whose
+    steps do not, unless that length has live steps of its own there (``noise.grounded`` at a
+    batch size the traffic has been at: it was timed, and the candidate, built on that
+    timing, found it faster). A profile's cell for such a step is a guess: on the H200 a step
+    past the graphs ran twice the time its reject-all cell said (k = 3 at B = 256, 1 024
+    captured tokens), and a prior that prefers it must not move the table there untimed.
+    Returns (lookup, batch sizes held)."""
+    out = list(candidate)
+    col = noise.col
+    held = 0
+    for b, (k_new, k_old) in enumerate(zip(candidate, current), start=1):
+        if k_new == k_old or k_old not in col:
+            continue
+        if not off_graphs[b - 1, col[k_new]] or off_graphs[b - 1, col[k_old]]:
+            continue
+        timed = (noise.grounded is None or noise.grounded[b - 1, col[k_new]]) and (
+            noise.observed is None or noise.observed[b - 1])
+        if not timed:
+            out[b - 1] = k_old
+            held += 1
+    return out, held
+
+
 def apply_hold_rule(candidate: list[int], current: list[int], noise: GainNoise, *, edge_z: float,
-                    min_width: int) -> tuple[list[int], dict[str, int]]:
+                    min_width: int, off_graphs: np.ndarray | None = None
+                    ) -> tuple[list[int], dict[str, int]]:
     """The builder's table ``candidate`` against the table in use ``current``: noise, then
-    monotonicity, then minimum width; edge_z = 0 turns the first two off. Returns the lookup to
-    install and how many batch sizes each kind of evidence held back (HELD_BY)."""
+    monotonicity, then minimum width, then the graph capacity (``off_graphs``; None: no
+    captured graphs to leave); edge_z = 0 turns noise and monotonicity off. The capacity comes
+    last so that no reshaping (a range lifted to keep k monotone, a narrow one merged) moves a
+    batch size off the graphs untimed. Returns the lookup to install and how many batch sizes
+    each kind of evidence held back (HELD_BY)."""
     held_by = {key: 0 for key in HELD_BY}
     lookup = candidate
     if edge_z > 0.0:
@@ -260,4 +290,6 @@ def apply_hold_rule(candidate: list[int], current: list[int], noise: GainNoise, 
     if min_width > 1:
         lookup, held_by["min_width"] = merge_narrow_ranges(lookup, min_width, noise.goodput(),
                                                            noise.col, noise.observed)
+    if off_graphs is not None:
+        lookup, held_by["graph_capacity"] = hold_off_graphs(lookup, current, noise, off_graphs)
     return lookup, held_by

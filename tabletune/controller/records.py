@@ -15,7 +15,7 @@ __all__ = ["RebuildRecord", "MOVED_BY", "HELD_BY", "Range", "what_moved"]
 Range = tuple[int, int, int]
 # RebuildRecord.moved_by values, and the evidence RebuildRecord.held_by counts batch sizes for.
 MOVED_BY = ("acceptance", "step_time", "both", "nothing")
-HELD_BY = ("acceptance_noise", "step_time_noise", "monotonicity", "min_width")
+HELD_BY = ("acceptance_noise", "step_time_noise", "monotonicity", "min_width", "graph_capacity")
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from tabletune.controller.settings import ControllerSettings
 from tabletune.controller.stale import profile_digest, write_stale_mark
 from tabletune.core.atomic import atomic_write_text
 from tabletune.core.builder import StepTimes, recorded_build_settings
+from tabletune.core.contracts import Profile
 from tabletune.core.errors import ContractError
 from tabletune.core.prior import Prior
 from tabletune.core.tables import DraftTable
@@ -294,12 +295,26 @@ def write_controller_off(out_dir: str | Path | None, *, source: str, reason: str
         logger.exception("TableTune controller: could not write %s", out_dir)
 
 
+def graph_line(facts: Mapping | None, profile: Profile) -> tuple[int, float] | None:
+    """(largest captured CUDA graph in tokens, prefill tokens a serving step carries) for the
+    estimator's capacity rule, from the running engine's facts (``engine_facts`` of TableTune's
+    scheduler) and the prompt length the prior's serving calibration measured; None when the
+    engine replays no graphs. At least one prefill token: a step that fills the largest graph
+    with decode tokens alone leaves it with any prefill at all."""
+    if not facts or not facts.get("cudagraphs") or not facts.get("max_cudagraph_capture_size"):
+        return None
+    graphs = (profile.meta.get("serving_calibration") or {}).get("graphs") or {}
+    prefill = graphs.get("prefill_tokens") or 0.0
+    return int(facts["max_cudagraph_capture_size"]), max(float(prefill), 1.0)
+
+
 def build_runtime(prior: Prior, *, static_lookup: list[int], num_spec_tokens: int,
                   max_num_seqs: int, settings: ControllerSettings | None = None,
                   out_dir: Path | None = None, engine: Mapping | None = None,
                   allow_foreign_prior: bool = False,
                   start_table: DraftTable | None = None,
-                  metrics_every_s: float = METRICS_EVERY_S) -> ControllerRuntime:
+                  metrics_every_s: float = METRICS_EVERY_S,
+                  engine_facts: Mapping | None = None) -> ControllerRuntime:
     """Controller starting from the engine's own table (or ``start_table``), with the prior's
     step times and rates.
 
@@ -319,7 +334,8 @@ def build_runtime(prior: Prior, *, static_lookup: list[int], num_spec_tokens: in
     if base.max_batch_size is None:
         base = ControllerSettings.from_dict({**base.to_dict(), "max_batch_size": max_num_seqs})
     estimator = Estimator(start, StepTimes.from_profile(prior.profile),
-                          prior.acceptance.rates[:num_spec_tokens], base)
+                          prior.acceptance.rates[:num_spec_tokens], base,
+                          graph_line=graph_line(engine_facts, prior.profile))
     return ControllerRuntime(estimator, out_dir=out_dir, source=prior.source,
                              profile_digest=profile_digest(prior.profile),
                              metrics_every_s=metrics_every_s)

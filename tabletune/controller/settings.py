@@ -67,7 +67,8 @@ DEFAULT_MIN_RANGE_WIDTH = 1
 DEFAULT_TIMING_PROBE_STEPS = 4
 # Lengths whose modelled goodput is within this share of the table's k are probed.
 DEFAULT_TIMING_PROBE_MARGIN = 0.1
-# A probe every this many steps when recommended() turns probing on.
+# A probe run every this many steps, on by default: a cell the prior got wrong is found by
+# timing it, not kept because nothing did (the H200's controller kept an untimed k = 3).
 DEFAULT_TIMING_PROBE_EVERY = 100
 # Standard errors a rebuild's goodput gain must exceed before a batch size changes its k.
 DEFAULT_EDGE_Z = 2.0
@@ -109,7 +110,8 @@ class ControllerSettings:
       uncertainty) (``tabletune.controller.step_model``).
     - ``min_range_width``: rebuilt tables have no range narrower than this (a narrow range is
       merged into a neighbour or widened over one); None = max(``hysteresis``, 1).
-    - ``timing_probe_every``: None = off; otherwise every this many steps a run of
+    - ``timing_probe_every``: None = off; otherwise (``DEFAULT_TIMING_PROBE_EVERY`` = 100 by
+      default) every this many steps a run of
       ``timing_probe_steps`` steps drafts a contending length at the batch size in use (one
       whose modelled goodput is within ``timing_probe_margin`` of the table's k and whose cell
       has fewer than ``drift_min_steps`` live steps), so the lengths a decision is between both
@@ -131,7 +133,7 @@ class ControllerSettings:
     drift_min_steps: int = DEFAULT_DRIFT_MIN_STEPS
     deviation_prior_share: float = DEFAULT_DEVIATION_PRIOR_SHARE
     min_range_width: int | None = None
-    timing_probe_every: int | None = None
+    timing_probe_every: int | None = DEFAULT_TIMING_PROBE_EVERY
     timing_probe_steps: int = DEFAULT_TIMING_PROBE_STEPS
     timing_probe_margin: float = DEFAULT_TIMING_PROBE_MARGIN
 
@@ -195,8 +197,8 @@ class ControllerSettings:
 
     @classmethod
     def recommended(cls, **overrides: Any) -> ControllerSettings:
-        """Exploration every 50 steps and prior decay on, as the paper recommends for drift, and
-        timing probes every 100 steps (so step times are learned for both sides of an edge)."""
+        """Exploration every 50 steps and prior decay on, as the paper recommends for drift
+        (timing probes every 100 steps, as by default)."""
         values: dict[str, Any] = {
             "exploration_every": DEFAULT_EXPLORATION_EVERY,
             "prior_decay": True,

@@ -67,4 +67,5 @@ def estimator_state(est: Estimator) -> dict[str, Any]:
         "step_stalls": est.step_stalls,
         "drift_streak": est.drift_streak,
         "profile_stale": est.drift.stale,
+        "graph_line": list(est.graph_line) if est.graph_line is not None else None,
     }

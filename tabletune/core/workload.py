@@ -75,7 +75,10 @@ class Workload:
         if "output_tokens" not in d:
             fail(f"{name}.output_tokens", None, "is missing")
         prompt = d.get("prompt_tokens")
-        return cls(output_tokens=check_positive(d["output_tokens"], f"{name}.output_tokens"),
+        output = check_positive(d["output_tokens"], f"{name}.output_tokens")
+        if output < 1:  # named here: __post_init__ knows no file
+            fail(f"{name}.output_tokens", output, "must be >= 1")
+        return cls(output_tokens=output,
                    prompt_tokens=(None if prompt is None else
                                   check_positive(prompt, f"{name}.prompt_tokens")),
                    source=check_str(d.get("source", "default"), f"{name}.source"))

@@ -210,17 +210,30 @@ def plot_tables(tables: dict[str, DraftTable], max_batch_size: int, path: Path,
 
 
 def plot_throughput(arms: dict[str, Sequence[tuple[int, float]]], path: Path,
-                    title: str = "Measured throughput") -> Path:
-    """Evaluation: output tokens/s against concurrency for each arm."""
+                    title: str = "Measured throughput",
+                    intervals: dict[str, Sequence[tuple[int, float, float]]] | None = None
+                    ) -> Path:
+    """Evaluation: output tokens/s against concurrency for each arm (the medians of the
+    repeats), with each level's interval (``intervals[arm]``: (concurrency, low, high)) as an
+    error bar where there is one."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(8, 4.5))
     for name, points in arms.items():
         points = sorted(points)
-        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", markersize=3,
-                label=name)
+        line, = ax.plot([p[0] for p in points], [p[1] for p in points], marker="o",
+                        markersize=3, label=name)
+        bars = dict((c, (lo, hi)) for c, lo, hi in (intervals or {}).get(name, ()))
+        with_bar = [(c, v) for c, v in points if c in bars]
+        if with_bar:
+            ax.errorbar([c for c, _ in with_bar], [v for _, v in with_bar],
+                        yerr=[[v - bars[c][0] for c, v in with_bar],
+                              [bars[c][1] - v for c, v in with_bar]],
+                        fmt="none", ecolor=line.get_color(), capsize=3, alpha=0.8)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("concurrency")
-    ax.set_ylabel("output tokens/s")
+    ax.set_ylabel("output tokens/s" + (" (median; bars: 90 % interval)"
+                                       if any(intervals.values()) else "")
+                  if intervals else "output tokens/s")
     ax.set_title(title)
     ax.legend()
     ax.grid(alpha=0.3)

@@ -131,12 +131,15 @@ def controller_from_env(scheduler) -> ControllerRuntime | None:
 
     engine = engine_fingerprint(getattr(scheduler, "vllm_config", None),
                                 want_gpu="gpu" in prior.profile.fingerprint)
+    from tabletune.vllm.scheduler import engine_facts
+
     runtime = build_runtime(prior, static_lookup=list(scheduler.dynamic_sd_lookup),
                             num_spec_tokens=scheduler.num_spec_tokens,
                             max_num_seqs=scheduler.scheduler_config.max_num_seqs,
                             settings=settings, out_dir=out_dir,
                             engine=engine, allow_foreign_prior=_env_flag(ALLOW_FOREIGN_ENV),
-                            start_table=start_table)
+                            start_table=start_table,
+                            engine_facts=engine_facts(getattr(scheduler, "vllm_config", None)))
     if os.environ.get(FAULT_ENV):
         runtime.fault_after_steps = int(os.environ[FAULT_ENV])
     logger.info("TableTune controller on: prior %s, start table %s, settings %s", uri,

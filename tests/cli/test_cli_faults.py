@@ -308,3 +308,27 @@ def test_registry_client_failures_are_one_line_not_a_traceback(capsys, monkeypat
     assert capsys.readouterr().err == ("tabletune registry show: error: registry "
                                        "http://127.0.0.1:9: RuntimeError: Exceeded 30 "
                                        "redirects.\n")
+
+
+def test_bad_evaluate_arms_exit_2_naming_the_arm_or_file_before_any_engine(tmp_path, capsys,
+                                                                          monkeypatch):
+    from tabletune import evaluate
+
+    monkeypatch.setattr(evaluate, "run_arms",
+                        lambda *a, **k: pytest.fail("engine work started"))
+    cpu = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "cpu" / "table.json"
+    doc = json.loads(cpu.read_text())
+    doc["provenance"]["workload"] = {"output_tokens": 0.5}
+    bad_workload = tmp_path / "workload.json"
+    bad_workload.write_text(json.dumps(doc))
+    out = tmp_path / "eval"
+    for arms, message in (
+            ("fixed:9", "--arms: 'fixed:9' is not none, fixed:K, fixed-table:K (1 <= K <= 3)"),
+            ("fixed:x", "--arms: 'fixed:x' is not none"),
+            (f"table:{tmp_path / 'missing.json'}", f"{tmp_path / 'missing.json'}"),
+            (f"table:{bad_workload}",
+             f"{bad_workload}: provenance.workload.output_tokens: 0.5 must be >= 1")):
+        assert main(["evaluate", "--max-k", "3", "--arms", arms, "--out-dir", str(out)]) == 2
+        err = _one_line(capsys.readouterr().err, "evaluate")
+        assert message in err, err
+    assert not out.exists()

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from tabletune.evaluate import ArmResult, Arm, _measure_level, level_stats, loss_table
+from tabletune.evaluate import (ArmResult, Arm, _measure_level, _print_losses, level_stats,
+                                loss_table, unresolved)
 from tabletune.engine.spec import EngineSpec
 
 from fake_engine import STEP_S, engine_url  # noqa: F401 - the fixture
@@ -29,6 +30,31 @@ def test_levels_are_medians_of_their_repeats_with_the_spread_and_losses_use_them
     assert losses["arms"]["table"]["worst_loss"] == pytest.approx(1 - 99.0 / 102.0)
 
 
+def test_a_loss_inside_its_interval_is_reported_as_not_told_apart(capsys):
+    results = [_r("fixed k=1", 8, 100.0, 0), _r("fixed k=1", 8, 104.0, 1),
+               _r("fixed k=1", 8, 102.0, 2), _r("table", 8, 90.0, 0),
+               _r("table", 8, 120.0, 1), _r("table", 8, 99.0, 2)]
+    stats = level_stats(results)[("table", 8)]
+    low, high = stats["interval_tokens_per_s"]
+    assert low <= 99.0 <= high and stats["half_width"] > 0.02
+    losses = loss_table(results, ["fixed k=1"])
+    low, high = losses["arms"]["table"]["worst_loss_interval"]
+    assert low < 0 < high
+    _print_losses(losses)
+    line = [x for x in capsys.readouterr().out.splitlines() if x.strip().startswith("table")][0]
+    assert "2.9% (c=8) [" in line and "not told apart from the best fixed length" in line
+
+
+def test_a_level_gets_another_round_while_an_arm_is_unresolved():
+    tight = [_r("fixed k=1", 8, 100.0 + i * 0.5, i) for i in range(3)]
+    loose = [_r("table", 8, v, i) for i, v in enumerate((90.0, 120.0, 99.0))]
+    assert not unresolved(tight, None, 0.02)
+    assert unresolved(tight + loose, None, 0.02)
+    assert not unresolved(tight + loose, None, None)  # no target: the rounds asked for only
+    assert unresolved(tight[:2], None, 0.02)  # two rounds bound nothing yet
+    assert unresolved(tight + loose, 0.1, None) and not unresolved(tight, 0.1, None)
+
+
 class _StandIn:
     def __init__(self, url):
         self.base_url = url
@@ -49,3 +75,51 @@ def test_a_windowed_level_reports_the_engines_rate_and_counts(engine_url):  # no
     assert r.repeat == 1
     stats = level_stats([r])[("fixed k=1", 3)]
     assert stats["rates"] == pytest.approx([0.75]) and stats["median_step_ms"] > 0
+    assert stats["median_tokens_per_step"] == pytest.approx(2.5, rel=0.1)
+    assert stats["interval_tokens_per_s"] is None  # one repeat: no interval
+
+
+def test_the_load_follows_the_tables_stated_workload_unless_told_otherwise():
+    import argparse
+
+    from tabletune.core.workload import Workload
+    from tabletune.evaluate import traffic
+
+    stated = Arm("table t.json", "table", workload=Workload(256.0, 29.0, "default"),
+                 source="out/table.json")
+    plain = Arm("fixed k=1", "fixed", k=1)
+    args = argparse.Namespace(max_tokens=None, output_spread=None)
+    tokens, spread, workload = traffic(args, [plain, stated])
+    assert (tokens, spread) == (256, 0.5)
+    assert workload == {"output_tokens": 256.0, "prompt_tokens": 29.0, "source": "default",
+                        "from": "out/table.json"}
+    # Told otherwise: the options win, and nothing claims the table's workload.
+    assert traffic(argparse.Namespace(max_tokens=12, output_spread=None), [stated]) == (
+        12, 0.0, None)
+    assert traffic(argparse.Namespace(max_tokens=None, output_spread=0.0), [stated])[:2] == (
+        256, 0.0)
+    # No table states one: the acceptance run's default length, every request alike.
+    from tabletune.core.defaults import DEFAULT_MAX_TOKENS
+
+    assert traffic(args, [plain]) == (DEFAULT_MAX_TOKENS, 0.0, None)
+
+
+def test_a_table_arm_carries_the_workload_its_document_states(tmp_path):
+    import json
+
+    from pathlib import Path
+
+    from tabletune.evaluate import parse_arm
+
+    cpu = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "cpu" / "table.json"
+    doc = json.loads(cpu.read_text())
+    doc["provenance"]["workload"] = {"output_tokens": 128.0, "prompt_tokens": None,
+                                     "source": "option"}
+    path = tmp_path / "table.json"
+    path.write_text(json.dumps(doc))
+    arm = parse_arm(f"table:{path}", 3)
+    assert arm.workload.output_tokens == 128.0 and arm.source == str(path)
+    doc["provenance"]["workload"] = {"output_tokens": -1}
+    path.write_text(json.dumps(doc))
+    with pytest.raises(Exception, match="provenance.workload.output_tokens"):
+        parse_arm(f"table:{path}", 3)

@@ -668,3 +668,52 @@ def test_prior_decay_stops_once_the_prior_pulls_a_hat_less_than_the_live_noise()
     pull = w * abs(0.75 - live) / (w + d)
     assert pull <= math.sqrt(live * (1 - live) / d)
     assert abs(est.estimate()[0] - live) <= math.sqrt(live * (1 - live) / d)
+
+
+def test_a_rebuild_moves_no_batch_size_off_the_captured_graphs_until_that_length_is_timed():
+    """The H200's graph-capacity cliff: with 128 captured tokens (and a 1-token prefill), k = 2
+    leaves the graphs at B >= 43 and k = 1 at B >= 64. The prior prefers k = 2 up to B = 77;
+    from a k = 1 table the rebuild moves B = 23..42 (on the graphs either way) and B = 64..77
+    (off them either way), but not 43..63 until live steps have timed k = 2 there."""
+    start = DraftTable.from_ranges([[1, 128, 1]])
+    settings = ControllerSettings(rebuild_every_steps=10_000, allowed_lengths=(0, 1, 2, 3))
+    free = Estimator(start, step_times(), PRIOR, settings).rebuild()
+    assert free.new_ranges[1] == (23, 77, 2) and free.held_by["graph_capacity"] == 0
+    est = Estimator(start, step_times(), PRIOR, settings, graph_line=(128, 1.0))
+    record = est.rebuild()
+    assert [r for r in record.new_ranges if r[2] == 1][0] == (43, 63, 1)
+    assert record.held_by["graph_capacity"] == 21
+    assert est.state()["graph_line"] == [128, 1.0]
+    for _ in range(300):
+        est.observe_step_time(48, 2, step_ms_at(48, 2))
+    record = est.rebuild()
+    assert est.table.k_for(48) == 2 and est.table.k_for(47) == 1 and est.table.k_for(49) == 1
+    assert record.held_by["graph_capacity"] == 20
+
+
+def step_ms_at(b: int, k: int) -> float:
+    """``step_times``'s model at any batch size."""
+    return 5.0 + 0.02 * b + k * (0.4 + 0.03 * b)
+
+
+def test_a_graph_line_is_checked():
+    with pytest.raises(ContractError, match="graph_line.tokens: 0"):
+        Estimator(DOCS_TABLE, step_times(), PRIOR, graph_line=(0, 1.0))
+    with pytest.raises(ContractError, match="graph_line.prefill_tokens: -1"):
+        Estimator(DOCS_TABLE, step_times(), PRIOR, graph_line=(128, -1.0))
+
+
+def test_the_prior_alone_replaces_the_start_table_only_beyond_its_own_uncertainty():
+    """No traffic yet: every batch size has only the profile to go on. A profile whose cells
+    are uncertain by 30 % cannot move a k = 1 start table where the prior prefers k = 2 or 3 by
+    less than two of its errors; the same profile known exactly moves it."""
+    start = DraftTable.from_ranges([[1, 128, 1]])
+    exact = step_times()
+    cells = exact.to_dict()
+    unsure = StepTimes(cells, uncertainty={key: 0.3 for key in cells})
+    settings = ControllerSettings(rebuild_every_steps=10_000, allowed_lengths=(0, 1, 2, 3))
+    moved = Estimator(start, exact, PRIOR, settings).rebuild()
+    assert moved.changed and moved.held_by["step_time_noise"] == 0
+    held = Estimator(start, unsure, PRIOR, settings).rebuild()
+    assert not held.changed and held.new_ranges == ((1, 128, 1),)
+    assert held.held_by["step_time_noise"] > 0

@@ -372,7 +372,8 @@ def test_metrics_prom_has_help_and_type_for_every_metric_and_no_series_churn(tmp
         assert set(by_label(text, "tabletune_rebuilds_moved_by", "cause")) == {
             "acceptance", "step_time", "both", "nothing"}
         assert set(by_label(text, "tabletune_held_batch_sizes", "evidence")) == {
-            "acceptance_noise", "step_time_noise", "monotonicity", "min_width"}
+            "acceptance_noise", "step_time_noise", "monotonicity", "min_width",
+            "graph_capacity"}
     moved = by_label(after, "tabletune_rebuilds_moved_by", "cause")
     assert sum(moved.values()) == runtime.estimator.num_rebuilds
     record = runtime.estimator.last_rebuild
@@ -507,3 +508,24 @@ def test_an_out_folder_that_is_a_file_keeps_the_prior_and_writes_nothing(tmp_pat
     assert out.read_text() == "a file"
     assert any(f"TABLETUNE_CONTROLLER_OUT: {out}: {out} is a file, not a directory" in
                r.getMessage() for r in caplog.records)
+
+
+def test_the_graph_line_comes_from_the_engine_facts_and_the_priors_measured_prompts():
+    import dataclasses
+
+    from tabletune.controller.runtime import graph_line
+
+    prior = _prior()
+    facts = {"cudagraphs": True, "max_cudagraph_capture_size": 1024}
+    # No serving calibration in the prior: any prefill at all (one token) passes a full graph.
+    assert graph_line(facts, prior.profile) == (1024, 1.0)
+    calibrated = dataclasses.replace(prior.profile, meta={
+        **prior.profile.meta, "serving_calibration": {"graphs": {"prefill_tokens": 28.6}}})
+    assert graph_line(facts, calibrated) == (1024, 28.6)
+    # An engine that replays no graphs (--enforce-eager, the CPU build) has no line.
+    assert graph_line({"cudagraphs": False, "max_cudagraph_capture_size": None},
+                      calibrated) is None
+    assert graph_line(None, calibrated) is None
+    runtime = build_runtime(prior, static_lookup=[0] + [2] * 64, num_spec_tokens=3,
+                            max_num_seqs=64, engine_facts=facts)
+    assert runtime.estimator.graph_line == (1024, 1.0)

@@ -16,7 +16,7 @@ KEYS = [
     "step_time_cells", "step_time_carried", "batch_size_steps", "step_samples",
     "shared_factor_baseline", "rebuilds_moved_by", "held_batch_sizes", "timing_probes",
     "timing_probe_run", "timing_probe_plan", "step_times_in_use", "step_stalls",
-    "drift_streak", "profile_stale",
+    "drift_streak", "profile_stale", "graph_line",
 ]
 
 

@@ -73,6 +73,8 @@ def test_checked_types_convert_and_check_after_parsing():
     (["evaluate", "--parallel-startups", "0"], "--parallel-startups: 0 is not an integer >= 1"),
     (["evaluate", "--concurrency", "1,0"], "--concurrency: 0 is not an integer >= 1"),
     (["evaluate", "--min-seconds", "-1"], "--min-seconds: -1.0 is not a positive number"),
+    (["evaluate", "--target-interval", "0"], "--target-interval: 0.0 is not a positive number"),
+    (["evaluate", "--level-budget", "-1"], "--level-budget: -1.0 is not a positive number"),
     (["doctor", "--startup-timeout", "0"], "--startup-timeout: 0.0 is not a positive number"),
     (["doctor", "--max-noise", "1"], "--max-noise: 1.0 is not a number below 1"),
     (["simulate", "--scenario", "moe", "--duration", "1e308"],
