@@ -382,6 +382,7 @@ def cmd_tune(args) -> int:
                      workload_output_tokens=args.workload_output_tokens,
                      serving_warm_up_s=args.serving_warm_up, serving_window_s=args.serving_window,
                      serving_rounds=args.serving_rounds,
+                     serving_resolve_s=args.serving_resolve,
                      temperature=args.temperature, max_tokens=args.max_tokens,
                      lengths=args.lengths,
                      tie_margin=args.tie_margin, table_max_batch_size=args.table_max_batch_size,
@@ -682,6 +683,12 @@ def add_tuner_parsers(sub) -> None:
     p.add_argument("--serving-rounds", type=integer(1, 100), default=3,
                    help="turns each length takes in a closed loop, the lengths alternating "
                         "(default: %(default)s)")
+    p.add_argument("--serving-resolve", type=number(0.0, below=3600), default=None,
+                   metavar="SECONDS",
+                   help="after a first build, this many seconds of further loops at the serving "
+                        "batch sizes that decide a batch size where the table loses more than "
+                        "2 %% to the best length by the point estimates (kept within the noise); "
+                        "0 turns it off (default: 60 on cuda, 0 on cpu)")
     p.add_argument("--out-dir", default="tabletune-out",
                    help="folder for profile, acceptance, table, plots and logs/")
     p.set_defaults(func=cmd_tune)

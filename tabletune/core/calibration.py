@@ -25,20 +25,24 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
 from tabletune.core.contracts import Profile
 from tabletune.core.errors import check_nonnegative, check_step_ms, fail
 
-__all__ = ["serving_factors", "calibrate_profile", "off_graphs", "UNTIMED_UNCERTAINTY"]
+__all__ = ["serving_factors", "calibrate_profile", "contested_serving", "off_graphs",
+           "UNTIMED_UNCERTAINTY", "CONTESTED_LOSS"]
 
 # (serving step ms, relative uncertainty of that time) per measured (B, k)
 Measured = Mapping[tuple[int, int], tuple[float, float]]
 # The relative uncertainty of a factor nothing measured on its side of the graph line: a step
 # off the captured graphs ran about 2x one on them on the H200 (benchmarks/results/h200-s5).
 UNTIMED_UNCERTAINTY = 0.5
+# A batch size is contested where the table's length loses more than this to the best length
+# by the point estimates: the builder kept it because the two cells' uncertainty is larger.
+CONTESTED_LOSS = 0.02
 
 
 def off_graphs(batch_size: int, k: int, graph_tokens: int | None,
@@ -142,3 +146,53 @@ def calibrate_profile(profile: Profile, measured: Measured,
     }
     return Profile(fingerprint=profile.fingerprint, max_k=profile.max_k, cells=tuple(cells),
                    meta=new_meta)
+
+
+def contested_serving(goodput: Any, lengths: Sequence[int], chosen: Sequence[int],
+                      serving_sizes: Sequence[int], grid: Sequence[int], *,
+                      loss: float = CONTESTED_LOSS) -> dict[int, tuple[int, ...]]:
+    """Where more serving time would settle the table: {serving batch size: lengths}.
+
+    ``goodput[b - 1, j]`` for B = 1.. and ``lengths[j]`` (a build's goodput grid), ``chosen``
+    the table's length per B. A batch size is contested where the chosen length loses more than
+    ``loss`` to the best one by the point estimates (the builder held it within the noise). Its
+    step times come from the serving sizes that bracket it (the factor is interpolated between
+    them) or from itself when it is one: those are re-measured, at the two lengths in question.
+    A contested stretch with a profiled batch size inside it that is not a serving size adds the
+    one nearest its middle (a factor measured there instead of interpolated to it).
+    """
+    import numpy as np
+
+    g = np.asarray(goodput, dtype=float)
+    sizes = sorted(serving_sizes)
+    col = {k: j for j, k in enumerate(lengths)}
+    out: dict[int, set[int]] = {}
+    stretch: list[int] = []
+
+    def close(run: list[int]) -> None:
+        inside = [b for b in grid if run[0] <= b <= run[-1] and b not in sizes]
+        if inside:
+            middle = (run[0] + run[-1]) / 2.0
+            b = min(inside, key=lambda x: (abs(x - middle), x))
+            row = g[b - 1]
+            out.setdefault(b, set()).update({chosen[b - 1], lengths[int(row.argmax())]})
+
+    for b in range(1, len(chosen) + 1):
+        row = g[b - 1]
+        best = int(row.argmax())
+        mine = row[col[chosen[b - 1]]]
+        if row[best] > 0 and 1.0 - mine / row[best] > loss:
+            pair = {chosen[b - 1], lengths[best]}
+            i = bisect_left(sizes, b)
+            bracket = [sizes[i]] if i < len(sizes) and sizes[i] == b else \
+                [x for x in (sizes[i - 1] if i > 0 else None,
+                             sizes[i] if i < len(sizes) else None) if x is not None]
+            for x in bracket:
+                out.setdefault(x, set()).update(pair)
+            if stretch and b != stretch[-1] + 1:
+                close(stretch)
+                stretch = []
+            stretch.append(b)
+    if stretch:
+        close(stretch)
+    return {b: tuple(sorted(ks)) for b, ks in sorted(out.items())}

@@ -16,7 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["EnvVar", "ENV_VARS", "flag_set", "on_unless_off", "text_or_none"]
+__all__ = ["EnvVar", "ENV_VARS", "cache_home", "flag_set", "on_unless_off", "prior_cache_dir",
+           "text_or_none"]
 
 
 def flag_set(raw: str) -> bool:
@@ -39,6 +40,18 @@ def text_or_none(raw: str) -> str | None:
     return raw or None
 
 
+def folder_not_empty(raw: str) -> str:
+    """A folder's path; an empty value is refused (it would be the current directory)."""
+    if not raw.strip():
+        raise ValueError("is empty: unset it, or name a folder")
+    return raw
+
+
+def cache_home() -> str:
+    """``$XDG_CACHE_HOME`` (when set and not empty), else ``~/.cache``."""
+    return os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+
+
 @dataclass(frozen=True)
 class EnvVar:
     """One environment variable: ``name``, the value when unset, how its text is read, why."""
@@ -49,9 +62,15 @@ class EnvVar:
     doc: str
 
     def get(self) -> Any:
-        """The variable's value now: ``parse(text)`` when set, else ``default``."""
+        """The variable's value now: ``parse(text)`` when set, else ``default``. A parser that
+        refuses the text raises ``ValueError("NAME: 'text' ...")``."""
         raw = os.environ.get(self.name)
-        return self.default if raw is None else self.parse(raw)
+        if raw is None:
+            return self.default
+        try:
+            return self.parse(raw)
+        except ValueError as exc:
+            raise ValueError(f"{self.name}: {raw!r} {exc}") from None
 
     def is_set(self) -> bool:
         """Set to a non-empty text."""
@@ -87,9 +106,9 @@ CONTROLLER_START_TABLE = EnvVar(
     "The table the controller starts from instead of the engine's (evaluate's controller arm, "
     "which starts from a wrong table on purpose).")
 PRIOR_CACHE = EnvVar(
-    "TABLETUNE_PRIOR_CACHE", None, text_or_none,
-    "Folder of the checksummed local cache of the registry's production prior "
-    "(default: ~/.cache/tabletune/prior).")
+    "TABLETUNE_PRIOR_CACHE", None, folder_not_empty,
+    "Folder of the checksummed local cache of the registry's production prior (default: "
+    "$XDG_CACHE_HOME/tabletune/priors, else ~/.cache/tabletune/priors; empty is refused).")
 CONTROLLER_FAULT_AFTER_STEPS = EnvVar(
     "TABLETUNE_CONTROLLER_FAULT_AFTER_STEPS", None, text_or_none,
     "Tests of the fall-back path: the controller raises inside k_for_step after this many steps.")
@@ -154,6 +173,11 @@ STAGING_PREFIX = EnvVar(
 STATE_DIR = EnvVar(
     "TABLETUNE_STATE_DIR", "/tmp/tabletune-state", str,
     "The engine worker's folder for profile checkpoints (a retry resumes from them).")
+
+def prior_cache_dir() -> str:
+    """The prior cache's folder: ``TABLETUNE_PRIOR_CACHE``, else under ``cache_home()``."""
+    return PRIOR_CACHE.get() or os.path.join(cache_home(), "tabletune", "priors")
+
 
 ENV_VARS: dict[str, EnvVar] = {var.name: var for var in (
     REJECT_ALL, CONTROL_FILE, CONTROLLER, CONTROLLER_SETTINGS, CONTROLLER_OUT,

@@ -49,10 +49,7 @@ class ModelPair:
 
 
 def default_cache_dir() -> Path:
-    root = envs.CACHE.get() or os.path.join(
-        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "tabletune"
-    )
-    return Path(root)
+    return Path(envs.CACHE.get() or os.path.join(envs.cache_home(), "tabletune"))
 
 
 # A closed vocabulary of made-up words keeps the corpus, the tokenizer and the prompts

@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -139,10 +139,30 @@ class ServingCell:
     k: int
     window: ServingWindow
     steps: StepMix | None = None
+    # The step-log blocks (turns) the window was made of, kept so that a later loop at the same
+    # (B, k) adds to them (``merge_cells``); not written out.
+    blocks: tuple = field(default=(), compare=False, repr=False)
 
     def to_dict(self) -> dict:
         return {"batch_size": self.batch_size, "k": self.k, **self.window.to_dict(),
                 **({"step_log": self.steps.to_dict()} if self.steps is not None else {})}
+
+
+def merge_cells(cells: Sequence[ServingCell], more: Sequence[ServingCell]) -> list[ServingCell]:
+    """``cells`` with ``more`` added: a (B, k) timed again pools both loops' blocks (its window
+    and step mix made anew from all of them); a new one joins."""
+    by = {(c.batch_size, c.k): c for c in cells}
+    for m in more:
+        key = (m.batch_size, m.k)
+        old = by.get(key)
+        if old is None or not old.blocks or not m.blocks:
+            by[key] = m if old is None else old
+            continue
+        blocks = tuple(old.blocks) + tuple(m.blocks)
+        window = window_from_steps([st for block in blocks for st in block])
+        by[key] = ServingCell(m.batch_size, m.k, window,
+                              StepMix.from_blocks(blocks, m.batch_size, m.k), blocks)
+    return sorted(by.values(), key=lambda c: (c.k, c.batch_size))
 
 
 def _window_steps(server: VllmServer, position: int, result) -> list[Step] | None:
@@ -304,7 +324,8 @@ def measure_serving(server: VllmServer, control: Path, prompts: Sequence[str], *
             if window is None:
                 raise EngineError(f"serving loop B={b}: length {k} ran fewer than two engine "
                                   "steps in the window in three tries")
-            cells.append(ServingCell(b, k, window, StepMix.from_blocks(blocks, b, k)))
+            cells.append(ServingCell(b, k, window, StepMix.from_blocks(blocks, b, k),
+                                     tuple(blocks)))
             if progress is not None:
                 progress(len(cells), total)
     write_control(control)
@@ -325,6 +346,9 @@ class ServingPlan:
     # Where output_tokens came from: "default", "option", "records" (the stated workload).
     source: str = "default"
     rounds: int = DEFAULT_SERVING_ROUNDS  # turns each length takes in a loop
+    # Seconds of further loops, after a first build, at the serving batch sizes whose factors
+    # decide a contested batch size (``core.calibration.contested_serving``); 0: none.
+    resolve_s: float = 0.0
 
     def workload(self, prompt_tokens: float | None = None) -> Workload:
         return Workload(float(self.output_tokens), prompt_tokens, self.source)
@@ -335,7 +359,7 @@ class ServingPlan:
                 "output_tokens_range": [max(1, self.output_tokens // 2),
                                         self.output_tokens + self.output_tokens // 2],
                 "warm_up_s": self.warm_up_s, "window_s": self.window_s,
-                "rounds": self.rounds}
+                "rounds": self.rounds, "resolve_s": self.resolve_s}
 
 
 def measured_prompt_tokens(cells: Sequence[ServingCell]) -> float | None:
@@ -432,3 +456,25 @@ def serving_windows(server: VllmServer, control: Path, prompts: Sequence[str], *
                  f"; pure decode median {decode.median_ms:.2f} ms of {decode.steps}"
                  if decode is not None else "")
     return cells
+
+
+def resolve_contested(server: VllmServer, control: Path, prompts: Sequence[str],
+                      cells: Sequence[ServingCell], contested: dict[int, tuple[int, ...]], *,
+                      plan: ServingPlan, temperature: float) -> list[ServingCell]:
+    """Time the ``contested`` serving cells again ({B: lengths}, ``plan.resolve_s`` seconds
+    shared among them, turns as long as the first loops'), pooled with what ``cells`` hold."""
+    if not contested or plan.resolve_s <= 0:
+        return list(cells)
+    turn_s = plan.window_s / plan.rounds
+    per_b = plan.resolve_s / len(contested)
+    more: list[ServingCell] = []
+    for b, lengths in contested.items():
+        window_s = max(turn_s, (per_b - plan.warm_up_s) / len(lengths))
+        rounds = max(1, round(window_s / turn_s))
+        log.info("serving: B=%d contested between k %s: %d more turns of %.1f s each",
+                 b, list(lengths), rounds, turn_s)
+        more += measure_serving(server, control, prompts, batch_sizes=[b], lengths=lengths,
+                                output_tokens=plan.output_tokens, temperature=temperature,
+                                warm_up_s=plan.warm_up_s, window_s=window_s, rounds=rounds,
+                                seed=7)
+    return merge_cells(cells, more)

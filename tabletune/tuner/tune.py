@@ -13,7 +13,9 @@ phase, acceptance on, the step log on), and on it, in this order:
 1. acceptance at K (unless reused): written to ``acceptance.json`` at once;
 2. the profile: pure decode steps per (B, k) (``profile.json`` is written as soon as it exists:
    a crash after it keeps it);
-3. the serving windows at the stated workload's output length;
+3. the serving windows at the stated workload's output length, then (``resolve_s`` on cuda)
+   more loops at the serving batch sizes whose factors decide a batch size the first build
+   leaves contested (``contested_cells``), pooled with the first ones;
 4. the serving calibration rewrites ``profile.json`` (T = factor x the profile's step): per
    measured cell the step the stated workload pays per token of goodput, from the window's single
    steps (``tuner.serving.workload_step``, ``core.workload``);
@@ -33,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from tabletune.core.builder import DEFAULT_TIE_MARGIN
+from tabletune.core.builder import DEFAULT_TIE_MARGIN, StepTimes
 from tabletune.core.contracts import Acceptance, Profile, save_json
 from tabletune.core.document import DocumentBuild, build_document
 from tabletune.core.workload import DEFAULT_OUTPUT_TOKENS
@@ -106,6 +108,11 @@ PROFILE_REPEATS = {"cuda": 5, "cpu": 3}
 # The workload a tune states when the user states none: chat-length answers on a GPU; on the
 # CPU build (the embedded toy pair, minutes per tune) the acceptance run's length.
 WORKLOAD_OUTPUT_TOKENS = {"cuda": DEFAULT_OUTPUT_TOKENS, "cpu": 64}
+# Seconds of further serving loops where a first build leaves a batch size contested
+# (core.calibration.contested_serving): on the H200 the serving factors near the k = 2 / k = 3
+# edge were uncertain by 12-20 % after the first loops, and the tables lost 6-17 % there. Off on
+# the CPU build (its toy pair has no such edge, and CI's minutes are counted).
+SERVING_RESOLVE_S = {"cuda": 60.0, "cpu": 0.0}
 
 
 def tune_plan(spec: EngineSpec, batch_sizes: Sequence[int], *, repeats: int | None = None,
@@ -115,6 +122,7 @@ def tune_plan(spec: EngineSpec, batch_sizes: Sequence[int], *, repeats: int | No
               serving_batch_sizes: Sequence[int] | None = None, serving: bool = True,
               workload_output_tokens: int | None = None, serving_warm_up_s: float | None = None,
               serving_window_s: float | None = None, serving_rounds: int | None = None,
+              serving_resolve_s: float | None = None,
               temperature: float | None = None,
               max_tokens: int | None = None,
               lengths: Sequence[int] | None = None, tie_margin: float = DEFAULT_TIE_MARGIN,
@@ -148,7 +156,9 @@ def tune_plan(spec: EngineSpec, batch_sizes: Sequence[int], *, repeats: int | No
             warm_up_s=serving_warm_up_s or DEFAULT_SERVING_WARM_UP_S,
             window_s=serving_window_s or DEFAULT_SERVING_WINDOW_S,
             rounds=serving_rounds or DEFAULT_SERVING_ROUNDS,
-            source="option" if workload_output_tokens else "default")
+            source="option" if workload_output_tokens else "default",
+            resolve_s=(SERVING_RESOLVE_S[device] if serving_resolve_s is None
+                       else serving_resolve_s))
     return TunePlan(batch_sizes=grid, profile_settings=ProfileSettings(**settings), mode=mode,
                     serving=plan,
                     temperature=DEFAULT_TEMPERATURE if temperature is None else temperature,
@@ -215,6 +225,36 @@ class TuneResult:
     serving_s: float = 0.0
 
 
+def _graph_line(facts: dict, workload) -> dict:
+    """``calibrate_profile``'s graph line: a step past the largest captured graph runs without
+    graphs, so factors are not interpolated across it (core.calibration)."""
+    return {"graph_tokens": (facts.get("max_cudagraph_capture_size") if facts.get("cudagraphs")
+                             else None),
+            "prefill_tokens": workload.prompt_tokens or 0.0}
+
+
+def contested_cells(profile: Profile, acceptance: Acceptance, cells: Sequence, facts: dict,
+                    plan: TunePlan) -> dict[int, tuple[int, ...]]:
+    """The serving cells to time again after the first loops ({B: lengths}; empty with
+    ``plan.serving.resolve_s`` 0): a provisional calibration and build, and the batch sizes
+    where its table loses more than ``CONTESTED_LOSS`` to the best length by the point
+    estimates (``core.calibration.contested_serving``)."""
+    from tabletune.core.builder import build_table
+    from tabletune.core.calibration import calibrate_profile, contested_serving
+    from tabletune.tuner.serving import measured_for_calibration, measured_prompt_tokens
+
+    if not cells or plan.serving is None or plan.serving.resolve_s <= 0:
+        return {}
+    workload = plan.serving.workload(measured_prompt_tokens(cells))
+    rates = acceptance.rates[:profile.max_k]
+    provisional = calibrate_profile(profile, measured_for_calibration(cells, workload, rates),
+                                    **_graph_line(facts, workload))
+    result = build_table(StepTimes.from_profile(provisional), rates, lengths=plan.lengths,
+                         tie_margin=plan.tie_margin, max_batch_size=plan.table_max_batch_size)
+    return contested_serving(result.goodput, result.lengths, result.chosen,
+                             plan.serving.batch_sizes, profile.batch_sizes)
+
+
 def tune(spec: EngineSpec, plan: TunePlan, out_dir: Path, *, prompts: Sequence[str] | None,
          reused_acceptance: Acceptance | None = None, started: float | None = None,
          on_calibrated: Callable[[Profile], None] | None = None) -> TuneResult:
@@ -230,7 +270,8 @@ def tune(spec: EngineSpec, plan: TunePlan, out_dir: Path, *, prompts: Sequence[s
     from tabletune.engine.placement import pinned
     from tabletune.tuner.serving import (acceptance_pinned, launch_tune_server,
                                          measured_for_calibration, measured_prompt_tokens,
-                                         serving_windows, wait_for, workload_step)
+                                         resolve_contested, serving_windows, wait_for,
+                                         workload_step)
 
     out = Path(out_dir)
     started = time.time() if started is None else started
@@ -241,6 +282,7 @@ def tune(spec: EngineSpec, plan: TunePlan, out_dir: Path, *, prompts: Sequence[s
         check_acceptance_inputs(prompts, plan.temperature)
     acceptance = reused_acceptance
     cells: list = []
+    contested: dict[int, tuple[int, ...]] = {}  # {serving B: lengths} timed again
     times = {"startup_s": 0.0, "acceptance_s": 0.0, "profile_s": 0.0, "serving_s": 0.0}
 
     cpus = cpu_plan_for(spec, plan.cpu_affinity)
@@ -289,20 +331,21 @@ def tune(spec: EngineSpec, plan: TunePlan, out_dir: Path, *, prompts: Sequence[s
                     t = time.time()
                     cells = serving_windows(server, control, prompts, plan=plan.serving,
                                             temperature=plan.temperature)
+                    contested = contested_cells(profile, acceptance, cells, facts, plan)
+                    if contested:
+                        cells = resolve_contested(server, control, prompts, cells, contested,
+                                                  plan=plan.serving,
+                                                  temperature=plan.temperature)
                     times["serving_s"] = time.time() - t
         finally:
             server.stop()
     if cells:
         workload = plan.serving.workload(measured_prompt_tokens(cells))
         rates = acceptance.rates[:profile.max_k]
-        # A step past the largest captured graph runs without graphs: factors are not
-        # interpolated across that line (core.calibration).
-        graph_tokens = (facts.get("max_cudagraph_capture_size") if facts.get("cudagraphs")
-                        else None)
         profile = calibrate_profile(
             profile, measured_for_calibration(cells, workload, rates),
-            graph_tokens=graph_tokens, prefill_tokens=workload.prompt_tokens or 0.0,
-            meta={"engine": facts,
+            **_graph_line(facts, workload),
+            meta={"engine": facts, "contested": {str(b): list(ks) for b, ks in contested.items()},
                   "method": "closed-loop windows with acceptance on, k pinned for every step, "
                             "requests of the stated workload's output length; step = the "
                             "window's median pure decode step and median prefill-carrying "

@@ -50,15 +50,7 @@ from tabletune.core.files import check_output_dir, parse_json
 from tabletune.core.pipeline_errors import PriorUnavailable
 from tabletune.core.prior import Prior
 from tabletune.core.tables import DraftTable
-from tabletune.core.vllm_contract import (
-    ALLOW_FOREIGN_ENV,
-    FAULT_ENV,
-    OUT_ENV,
-    PRIOR_CACHE_ENV,
-    PRIOR_ENV,
-    SETTINGS_ENV,
-    START_TABLE_ENV,
-)
+from tabletune.core.vllm_contract import OUT_ENV, PRIOR_ENV, SETTINGS_ENV, START_TABLE_ENV
 
 # Under "vllm." so records go through vLLM's own log handlers in the engine process.
 logger = logging.getLogger("vllm.tabletune.controller")
@@ -76,8 +68,10 @@ def load_prior(uri: str, *, cache_dir: Path | None = None) -> Prior:
         tracking = os.environ.get("MLFLOW_TRACKING_URI")
         if not tracking:
             raise ContractError(f"{PRIOR_ENV}: {uri!r} needs MLFLOW_TRACKING_URI")
-        cache = cache_dir or Path(os.environ.get(
-            PRIOR_CACHE_ENV, Path.home() / ".cache" / "tabletune" / "priors"))
+        try:
+            cache = cache_dir or Path(envs.prior_cache_dir())
+        except ValueError as exc:  # an empty TABLETUNE_PRIOR_CACHE: refused, not the cwd
+            raise ContractError(str(exc)) from None
         try:
             return load_production_prior(name, tracking_uri=tracking, cache_dir=cache)
         except PriorUnavailable as exc:  # registry down and no usable cache: refuse, say why
@@ -86,10 +80,6 @@ def load_prior(uri: str, *, cache_dir: Path | None = None) -> Prior:
     if not folder.is_dir():
         raise ContractError(f"{PRIOR_ENV}: {uri!r} is not a folder or models:/ URI")
     return Prior.from_folder(folder, source=uri)
-
-
-def _env_flag(name: str) -> bool:
-    return envs.ENV_VARS[name].get()
 
 
 def _usable_out_dir(path: str | None) -> str | None:
@@ -107,21 +97,21 @@ def _usable_out_dir(path: str | None) -> str | None:
 
 def controller_from_env(scheduler) -> ControllerRuntime | None:
     """Called by the TableTune scheduler at start-up; raises with the reason on a bad prior."""
-    uri = os.environ.get(PRIOR_ENV)
+    uri = envs.CONTROLLER.get()
     if not uri:
         return None
     settings = None
-    raw = os.environ.get(SETTINGS_ENV)
+    raw = envs.CONTROLLER_SETTINGS.get()
     if raw:
         # Strict JSON (nesting, duplicate keys, NaN): a ContractError naming the variable.
         overrides = parse_json(raw, SETTINGS_ENV, "settings")
         ControllerSettings.from_dict(overrides)  # a bad setting is named before any prior loads
     start_table = None
-    raw_start = os.environ.get(START_TABLE_ENV)
+    raw_start = envs.CONTROLLER_START_TABLE.get()
     if raw_start:
         start_table = DraftTable.from_ranges(parse_json(raw_start, START_TABLE_ENV, "ranges"),
                                              START_TABLE_ENV)
-    out_dir = _usable_out_dir(os.environ.get(OUT_ENV) or None)
+    out_dir = _usable_out_dir(envs.CONTROLLER_OUT.get())
     prior = load_prior(uri)
     if raw:
         # The table document's build settings are the defaults; the env's fields override them.
@@ -137,11 +127,12 @@ def controller_from_env(scheduler) -> ControllerRuntime | None:
                             num_spec_tokens=scheduler.num_spec_tokens,
                             max_num_seqs=scheduler.scheduler_config.max_num_seqs,
                             settings=settings, out_dir=out_dir,
-                            engine=engine, allow_foreign_prior=_env_flag(ALLOW_FOREIGN_ENV),
+                            engine=engine, allow_foreign_prior=envs.CONTROLLER_ALLOW_FOREIGN_PRIOR.get(),
                             start_table=start_table,
                             engine_facts=engine_facts(getattr(scheduler, "vllm_config", None)))
-    if os.environ.get(FAULT_ENV):
-        runtime.fault_after_steps = int(os.environ[FAULT_ENV])
+    fault = envs.CONTROLLER_FAULT_AFTER_STEPS.get()
+    if fault:
+        runtime.fault_after_steps = int(fault)
     logger.info("TableTune controller on: prior %s, start table %s, settings %s", uri,
                 runtime.estimator.table.ranges, runtime.estimator.settings.to_dict())
     return runtime

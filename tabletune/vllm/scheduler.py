@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 
 from tabletune.controller.step_clock import StepClock
@@ -44,7 +43,7 @@ from tabletune.core import envs
 from tabletune.core.cpu_sets import parse_cpu_list
 from tabletune.core.atomic import atomic_write_text
 from tabletune.core.step_log import StepLogWriter, facts_path
-from tabletune.core.vllm_contract import CONTROL_FILE_ENV, OUT_ENV, PRIOR_ENV, SLOW_FAULT_ENV
+from tabletune.core.vllm_contract import SLOW_FAULT_ENV
 from tabletune.engine.placement import pin_threads
 from tabletune.vllm.lookup import ControlFile, StepLookup
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
@@ -131,7 +130,7 @@ class TableTuneScheduler(Scheduler):
 
     def _install_tabletune(self) -> None:
         if self.dynamic_sd_lookup is None:
-            if os.environ.get(CONTROL_FILE_ENV) or os.environ.get(PRIOR_ENV):
+            if envs.CONTROL_FILE.get() or envs.CONTROLLER.get():
                 logger.warning("TableTune scheduler: no num_speculative_tokens_per_batch_size "
                                "table configured; nothing to control")
             return
@@ -140,7 +139,7 @@ class TableTuneScheduler(Scheduler):
         logger.info("TableTune scheduler: %s (async scheduling %s), so vLLM's warning about "
                     "subclassing Scheduler instead of AsyncScheduler does not apply",
                     type(self).__name__, "on" if isinstance(self, AsyncScheduler) else "off")
-        if os.environ.get(PRIOR_ENV):
+        if envs.CONTROLLER.get():
             from tabletune.controller.runtime import write_controller_off
             from tabletune.vllm.controller_setup import controller_from_env
 
@@ -156,16 +155,16 @@ class TableTuneScheduler(Scheduler):
                 logger.exception("TableTune controller could not start; "
                                  "running the static table")
             if controller is None:
-                write_controller_off(os.environ.get(OUT_ENV),
-                                     source=os.environ.get(PRIOR_ENV, ""),
+                write_controller_off(envs.CONTROLLER_OUT.get(),
+                                     source=envs.CONTROLLER.get() or "",
                                      reason=reason or "not started")
-            slow = os.environ.get(SLOW_FAULT_ENV)
+            slow = envs.CONTROLLER_FAULT_SLOW_MS_PER_DRAFT.get()
             if controller is not None and slow:
                 self._tabletune_slow_s = float(slow) / 1000.0
                 logger.warning("TableTune fault injection: every step sleeps %s ms per "
                                "drafted position (%s)", slow, SLOW_FAULT_ENV)
         self._tabletune_lookup = StepLookup(
-            static, self.num_spec_tokens, ControlFile(os.environ.get(CONTROL_FILE_ENV)),
+            static, self.num_spec_tokens, ControlFile(envs.CONTROL_FILE.get()),
             controller)
         self.dynamic_sd_lookup = self._tabletune_lookup
 

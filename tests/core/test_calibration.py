@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from tabletune.core.calibration import calibrate_profile, serving_factors
@@ -117,3 +118,27 @@ def test_without_graphs_nothing_is_off_them():
     p, measured = _h200_like()
     calibrated = calibrate_profile(p, measured)
     assert calibrated.meta["serving_calibration"]["graphs"]["off_graphs"] == []
+
+
+def test_contested_batch_sizes_send_their_bracketing_serving_sizes_back_with_the_two_lengths():
+    from tabletune.core.calibration import contested_serving
+
+    # Goodput for B = 1..256 at k = 0..3: k = 3 best up to B = 150, k = 2 beyond by 10 %;
+    # the table kept k = 3 up to B = 200 (held within the noise).
+    lengths = [0, 1, 2, 3]
+    g = np.ones((256, 4))
+    g[:, 3] = 2.0
+    g[150:, 2] = 2.2
+    chosen = [3] * 200 + [2] * 56
+    grid = [1, 2, 4, 8, 16, 32, 64, 96, 128, 192, 256]
+    got = contested_serving(g, lengths, chosen, [1, 16, 64, 128, 256], grid)
+    # B = 151..200 lose 9 %: their factors come from 128 and 256; 192 (profiled, inside the
+    # stretch, not a serving size) is added as one.
+    assert got == {128: (2, 3), 192: (2, 3), 256: (2, 3)}
+    # Within the target, or a table at the point estimates: nothing to resolve.
+    assert contested_serving(g, lengths, chosen, [1, 16, 64, 128, 256], grid, loss=0.1) == {}
+    best = [3] * 150 + [2] * 106
+    assert contested_serving(g, lengths, best, [1, 16, 64, 128, 256], grid) == {}
+    # A contested batch size that is a serving size is re-measured itself only.
+    assert contested_serving(g, lengths, [3] * 151 + [2] * 105, [1, 16, 64, 151, 256],
+                             [1, 151, 256]) == {151: (2, 3)}

@@ -44,3 +44,59 @@ def test_each_variable_has_a_reason_and_its_default_when_unset(monkeypatch):
 def test_values_are_parsed_as_the_readers_always_read_them(monkeypatch, var, raw, value):
     monkeypatch.setenv(var.name, raw)
     assert var.get() == value
+
+
+def test_only_the_table_reads_a_tabletune_variable_from_the_environment():
+    """``os.environ.get(X)``, ``os.environ[X]``, ``os.getenv(X)`` with X a TABLETUNE_* name or
+    one of ``vllm_contract``'s ``*_ENV`` aliases: only ``envs.EnvVar.get`` may (a second reader
+    would parse the text its own way, as the prior cache's default once differed)."""
+    def aliased(node) -> bool:
+        return isinstance(node, ast.Name) and node.id.endswith("_ENV") or (
+            isinstance(node, ast.Constant) and isinstance(node.value, str)
+            and NAME.fullmatch(node.value) is not None)
+
+    def environ(node) -> bool:
+        return isinstance(node, ast.Attribute) and node.attr == "environ"
+
+    reads = []
+    for path in sorted([*ROOT.glob("tabletune/**/*.py"), *ROOT.glob("dags/*.py"),
+                        *ROOT.glob("plugins/*.py")]):
+        if path == ROOT / "tabletune/core/envs.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            key = None
+            if isinstance(node, ast.Call) and node.args and isinstance(node.func, ast.Attribute):
+                f = node.func
+                if (f.attr == "get" and environ(f.value)) or (
+                        f.attr == "getenv" and isinstance(f.value, ast.Name)):
+                    key = node.args[0]
+            elif isinstance(node, ast.Subscript) and environ(node.value) and isinstance(
+                    node.ctx, ast.Load):
+                key = node.slice
+            if key is not None and aliased(key):
+                reads.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert reads == []
+
+
+def test_the_prior_cache_honours_xdg_cache_home_and_refuses_an_empty_value(monkeypatch,
+                                                                           tmp_path):
+    monkeypatch.delenv(envs.PRIOR_CACHE.name, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert envs.prior_cache_dir() == str(tmp_path / "tabletune" / "priors")
+    monkeypatch.setenv("XDG_CACHE_HOME", "")
+    assert envs.prior_cache_dir().endswith("/.cache/tabletune/priors")
+    monkeypatch.setenv(envs.PRIOR_CACHE.name, str(tmp_path / "mine"))
+    assert envs.prior_cache_dir() == str(tmp_path / "mine")
+    monkeypatch.setenv(envs.PRIOR_CACHE.name, "")
+    with pytest.raises(ValueError, match="TABLETUNE_PRIOR_CACHE: '' is empty"):
+        envs.prior_cache_dir()
+
+
+def test_a_registry_prior_with_an_empty_cache_variable_is_refused_naming_it(monkeypatch):
+    from tabletune.core.errors import ContractError
+    from tabletune.vllm.controller_setup import load_prior
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:9")
+    monkeypatch.setenv(envs.PRIOR_CACHE.name, "")
+    with pytest.raises(ContractError, match="TABLETUNE_PRIOR_CACHE: '' is empty"):
+        load_prior("models:/tabletune-x@production")

@@ -63,6 +63,7 @@ def test_checked_types_convert_and_check_after_parsing():
 @pytest.mark.parametrize(("argv", "message"), [
     (["tune", "--temperature", "nan"], "--temperature: nan is not a number >= 0"),
     (["tune", "--startup-timeout", "nan"], "--startup-timeout: nan is not a positive number"),
+    (["tune", "--serving-resolve", "-1"], "--serving-resolve: -1.0 is not a number >= 0"),
     (["tune", "--max-batch-size", str(10**7)], "--max-batch-size: 10000000 is above 1048576"),
     (["acceptance", "--max-tokens", "0"], "--max-tokens: 0 is not an integer >= 1"),
     (["acceptance", "--seed", "-1"], "--seed: -1 is not an integer >= 0"),

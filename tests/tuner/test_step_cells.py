@@ -11,7 +11,8 @@ from tabletune.core.step_log import Step
 from tabletune.core.workload import Workload, prefill_mix
 from tabletune.engine.window import ServingWindow
 from tabletune.tuner.profiler import ProfileSettings, RawCell, assemble_profile
-from tabletune.tuner.serving import ServingCell, StepMix, measured_for_calibration, workload_step
+from tabletune.tuner.serving import (ServingCell, StepMix, measured_for_calibration,
+                                     window_from_steps, workload_step)
 
 
 def truth(b: int, k: int) -> float:
@@ -178,3 +179,26 @@ def test_the_rotation_pins_every_length_in_turn_and_stops(tmp_path, monkeypatch)
     assert not rotation._thread.is_alive()  # stopped with the loop
     # every length in turn, the order shifted by one every full turn: 0 1 2 | 1 2 0 | ...
     assert pinned[:6] == [0, 1, 2, 1, 2, 0]
+
+
+def test_a_contested_cell_timed_again_pools_both_loops_and_the_rest_stay_as_they_were():
+    from tabletune.tuner.serving import merge_cells
+
+    first = [[step(i, 10.0, 8) for i in range(20)]]
+    again = [[step(100 + i, 12.0, 8) for i in range(20)], [step(200 + i, 12.0, 8)
+                                                          for i in range(20)]]
+
+    def cell(b, k, blocks):
+        steps = [s for block in blocks for s in block]
+        return ServingCell(b, k, window_from_steps(steps), StepMix.from_blocks(blocks, b, k),
+                           tuple(blocks))
+
+    kept = cell(1, 2, [[step(i, 5.0, 1) for i in range(20)]])
+    cells = [kept, cell(8, 2, first)]
+    merged = merge_cells(cells, [cell(8, 2, again), cell(16, 2, again)])
+    assert [(c.batch_size, c.k) for c in merged] == [(1, 2), (8, 2), (16, 2)]
+    assert merged[0] is kept
+    pooled = merged[1]
+    assert len(pooled.blocks) == 3 and pooled.window.steps == 60
+    assert pooled.steps.decode.steps == 60 and pooled.steps.decode.median_ms == pytest.approx(12.0)
+    assert pooled.steps.decode.blocks == 3

@@ -99,3 +99,71 @@ def test_the_server_is_stopped_when_a_step_fails(fake_engine, tmp_path, monkeypa
 def test_the_acceptance_engine_always_has_room_for_its_batch():
     assert acceptance_spec(EngineSpec(model="/m", drafter="/d", max_num_seqs=8)).max_num_seqs == 64
     assert acceptance_spec(EngineSpec(model="/m", drafter="/d", max_num_seqs=256)).max_num_seqs == 256
+
+
+def test_the_contested_cells_are_timed_again_on_cuda_by_default_and_never_on_the_cpu_build():
+    from tabletune.engine.spec import EngineSpec
+    from tabletune.tuner.tune import tune_plan
+
+    cpu = EngineSpec.embedded_default()
+    cuda = cpu.with_(device="cuda")
+    assert tune_plan(cpu, (1, 2, 4)).serving.resolve_s == 0.0
+    assert tune_plan(cuda, (1, 2, 4)).serving.resolve_s == 60.0
+    assert tune_plan(cuda, (1, 2, 4), serving_resolve_s=0.0).serving.resolve_s == 0.0
+    assert tune_plan(cpu, (1, 2, 4), serving_resolve_s=5.0).serving.to_dict()["resolve_s"] == 5.0
+
+
+def _serving_cell(b, k, ms):
+    from tabletune.core.step_log import Step
+    from tabletune.tuner.serving import ServingCell, StepMix, window_from_steps
+
+    steps = [Step(t_ns=i, period_ns=int(ms * 1e6), requests=b, new_requests=0,
+                  verifying=b if k else 0, k=k, tokens=b * (1 + k), verified_drafts=b * k,
+                  accepted=b * k // 2) for i in range(40)]
+    return ServingCell(b, k, window_from_steps(steps), StepMix.from_blocks([steps], b, k),
+                       (steps,))
+
+
+def test_contested_cells_are_timed_again_on_the_tune_server_before_it_stops(fake_engine,
+                                                                             tmp_path,
+                                                                             monkeypatch):
+    from factories import step_ms
+    from tabletune.tuner import tune as tune_module
+    from tabletune.tuner.serving import ServingPlan
+
+    def serving_windows(srv, control, prompts, *, plan, temperature):
+        fake_engine.append(("serving",))
+        return [_serving_cell(b, k, step_ms(b, k)) for b in plan.batch_sizes for k in range(4)]
+
+    def resolve(srv, control, prompts, cells, contested, *, plan, temperature):
+        fake_engine.append(("resolve", contested))
+        return cells
+
+    monkeypatch.setattr(serving, "serving_windows", serving_windows)
+    monkeypatch.setattr(serving, "resolve_contested", resolve)
+    monkeypatch.setattr(tune_module, "contested_cells", lambda *a: {8: (1, 2)})
+    served = ServingPlan(batch_sizes=(1, 8, 64), output_tokens=32, resolve_s=30.0)
+    result = tune(EngineSpec(model="/m", drafter="/d"), plan(serving=served), tmp_path,
+                  prompts=["p"] * 8)
+    assert [c[0] for c in fake_engine] == ["launch", "ready", "acceptance", "profile",
+                                           "acceptance.json written", "serving", "resolve",
+                                           "stop"]
+    assert ("resolve", {8: (1, 2)}) in fake_engine
+    assert result.profile.meta["serving_calibration"]["contested"] == {"8": [1, 2]}
+    assert result.profile.meta["serving_calibration"]["plan"]["resolve_s"] == 30.0
+
+
+def test_nothing_is_contested_without_serving_time_for_it_or_where_the_table_is_the_best():
+    from factories import step_ms
+    from tabletune.tuner.serving import ServingPlan
+    from tabletune.tuner.tune import contested_cells
+
+    cells = [_serving_cell(b, k, step_ms(b, k)) for b in (1, 8, 64) for k in range(4)]
+    off = plan(serving=ServingPlan(batch_sizes=(1, 8, 64), output_tokens=32, resolve_s=0.0))
+    on = plan(serving=ServingPlan(batch_sizes=(1, 8, 64), output_tokens=32, resolve_s=30.0))
+    args = (make_profile(batch_sizes=(1, 8, 64)), make_acceptance(), cells,
+            {"cudagraphs": False})
+    assert contested_cells(*args, off) == {}
+    # Serving steps proportional to the profile's, no uncertainty: the table is the best at
+    # every B, nothing contested.
+    assert contested_cells(*args, on) == {}

@@ -30,7 +30,8 @@ def test_the_tune_server_measures_acceptance_independent_requests_and_serving_st
     from tabletune.core.vllm_contract import write_control
     from tabletune.engine.client import run_batch
     from tabletune.tuner.acceptance import measure_acceptance_on
-    from tabletune.tuner.serving import launch_tune_server, measure_serving
+    from tabletune.tuner.serving import (ServingPlan, launch_tune_server, measure_serving,
+                                         resolve_contested)
 
     designed = greedy_agreement(build_pair())
     server, control = launch_tune_server(pair_spec, max_batch_size=4,
@@ -57,9 +58,21 @@ def test_the_tune_server_measures_acceptance_independent_requests_and_serving_st
         cells = measure_serving(server, control, synthetic_prompts(8, seed=5),
                                 batch_sizes=(1, 4), lengths=(0, pair_spec.max_k),
                                 output_tokens=24, warm_up_s=1.5, window_s=6.0, rounds=3)
+        # A contested B = 4 timed again (2 turns of 2 s a length): pooled with the first loop.
+        plan = ServingPlan(batch_sizes=(1, 4), output_tokens=24, warm_up_s=1.5, window_s=6.0,
+                           rounds=3, resolve_s=9.5)
+        pooled = resolve_contested(server, control, synthetic_prompts(8, seed=5), cells,
+                                   {4: (0, pair_spec.max_k)}, plan=plan, temperature=0.0)
     finally:
         server.stop()
     assert [(c.batch_size, c.k) for c in cells] == [(1, 0), (4, 0), (1, 2), (4, 2)]
+    assert [(c.batch_size, c.k) for c in pooled] == [(c.batch_size, c.k) for c in cells]
+    for before, after in zip(cells, pooled):
+        if before.batch_size == 1:
+            assert after is before
+        else:
+            assert len(after.blocks) > len(before.blocks) and after.window.steps > before.window.steps
+            assert after.steps.steps > before.steps.steps
     for c in cells:
         w = c.window
         # (A busy 2-core runner can starve the API server: steps of a second were seen.)

@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# TableTune on the lent H200 (vLLM 0.26.0 bundle in /tmp/site, V2 runner, EAGLE-3, synthetic
+# acceptance 0.75/0.55/0.40): issue 28's run, not run yet. One detached job (setsid, so it
+# outlives a device call), JOB picks it:
+#  - JOB=evaluate (default): what a user would compare, each arm on a server of its own, six side
+#    by side (fixed K = 1, 2, 3 without a table, the docs table, the tuned table of
+#    benchmarks/results/h200-s6/tune-warm, the controller started from that table with that
+#    prior), c = 1, 8, 32, 64, 96, 128, 192, 256, level by level in rotating order, steady
+#    windows of vLLM's own counters, 3 rounds and up to 5 while some arm's 90 % interval is wider
+#    than +-2 % (at most 40 s of added rounds a level). The traffic is the table's stated
+#    workload (256 output tokens a request, 128-384). About 15-20 device minutes after the bundle.
+#  - JOB=convergence: the controller alone under steady load at c = 64, 128, 256 (one long window
+#    each), its rebuilds in $WORK/convergence/controller/rebuilds.jsonl.
+# The controller's prior is a tune of this deployment on this machine kind; a prior whose
+# fingerprint differs from the running engine is refused and the static table serves (the
+# evaluate log says why): then set TABLETUNE_CONTROLLER_ALLOW_FOREIGN_PRIOR=1 in the job's
+# environment (the fields that differ are logged).
+# usage (device, repo root): benchmarks/gpu/h200_s7.sh start | wait SECONDS | collect
+set -uo pipefail
+export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
+OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
+MODELS=/tmp/tt-models; WORK=/tmp/tt-work; mkdir -p "$WORK"
+PRIOR="$PWD/benchmarks/results/h200-s6/tune-warm"
+JOB="${JOB:-evaluate}"
+engine() {  # $1: KV-cache bytes per server, $2: GPU memory fraction per server
+  echo --model "$MODELS/target" --drafter "$MODELS/eagle3" --method eagle3 --max-k 3 \
+       --device cuda --runner v2 --cache-root /tmp/tt-cache --engine-arg=--load-format=dummy \
+       --engine-arg=--kv-cache-memory-bytes="$1" --engine-arg=--gpu-memory-utilization="$2" \
+       --engine-arg=--max-cudagraph-capture-size=1024 --synthetic-acceptance 0.75,0.55,0.40 \
+       --max-model-len 1024 --max-num-seqs 256
+}
+tt() { python3 -m tabletune.cli "$@"; }
+evaluate() {
+  echo "evaluate start $(date +%s)"
+  # shellcheck disable=SC2046
+  tt evaluate $(engine 11500000000 0.15) --concurrency 1,8,32,64,96,128,192,256 \
+    --requests-per-client 1 --window 1,3 --repeats 3 --max-repeats 5 --target-interval 0.02 \
+    --level-budget 40 --parallel-startups 6 \
+    --arms "fixed:1,fixed:2,fixed:3,docs,table:$PRIOR/table.json,controller:$PRIOR" \
+    --controller-start "$PRIOR/table.json" --out-dir "$WORK/evaluate" 2>&1 | grep -v "Iteration("
+  echo "evaluate end $(date +%s)"
+}
+convergence() {
+  echo "convergence start $(date +%s)"
+  # shellcheck disable=SC2046
+  tt evaluate $(engine 24000000000 0.45) --concurrency 64,128,256 --requests-per-client 1 \
+    --window 2,60 --arms "controller:$PRIOR" --controller-start "$PRIOR/table.json" \
+    --controller-settings '{"rebuild_every_steps": 200}' \
+    --out-dir "$WORK/convergence" 2>&1 | grep -v "Iteration("
+  echo "convergence end $(date +%s)"
+}
+job() { "$JOB"; echo "job end $(date +%s)"; }
+case "$1" in
+  start)
+    meta=/tmp/site/tabletune-0.1.0.dist-info; mkdir -p "$meta"   # vLLM finds plugins by metadata
+    printf 'Metadata-Version: 2.1\nName: tabletune\nVersion: 0.1.0\n' > "$meta/METADATA"
+    printf '[vllm.general_plugins]\ntabletune = tabletune.vllm.plugin:register\n' > "$meta/entry_points.txt"
+    nvidia-smi --query-gpu=index,name,memory.used,driver_version --format=csv
+    [ -f "$MODELS/eagle3/config.json" ] || python3 benchmarks/gpu/make_models.py "$MODELS" >/dev/null
+    export -f job evaluate convergence engine tt; export MODELS WORK PRIOR JOB
+    setsid nohup bash -c job > "$WORK/job.out" 2>&1 < /dev/null &
+    sleep 5; echo started ;;
+  wait)  # until the job ends or SECONDS have passed; progress every 30 s
+    end=$(( $(date +%s) + ${2:-500} ))
+    while [ "$(date +%s)" -lt "$end" ]; do
+      grep -q "job end" "$WORK/job.out" && break
+      sleep 30
+      echo "--- $(date +%T)"; tail -n 3 "$WORK/job.out" | cut -c1-300
+    done
+    tail -n 60 "$WORK/job.out" | cut -c1-400
+    bash "$0" collect ;;
+  collect)
+    cp "$WORK/job.out" "$OUT/"
+    grep -h "TableTune\|Traceback\|Error" "$WORK"/*/logs/*.log 2>/dev/null \
+      | cut -c1-400 | tail -400 > "$OUT/engine-lines.log"
+    tar -C "$WORK" --exclude='*/logs/*.log' -cf - . | xz -T8 -6 > "$OUT/results.tar.xz" ;;
+  *) echo "unknown phase $1" >&2; exit 2 ;;
+esac
