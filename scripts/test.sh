@@ -32,18 +32,21 @@ export TABLETUNE_SERVICES_DIR="${TABLETUNE_SERVICES_DIR:-/tmp/tabletune-services
 phase "2/4" "embedded model pair: built once under the cache, then reused"
 .venv/bin/python -c "from tabletune.engine.model_pair import build_pair, greedy_agreement; greedy_agreement(build_pair())"
 status=0
-# Two streams side by side, because most of the suite waits rather than computes (vLLM start-ups
-# are one core's worth of imports, Airflow tests wait on the scheduler):
-#  - in the background, the service stack starts (from a clean state: an earlier stack's Airflow
-#    runs and registered models would change what the tests see; local secrets are kept), then
-#    the tests marked `services` run against it, one line per test as it ends, prefixed
-#    "[services]" (the whole output is also kept in a log, printed again if they fail);
-#  - in the foreground, every other test on two pytest-xdist workers that take two tests at a
-#    time, the engine tests first (tests/conftest.py orders them and gives each worker's engines
-#    a core of their own): the long ones start early and the many short ones fill in at the end.
+# Two stages, so that no engine test shares the two cores with the service stack:
+#  3a. in the background, the service stack starts (from a clean state: an earlier stack's
+#      Airflow runs and registered models would change what the tests see; local secrets are
+#      kept), then the tests marked `services` run against it, one line per test as it ends,
+#      prefixed "[services]" (the whole output is also kept in a log, printed again if they
+#      fail); in the foreground, on one pytest-xdist worker, the tests that need neither engine nor
+#      services. The stack stops when its tests end.
+#  3b. the engine tests on two pytest-xdist workers that take two tests at a time (tests/conftest.py
+#      orders them and gives each worker's engines a core of their own).
+# Why not all at once: with Airflow's four components, an engine inside an Airflow task and two
+# engine workers on two cores, CI saw 3.8-s steps of the tiny model and an Airflow run past
+# 7 minutes (an engine's OpenMP team waits on threads another engine has preempted).
 trap 'infra/local/services.sh stop' EXIT
 services_log="$(mktemp -t tabletune-services-tests.XXXXXX)"
-phase "3/4" "tests: the services stack and its tests in the background (log: $services_log), every other test in the foreground (one line per test)"
+phase "3a/4" "tests: the services stack and its tests in the background (log: $services_log), the tests that need neither engine nor services in the foreground"
 (
   set -o pipefail  # the stream's status is the tests' (or 90), not sed's
   (
@@ -60,10 +63,14 @@ phase "3/4" "tests: the services stack and its tests in the background (log: $se
   ) 2>&1 | tee "$services_log" | sed -u '/^\[services\]/!s/^/[services] /' >&2
 ) &
 services_pid=$!
-.venv/bin/python -m pytest -p no:cacheprovider -v --no-header -ra --durations=15 -n 2 \
-  --dist load --maxschedchunk 2 -m "not services" tests "$@" || status=$?
+.venv/bin/python -m pytest -p no:cacheprovider -v --no-header -ra --durations=5 -n 1 \
+  -m "not services and not engine" tests "$@" || status=$?
 services_rc=0
 wait "$services_pid" || services_rc=$?
+infra/local/services.sh stop
+phase "3b/4" "engine tests on two workers (services exit $services_rc)"
+.venv/bin/python -m pytest -p no:cacheprovider -v --no-header -ra --durations=15 -n 2 \
+  --dist load --maxschedchunk 2 -m "engine and not services" tests "$@" || status=$?
 phase "4/4" "done: foreground exit $status, services exit $services_rc (log: $services_log)"
 [ "$services_rc" -ne 90 ] || { log "services failed to start"; exit 1; }
 [ "$services_rc" -eq 0 ] || status=$services_rc

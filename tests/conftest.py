@@ -1,6 +1,7 @@
 """Shared fixtures. Tests mirror the package (tests/core for tabletune/core, ...); a test that
 needs the real vLLM CPU engine is marked `engine`, one that needs the service stack `services`
-(scripts/test.sh runs the `services` tests last, once the stack is up). Helpers the tests import
+(scripts/test.sh runs the `services` tests once the stack is up, and the `engine` tests after
+the stack has stopped). Helpers the tests import
 by name live in tests/support (on pytest's `pythonpath`, see pyproject.toml).
 
 Engine tests: they share one cached model pair (`pair_spec`) and a session output folder.
