@@ -9,6 +9,7 @@ line. Nothing else assembles engine settings from the command line.
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from tabletune.core import envs
 from tabletune.core.errors import ContractError
@@ -84,6 +85,8 @@ def check_engine_options(args: argparse.Namespace) -> None:
     sets itself, and the cache folders vLLM or the embedded pair will write into (checked
     before minutes of work, not after)."""
     check_engine_args(list(args.engine_arg))
+    for option, value in (("--model", args.model), ("--drafter", getattr(args, "drafter", None))):
+        check_model_folder(option, value)
     cache_root = getattr(args, "cache_root", None)
     if cache_root:
         check_output_dir(cache_root, "--cache-root")
@@ -92,6 +95,19 @@ def check_engine_options(args: argparse.Namespace) -> None:
 
         where = envs.CACHE.name if envs.CACHE.get() else "the model cache"
         check_output_dir(default_cache_dir(), where)
+
+
+def check_model_folder(option: str, value: str | None) -> None:
+    """A model given as a local path must be a folder with a config.json: vLLM would take a
+    missing path for a Hub repository id and fail minutes later, after every server started.
+    A name that is not path-shaped (``org/name``) is left to vLLM."""
+    if not value or not value.startswith(("/", "./", "../", "~")):
+        return
+    folder = Path(value).expanduser()
+    if not folder.is_dir():
+        raise ContractError(f"{option}: {value}: no such folder")
+    if not (folder / "config.json").is_file():
+        raise ContractError(f"{option}: {value}: the folder has no config.json")
 
 
 def engine_spec_from_args(args: argparse.Namespace, *, max_batch_size: int | None = None):

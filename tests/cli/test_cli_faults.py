@@ -193,6 +193,23 @@ def test_an_engine_arg_repeating_a_flag_tabletune_sets_is_refused(tmp_path, caps
     assert not out.exists()
 
 
+@pytest.mark.parametrize("command", ["tune", "evaluate", "doctor"])
+def test_a_model_path_that_is_no_model_folder_is_refused_before_any_engine(tmp_path, capsys,
+                                                                           command):
+    """vLLM takes a missing path for a Hub id and fails only after every server started."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    out = tmp_path / "out"
+    for model, why in ((tmp_path / "missing", "no such folder"),
+                       (empty, "the folder has no config.json")):
+        argv = [command, "--model", str(model), "--drafter", str(model), "--method", "eagle3",
+                "--out-dir", str(out)]
+        assert main(argv) == 2, argv
+        err = _one_line(capsys.readouterr().err, command)
+        assert f"--model: {model}: {why}" in err
+    assert not out.exists()
+
+
 def test_a_model_cache_that_is_a_file_is_refused_before_any_work(tmp_path, capsys, monkeypatch):
     (tmp_path / "cache").write_text("x")
     monkeypatch.setenv("TABLETUNE_CACHE", str(tmp_path / "cache"))
