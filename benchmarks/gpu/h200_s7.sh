@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # TableTune on the lent H200 (vLLM 0.26.0 bundle in /tmp/site, V2 runner, EAGLE-3, synthetic
-# acceptance 0.75/0.55/0.40): issue 28's run, not run yet. One detached job (setsid, so it
-# outlives a device call), JOB picks it:
-#  - JOB=evaluate (default): what a user would compare, each arm on a server of its own, six side
+# acceptance 0.75/0.55/0.40): issue 28's run. One detached job (setsid, so it outlives a device
+# call); JOB names its parts, run in that order (default: "evaluate convergence"):
+#  - evaluate: what a user would compare, each arm on a server of its own, six side
 #    by side (fixed K = 1, 2, 3 without a table, the docs table, the tuned table of
 #    benchmarks/results/h200-s6/tune-warm, the controller started from that table with that
 #    prior), c = 1, 8, 32, 64, 96, 128, 192, 256, level by level in rotating order, steady
 #    windows of vLLM's own counters, 3 rounds and up to 5 while some arm's 90 % interval is wider
-#    than +-2 % (at most 40 s of added rounds a level). The traffic is the table's stated
+#    than +-2 % (a 4th round only where the first three took under 120 s). The traffic is the table's stated
 #    workload (256 output tokens a request, 128-384). About 15-20 device minutes after the bundle.
-#  - JOB=convergence: the controller alone under steady load at c = 64, 128, 256 (one long window
+#  - convergence: the controller alone under steady load at c = 64, 128, 256 (one long window
 #    each), its rebuilds in $WORK/convergence/controller/rebuilds.jsonl.
 # The controller's prior is a tune of this deployment on this machine kind; a prior whose
 # fingerprint differs from the running engine is refused and the static table serves (the
@@ -21,7 +21,7 @@ export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
 MODELS=/tmp/tt-models; WORK=/tmp/tt-work; mkdir -p "$WORK"
 PRIOR="$PWD/benchmarks/results/h200-s6/tune-warm"
-JOB="${JOB:-evaluate}"
+JOB="${JOB:-evaluate convergence}"
 engine() {  # $1: KV-cache bytes per server, $2: GPU memory fraction per server
   echo --model "$MODELS/target" --drafter "$MODELS/eagle3" --method eagle3 --max-k 3 \
        --device cuda --runner v2 --cache-root /tmp/tt-cache --engine-arg=--load-format=dummy \
@@ -34,8 +34,8 @@ evaluate() {
   echo "evaluate start $(date +%s)"
   # shellcheck disable=SC2046
   tt evaluate $(engine 11500000000 0.15) --concurrency 1,8,32,64,96,128,192,256 \
-    --requests-per-client 1 --window 1,3 --repeats 3 --max-repeats 5 --target-interval 0.02 \
-    --level-budget 40 --parallel-startups 6 \
+    --requests-per-client 1 --window 1,3 --repeats 3 --max-repeats 4 --target-interval 0.02 \
+    --level-budget 120 --parallel-startups 6 \
     --arms "fixed:1,fixed:2,fixed:3,docs,table:$PRIOR/table.json,controller:$PRIOR" \
     --controller-start "$PRIOR/table.json" --out-dir "$WORK/evaluate" 2>&1 | grep -v "Iteration("
   echo "evaluate end $(date +%s)"
@@ -49,7 +49,7 @@ convergence() {
     --out-dir "$WORK/convergence" 2>&1 | grep -v "Iteration("
   echo "convergence end $(date +%s)"
 }
-job() { "$JOB"; echo "job end $(date +%s)"; }
+job() { for part in $JOB; do "$part"; done; echo "job end $(date +%s)"; }
 case "$1" in
   start)
     meta=/tmp/site/tabletune-0.1.0.dist-info; mkdir -p "$meta"   # vLLM finds plugins by metadata
