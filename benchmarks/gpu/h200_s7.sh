@@ -6,7 +6,7 @@
 #    by side (fixed K = 1, 2, 3 without a table, the docs table, the tuned table of
 #    benchmarks/results/h200-s6/tune-warm, the controller started from that table with that
 #    prior), c = 1, 8, 32, 64, 96, 128, 192, 256, level by level in rotating order, steady
-#    windows of vLLM's own counters, 3 rounds and up to 5 while some arm's 90 % interval is wider
+#    windows of vLLM's own counters, 3 rounds and a 4th while some arm's 90 % interval is wider
 #    than +-2 % (a 4th round only where the first three took under 120 s). The traffic is the table's stated
 #    workload (256 output tokens a request, 128-384). About 15-20 device minutes after the bundle.
 #  - convergence: the controller alone under steady load at c = 64, 128, 256 (one long window
