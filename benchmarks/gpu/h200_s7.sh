@@ -10,7 +10,8 @@
 #    than +-2 % (a 4th round only where the first three took under 120 s). The traffic is the table's stated
 #    workload (256 output tokens a request, 128-384). About 15-20 device minutes after the bundle.
 #  - convergence: the controller alone under steady load at c = 64, 128, 256 (one long window
-#    each), its rebuilds in $WORK/convergence/controller/rebuilds.jsonl.
+#    each; CONVERGENCE_LEVELS and CONVERGENCE_WINDOW change them), its rebuilds in
+#    $WORK/convergence/controller/rebuilds.jsonl.
 # The controller's prior is a tune of this deployment on this machine kind; a prior whose
 # fingerprint differs from the running engine is refused and the static table serves (the
 # evaluate log says why): then set TABLETUNE_CONTROLLER_ALLOW_FOREIGN_PRIOR=1 in the job's
@@ -43,8 +44,9 @@ evaluate() {
 convergence() {
   echo "convergence start $(date +%s)"
   # shellcheck disable=SC2046
-  tt evaluate $(engine 24000000000 0.45) --concurrency 64,128,256 --requests-per-client 1 \
-    --window 2,60 --arms "controller:$PRIOR" --controller-start "$PRIOR/table.json" \
+  tt evaluate $(engine 24000000000 0.45) --concurrency "${CONVERGENCE_LEVELS:-64,128,256}" \
+    --requests-per-client 1 --window "${CONVERGENCE_WINDOW:-2,60}" \
+    --arms "controller:$PRIOR" --controller-start "$PRIOR/table.json" \
     --controller-settings '{"rebuild_every_steps": 200}' \
     --out-dir "$WORK/convergence" 2>&1 | grep -v "Iteration("
   echo "convergence end $(date +%s)"
@@ -57,7 +59,7 @@ case "$1" in
     printf '[vllm.general_plugins]\ntabletune = tabletune.vllm.plugin:register\n' > "$meta/entry_points.txt"
     nvidia-smi --query-gpu=index,name,memory.used,driver_version --format=csv
     [ -f "$MODELS/eagle3/config.json" ] || python3 benchmarks/gpu/make_models.py "$MODELS" >/dev/null
-    export -f job evaluate convergence engine tt; export MODELS WORK PRIOR JOB
+    export -f job evaluate convergence engine tt; export MODELS WORK PRIOR JOB CONVERGENCE_LEVELS CONVERGENCE_WINDOW
     setsid nohup bash -c job > "$WORK/job.out" 2>&1 < /dev/null &
     sleep 5; echo started ;;
   wait)  # until the job ends or SECONDS have passed; progress every 30 s
