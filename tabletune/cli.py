@@ -20,9 +20,10 @@ from tabletune.core.atomic import atomic_write_text
 from tabletune.core.builder import DEFAULT_TIE_MARGIN, MAX_BATCH_SIZE, goodput_loss
 from tabletune.core.contracts import Acceptance, Profile, TableDocument, load_json, save_json
 from tabletune.core.document import build_document
+from tabletune.core.exits import exit_status
 from tabletune.core.errors import (ContractError, check_dict, check_int, check_number,
                                    check_sequence)
-from tabletune.core.files import check_output_dir, check_output_path, describe_os_error
+from tabletune.core.files import check_output_dir, check_output_path
 from tabletune.core.tables import DOCS_TABLE, DraftTable
 from tabletune.engine_args import add_engine_args, check_engine_options, engine_spec_from_args
 from tabletune.core.options import check_options, integer, number
@@ -824,16 +825,14 @@ def _main(argv: Sequence[str] | None) -> int:
         if args.command in PHASE_LOGGING_COMMANDS:
             _show_phase_logs()
         return int(args.func(args) or 0)
-    except (ContractError, ValueError, EngineError) as e:
-        print(f"tabletune {where}: error: {e}", file=sys.stderr)
-        return 2
     except BrokenPipeError:
         raise
-    except OSError as e:
-        # The one place an OS refusal (full disk, read-only file system, a folder that is a
-        # file, permissions) becomes the command's one-line error: the path and the reason.
-        print(f"tabletune {where}: error: {describe_os_error(e)}", file=sys.stderr)
-        return 2
+    except (ValueError, EngineError, OSError) as e:
+        # One line, the exit status every entry point gives it (tabletune.core.exits); other
+        # exceptions are bugs and keep their traceback.
+        code, text = exit_status(e, input_errors=(EngineError,))
+        print(f"tabletune {where}: {text}", file=sys.stderr)
+        return code
     except (KeyboardInterrupt, Terminated) as e:
         stop_all_servers()
         why = e.args[0] if isinstance(e, Terminated) else "SIGINT"

@@ -164,8 +164,7 @@ def run_registry(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
                          f"letter or digit)")
 
     from tabletune.core.contracts import load_json
-    from tabletune.core.errors import ContractError
-    from tabletune.core.files import describe_os_error
+    from tabletune.core.exits import FAILED, exit_status
 
     where = f"tabletune registry {args.registry_command}"
     try:
@@ -174,9 +173,10 @@ def run_registry(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
         if args.registry_command == "seed":  # the documents are read before any registry call
             profile = load_json(args.profile, "profile")
             acceptance = load_json(args.acceptance, "acceptance")
-    except ContractError as exc:
-        print(f"{where}: error: {exc}", file=sys.stderr)
-        return 2
+    except (ValueError, OSError) as exc:
+        code, text = exit_status(exc)
+        print(f"{where}: {text}", file=sys.stderr)
+        return code
 
     from tabletune.adapters.mlflow_registry import MlflowRegistry, apply_mlflow_http_defaults
     from tabletune.core.pipeline_errors import PipelineError
@@ -212,22 +212,16 @@ def run_registry(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
         else:
             out = flows.promote_version(registry, model_name=model_name, action="rollback",
                                         version=None, owner=_cli_owner(), via="cli")
-    except ContractError as exc:  # a document the registry holds or was given is not valid
-        print(f"{where}: error: {exc}", file=sys.stderr)
-        return 2
-    except PipelineError as exc:  # the registry's state refuses the move (conflict, no version)
-        print(f"{where}: {exc}", file=sys.stderr)
-        return 1
     except BrokenPipeError:
         raise
-    except OSError as exc:
-        print(f"{where}: error: {describe_os_error(exc)}", file=sys.stderr)
-        return 1
-    except Exception as exc:  # the MLflow client's own failures: one line, not a traceback
-        first = (str(exc).strip().splitlines() or [""])[0][:300]
-        print(f"{where}: error: registry {args.tracking_uri}: {type(exc).__name__}: {first}",
-              file=sys.stderr)
-        return 1
+    except Exception as exc:
+        # A document that is not valid, a registry whose state refuses the move, the MLflow
+        # client's own failures: one line, the status every entry point gives it.
+        code, text = exit_status(exc)
+        if code == FAILED and not isinstance(exc, PipelineError):
+            text = text.replace("error: ", f"error: registry {args.tracking_uri}: ", 1)
+        print(f"{where}: {text}", file=sys.stderr)
+        return code
     print(format_json({"model_name": model_name, **out}))
     return 0
 

@@ -17,8 +17,9 @@ from dataclasses import replace
 from pathlib import Path
 
 from tabletune.core.contracts import load_json, save_json
-from tabletune.core.errors import ContractError, fail
-from tabletune.core.files import check_output_dir, describe_os_error
+from tabletune.core.errors import fail
+from tabletune.core.exits import exit_status
+from tabletune.core.files import check_output_dir
 from tabletune.core.options import check_options, integer, number
 from tabletune.simulator.scenario import MAX_DURATION_S
 
@@ -153,14 +154,12 @@ def run_simulate(args: argparse.Namespace) -> int:
             print(f"wrote {json_path}")
             if not args.no_plot:
                 print(f"wrote {report.plot(args.out / f'{scenario.name}.png')}")
-    except ContractError as exc:
-        print(f"tabletune simulate: error: {exc}", file=sys.stderr)
-        return 2
     except BrokenPipeError:
         raise
-    except OSError as exc:  # a full disk or a read-only folder while writing the report
-        print(f"tabletune simulate: error: {describe_os_error(exc)}", file=sys.stderr)
-        return 2
+    except (ValueError, OSError) as exc:  # a bad scenario; a full disk or read-only folder
+        code, text = exit_status(exc)
+        print(f"tabletune simulate: {text}", file=sys.stderr)
+        return code
     return 0
 
 
@@ -170,9 +169,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         check_options(parser, args)
-    except ContractError as exc:
-        print(f"tabletune simulate: error: {exc}", file=sys.stderr)
-        return 2
+    except ValueError as exc:
+        code, text = exit_status(exc)
+        print(f"tabletune simulate: {text}", file=sys.stderr)
+        return code
     return args.func(args)
 
 
