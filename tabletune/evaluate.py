@@ -26,6 +26,7 @@ from tabletune.core.defaults import DEFAULT_MAX_TOKENS
 from tabletune.core.workload import Workload
 from tabletune.core.errors import ContractError
 from tabletune.core.files import check_output_dir, parse_json
+from tabletune.core.prior import Prior, check_prior_fits_engine
 from tabletune.core.tables import DOCS_TABLE, DraftTable
 from tabletune.engine.client import run_load
 from tabletune.engine.server import EngineError, VllmServer, speculative_config
@@ -59,7 +60,7 @@ class Arm:
             return speculative_config(spec, [[1, max_batch_size, self.k]])
         if self.kind == "controller":
             # Every length in vLLM's table, so each one the controller may pick has its graphs.
-            from tabletune.tuner.profiler import table_with_every_length
+            from tabletune.tuner.grid import table_with_every_length
 
             return speculative_config(spec, table_with_every_length(spec.max_k, max_batch_size))
         return speculative_config(spec.with_(max_k=max(1, self.table.max_k, spec.max_k)),
@@ -77,11 +78,13 @@ def parse_arm(text: str, max_k: int) -> Arm:
         if not arg or missing:
             raise ContractError(f"--arms: {text!r}: the controller's prior folder lacks "
                                 f"{', '.join(missing) or 'a path'}")
-        for name in ("profile", "acceptance"):
-            load_json(folder / f"{name}.json", name)  # a broken prior fails here, not in vLLM
-        doc = load_json(folder / "table.json", "table")
+        # A broken prior fails here, not in vLLM after the servers started (where the
+        # controller would refuse it and the arm would quietly measure the static table).
+        prior = Prior.from_folder(folder)
+        check_prior_fits_engine(prior, num_spec_tokens=max_k)
         return Arm("controller", "controller", prior=str(folder),
-                   workload=stated_workload(doc, folder / "table.json"), source=str(folder))
+                   workload=stated_workload(prior.table, folder / "table.json"),
+                   source=str(folder))
     if kind == "none":
         return Arm("no speculation", "none")
     if kind == "docs":
@@ -288,7 +291,7 @@ def _in_arm_order(results, arms, concurrency) -> list[ArmResult]:
 def _server_groups(spec, arms, max_c, log_dir, one_server, startup_timeout_s, ctl_env):
     """[(server, control file or None, arms it serves)] in the order of ``arms``."""
     from tabletune.core.vllm_contract import CONTROL_FILE_ENV, SCHEDULER_CLS, write_control
-    from tabletune.tuner.profiler import table_with_every_length
+    from tabletune.tuner.grid import table_with_every_length
 
     groups, shared = [], None
     for i, arm in enumerate(arms):

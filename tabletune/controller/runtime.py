@@ -22,7 +22,7 @@ from tabletune.core.atomic import atomic_write_text
 from tabletune.core.builder import StepTimes, recorded_build_settings
 from tabletune.core.contracts import Profile
 from tabletune.core.errors import ContractError
-from tabletune.core.prior import Prior
+from tabletune.core.prior import Prior, check_prior_fits_engine
 from tabletune.core.tables import DraftTable
 from tabletune.core.vllm_contract import ALLOW_FOREIGN_ENV, FAULT_ENV, START_TABLE_ENV
 from tabletune.engine.fingerprint import fingerprint_mismatches
@@ -31,18 +31,6 @@ from tabletune.engine.fingerprint import fingerprint_mismatches
 logger = logging.getLogger("vllm.tabletune.controller")
 
 METRICS_EVERY_S = 5.0
-
-
-def check_prior_fits_engine(prior: Prior, *, num_spec_tokens: int) -> None:
-    """The prior must describe an engine drafting up to the same K as this one."""
-    if prior.profile.max_k != num_spec_tokens:
-        raise ContractError(
-            f"prior profile.max_k: {prior.profile.max_k} but the engine drafts up to "
-            f"num_speculative_tokens={num_spec_tokens}; re-profile this deployment")
-    if prior.acceptance.max_k < num_spec_tokens:
-        raise ContractError(
-            f"prior acceptance.rates: {prior.acceptance.max_k} rates but the engine drafts up to "
-            f"{num_spec_tokens}")
 
 
 def check_prior_matches_engine(prior: Prior, engine: Mapping, *,
@@ -55,7 +43,8 @@ def check_prior_matches_engine(prior: Prior, engine: Mapping, *,
         logger.warning("TableTune controller: serving a foreign prior (%s=1): %s",
                        ALLOW_FOREIGN_ENV, "; ".join(mismatches))
         return
-    raise ContractError("; ".join(mismatches) + f"; re-profile this deployment, or set "
+    raise ContractError(f"{prior.file_of('profile')}: " + "; ".join(mismatches)
+                        + f"; re-profile this deployment, or set "
                         f"{ALLOW_FOREIGN_ENV}=1 to serve this prior anyway")
 
 

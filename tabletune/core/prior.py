@@ -24,7 +24,7 @@ from tabletune.core.contracts import (
 )
 from tabletune.core.errors import ContractError
 
-__all__ = ["DOCUMENT_FILES", "Prior"]
+__all__ = ["DOCUMENT_FILES", "Prior", "check_prior_fits_engine"]
 
 # The three documents of a prior and their file names: in a tuner's output folder, in a
 # registered version's ``table/`` artifacts, and in the controller's prior cache.
@@ -73,5 +73,29 @@ class Prior:
         folder = Path(folder)
         docs = {kind: load_json(folder / filename, kind)
                 for kind, filename in DOCUMENT_FILES.items()}
-        return cls(docs["table"], docs["profile"], docs["acceptance"],
-                   os.fspath(folder) if source is None else source)
+        try:
+            return cls(docs["table"], docs["profile"], docs["acceptance"],
+                       os.fspath(folder) if source is None else source)
+        except ContractError as exc:  # the documents disagree: name both files
+            raise ContractError(f"{folder / DOCUMENT_FILES['acceptance']} (with "
+                                f"{folder / DOCUMENT_FILES['profile']}): {exc}") from None
+
+    def file_of(self, kind: str) -> str:
+        """Where document ``kind`` (table, profile, acceptance) came from, for messages: the
+        folder's file, or the registry address (``models:/name/3``)."""
+        if "://" in self.source or self.source.startswith("models:/"):
+            return self.source
+        return os.fspath(Path(self.source) / DOCUMENT_FILES[kind])
+
+
+def check_prior_fits_engine(prior: Prior, *, num_spec_tokens: int) -> None:
+    """The prior must describe an engine drafting up to the same K as this one."""
+    if prior.profile.max_k != num_spec_tokens:
+        raise ContractError(
+            f"{prior.file_of('profile')}: prior profile.max_k: {prior.profile.max_k} but the "
+            f"engine drafts up to num_speculative_tokens={num_spec_tokens}; re-profile this "
+            f"deployment")
+    if prior.acceptance.max_k < num_spec_tokens:
+        raise ContractError(
+            f"{prior.file_of('acceptance')}: prior acceptance.rates: {prior.acceptance.max_k} "
+            f"rates but the engine drafts up to {num_spec_tokens}")

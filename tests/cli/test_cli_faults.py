@@ -327,6 +327,37 @@ def test_registry_client_failures_are_one_line_not_a_traceback(capsys, monkeypat
                                        "redirects.\n")
 
 
+def test_a_controller_arm_whose_prior_cannot_serve_this_engine_exits_2_before_any_engine(
+        tmp_path, capsys, monkeypatch):
+    """The controller in vLLM would refuse such a prior and serve the static table: the arm
+    would measure something else without a word."""
+    from factories import make_acceptance, make_profile
+
+    from tabletune import evaluate
+    from tabletune.core.builder import StepTimes, build_table
+    from tabletune.core.contracts import save_json
+
+    monkeypatch.setattr(evaluate, "run_arms",
+                        lambda *a, **k: pytest.fail("engine work started"))
+    out = tmp_path / "eval"
+    for name, max_k, rates, message in (
+            ("k2", 2, (0.8, 0.6), "profile.json: prior profile.max_k: 2 but the engine drafts "
+                                  "up to num_speculative_tokens=3"),
+            ("disagree", 3, (0.8, 0.6), "acceptance.json (with ")):
+        folder = tmp_path / name
+        folder.mkdir()
+        profile = make_profile(max_k=max_k)
+        table = build_table(StepTimes.from_profile(profile), (0.8, 0.6, 0.45)[:max_k])
+        save_json(folder / "table.json", table.to_document({}))
+        save_json(folder / "profile.json", profile)
+        save_json(folder / "acceptance.json", make_acceptance(rates))
+        assert main(["evaluate", "--max-k", "3", "--arms", f"fixed:1,controller:{folder}",
+                     "--out-dir", str(out)]) == 2
+        err = _one_line(capsys.readouterr().err, "evaluate")
+        assert f"{folder}/{message}" in err, err
+    assert not out.exists()
+
+
 def test_bad_evaluate_arms_exit_2_naming_the_arm_or_file_before_any_engine(tmp_path, capsys,
                                                                           monkeypatch):
     from tabletune import evaluate

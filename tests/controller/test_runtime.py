@@ -50,6 +50,24 @@ def test_a_corrupt_prior_file_is_refused_naming_the_file(tmp_path):
         load_prior(str(tmp_path / "missing"))
 
 
+def test_a_prior_folder_whose_documents_disagree_is_refused_naming_both_files(tmp_path):
+    folder = _write_prior(tmp_path / "prior", _prior())
+    save_json(folder / "acceptance.json", make_acceptance((0.8, 0.6)))  # K = 2 for a K = 3 profile
+    with pytest.raises(ContractError) as err:
+        load_prior(str(folder))
+    assert str(err.value).startswith(
+        f"{folder / 'acceptance.json'} (with {folder / 'profile.json'}): acceptance.rates: ")
+    assert "K mismatch" in str(err.value)
+
+
+def test_a_prior_for_another_k_names_its_file(tmp_path):
+    folder = _write_prior(tmp_path / "prior", _prior(max_k=2))
+    with pytest.raises(ContractError) as err:
+        build_runtime(load_prior(str(folder)), static_lookup=[0] + [1] * 64, num_spec_tokens=3,
+                      max_num_seqs=64)
+    assert str(err.value).startswith(f"{folder / 'profile.json'}: prior profile.max_k: 2 ")
+
+
 def test_runtime_starts_from_the_engine_table_and_reports_rebuilds(tmp_path):
     folder = _write_prior(tmp_path / "prior", _prior())
     runtime = build_runtime(load_prior(str(folder)), static_lookup=[0] + [0] * 64,
@@ -122,6 +140,7 @@ def test_a_prior_from_another_deployment_is_refused_naming_each_field_and_both_v
     with pytest.raises(ContractError) as err:
         controller_from_env(_engine_scheduler())
     message = str(err.value)
+    assert message.startswith(f"{folder / 'profile.json'}: ")  # the file, then the fields
     assert "profile.fingerprint.engine_version: '0.31.0' but the engine has '0.32.0'" in message
     assert ("profile.fingerprint.model: '/models/other' but the engine has '/models/target'"
             in message)
