@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     from tabletune.engine.model_pair import synthetic_prompts
     from tabletune.engine.server import VllmServer, speculative_config
     from tabletune.engine.spec import EngineSpec
-    from tabletune.tuner.profiler import table_with_every_length
+    from tabletune.tuner.grid import table_with_every_length
 
     b = args.batch_size
     if args.model:

@@ -25,10 +25,11 @@ from tabletune.core.errors import (ContractError, check_dict, check_int, check_n
                                    check_sequence)
 from tabletune.core.files import check_output_dir, check_output_path
 from tabletune.core.tables import DOCS_TABLE, DraftTable
-from tabletune.engine_args import add_engine_args, check_engine_options, engine_spec_from_args
+from tabletune.engine_args import (add_engine_args, check_engine_options, check_model_folders,
+                                   engine_spec_from_args)
 from tabletune.core.options import check_options, integer, number
 from tabletune.prompt_args import add_prompt_args, prompts_from_args
-from tabletune.tuner.profiler import (
+from tabletune.tuner.profile_settings import (
     DEFAULT_REFERENCE_DRIFT_BOUND,
     DEFAULT_MAX_SPREAD,
     DEFAULT_REFERENCE_EVERY,
@@ -69,7 +70,7 @@ def _int_list(text: str) -> tuple[int, ...]:
 
 
 def _grid(args: argparse.Namespace) -> tuple[int, ...]:
-    from tabletune.tuner.profiler import default_grid, parse_grid
+    from tabletune.tuner.grid import default_grid, parse_grid
 
     if args.batch_sizes:
         grid = parse_grid(args.batch_sizes)
@@ -822,6 +823,8 @@ def _main(argv: Sequence[str] | None) -> int:
             pass
     try:
         check_options(parser, args)  # every option's range, before any engine or file
+        if args.command in _ENGINE_COMMANDS:
+            check_model_folders(args)
         if args.command in PHASE_LOGGING_COMMANDS:
             _show_phase_logs()
         return int(args.func(args) or 0)

@@ -85,8 +85,6 @@ def check_engine_options(args: argparse.Namespace) -> None:
     sets itself, and the cache folders vLLM or the embedded pair will write into (checked
     before minutes of work, not after)."""
     check_engine_args(list(args.engine_arg))
-    for option, value in (("--model", args.model), ("--drafter", getattr(args, "drafter", None))):
-        check_model_folder(option, value)
     cache_root = getattr(args, "cache_root", None)
     if cache_root:
         check_output_dir(cache_root, "--cache-root")
@@ -95,6 +93,13 @@ def check_engine_options(args: argparse.Namespace) -> None:
 
         where = envs.CACHE.name if envs.CACHE.get() else "the model cache"
         check_output_dir(default_cache_dir(), where)
+
+
+def check_model_folders(args: argparse.Namespace) -> None:
+    """--model and --drafter given as local paths name model folders (``check_model_folder``);
+    the command line's check, before a command starts any engine."""
+    for option, value in (("--model", args.model), ("--drafter", getattr(args, "drafter", None))):
+        check_model_folder(option, value)
 
 
 def check_model_folder(option: str, value: str | None) -> None:

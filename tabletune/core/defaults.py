@@ -1,7 +1,7 @@
 """Defaults that the CLI, the library and the DAGs' params all show, in a module that imports
 nothing: the DAG files read them at parse time, which must not load numpy, aiohttp or an engine
 client just for a number. Each owning module re-exports its own (``tuner.acceptance``,
-``tuner.profiler``, ``pipeline.gate``, ``adapters.s3_prompts``), so code keeps reading them
+``tuner.profile_settings``, ``pipeline.gate``, ``adapters.s3_prompts``), so code keeps reading them
 where the concept lives.
 """
 

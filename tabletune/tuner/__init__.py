@@ -1,7 +1,8 @@
 """The offline tuner: step times and acceptance on a real vLLM server."""
 
 from tabletune.tuner.acceptance import load_prompts
-from tabletune.tuner.profiler import default_grid, parse_grid, profile_step_times
+from tabletune.tuner.grid import default_grid, parse_grid
+from tabletune.tuner.profiler import profile_step_times
 # The tune's acceptance (its own kind of server, K pinned): the one way acceptance is measured.
 from tabletune.tuner.tune import measure_acceptance
 

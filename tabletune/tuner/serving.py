@@ -185,7 +185,7 @@ def launch_tune_server(spec: EngineSpec, *, max_batch_size: int, log_dir: Path,
     acceptance on, k pinned per phase through a control file (``logs/control.json``), the step
     log on (``logs/<name>.steps``). Acceptance, the profile's cells and the serving windows
     all run on it. Returns it and the control file."""
-    from tabletune.tuner.profiler import table_with_every_length
+    from tabletune.tuner.grid import table_with_every_length
 
     log_dir = Path(log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)

@@ -133,7 +133,7 @@ def tune_plan(spec: EngineSpec, batch_sizes: Sequence[int], *, repeats: int | No
     semantics and the same workload (``tests/pipeline/test_one_measuring_path.py``). None means
     the default; options are taken as checked by the caller."""
     from tabletune.core.defaults import DEFAULT_MAX_TOKENS, DEFAULT_TEMPERATURE
-    from tabletune.tuner.profiler import DEFAULT_STARTUP_TIMEOUT_S, ProfileSettings
+    from tabletune.tuner.profile_settings import DEFAULT_STARTUP_TIMEOUT_S, ProfileSettings
     from tabletune.tuner.serving import (DEFAULT_SERVING_ROUNDS, DEFAULT_SERVING_WARM_UP_S,
                                          DEFAULT_SERVING_WINDOW_S, ServingPlan)
     from tabletune.tuner.serving import serving_batch_sizes as auto_sizes
@@ -174,7 +174,7 @@ class TunePlan:
     """What a tune measures and builds (the CLI's options, checked)."""
 
     batch_sizes: tuple[int, ...]
-    profile_settings: Any  # tabletune.tuner.profiler.ProfileSettings
+    profile_settings: Any  # tabletune.tuner.profile_settings.ProfileSettings
     mode: str
     serving: Any  # tabletune.tuner.serving.ServingPlan, or None: no serving calibration
     temperature: float

@@ -47,7 +47,10 @@ def test_the_report_and_doctor_json_carry_the_version(monkeypatch, capsys, tmp_p
 
     monkeypatch.setattr(doctor, "examine_runner", examine)
     out = tmp_path / "d"
-    assert main(["doctor", "--model", str(tmp_path / "t"), "--drafter", str(tmp_path / "d"),
+    for model in ("t", "dr"):  # model folders as the command checks them (nothing loads them)
+        (tmp_path / model).mkdir()
+        (tmp_path / model / "config.json").write_text("{}")
+    assert main(["doctor", "--model", str(tmp_path / "t"), "--drafter", str(tmp_path / "dr"),
                  "--num-prompts", "4", "--max-batch-size", "4", "--out-dir", str(out)]) == 0
     printed = capsys.readouterr().out.splitlines()
     assert printed[0] == ("doctor: vLLM 0.33.0 (vllm); compat fixes: not needed (upstream has "

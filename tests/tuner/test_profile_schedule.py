@@ -10,8 +10,10 @@ from __future__ import annotations
 import pytest
 
 from tabletune.core.consistency import consistency_violations
-from tabletune.tuner.profiler import (Checkpoint, ProfileSettings, RoundRobin, assemble_profile,
-                                      run_schedule)
+from tabletune.tuner.assemble import assemble_profile
+from tabletune.tuner.checkpoint import Checkpoint
+from tabletune.tuner.profile_settings import ProfileSettings
+from tabletune.tuner.schedule import RoundRobin, run_schedule
 
 GRID = (1, 2, 4)
 LENGTHS = (0, 1, 2)

@@ -10,7 +10,9 @@ from tabletune.core.contracts import Profile
 from tabletune.core.step_log import Step
 from tabletune.core.workload import Workload, prefill_mix
 from tabletune.engine.window import ServingWindow
-from tabletune.tuner.profiler import ProfileSettings, RawCell, assemble_profile
+from tabletune.tuner.assemble import assemble_profile
+from tabletune.tuner.profile_settings import ProfileSettings
+from tabletune.tuner.raw_cell import RawCell
 from tabletune.tuner.serving import (ServingCell, StepMix, measured_for_calibration,
                                      window_from_steps, workload_step)
 

@@ -7,7 +7,7 @@ import pytest
 from tabletune.core.contracts import load_json
 from tabletune.engine.spec import EngineSpec
 from tabletune.tuner import profiler, serving
-from tabletune.tuner.profiler import ProfileSettings
+from tabletune.tuner.profile_settings import ProfileSettings
 from tabletune.tuner.tune import TunePlan, acceptance_spec, tune
 from factories import make_acceptance, make_profile
 

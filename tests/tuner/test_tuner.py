@@ -1,4 +1,4 @@
-"""Tuner pieces that need no engine: grids, log and metrics parsing, checkpoints, assembly."""
+"""Tuner pieces that need no engine: log and metrics parsing, checkpoints, assembly."""
 
 from __future__ import annotations
 
@@ -10,30 +10,10 @@ from tabletune.core.contracts import save_json
 from tabletune.core.errors import ContractError
 from tabletune.engine.server import SpecDecodeCounters, parse_iterations, parse_metrics
 from tabletune.tuner.acceptance import load_prompts, rates_from_counters
-from tabletune.tuner.profiler import (Checkpoint, ProfileSettings, RawCell, assemble_profile,
-                                      default_grid, parse_grid, table_with_every_length)
-
-
-def test_default_grid_every_b_to_16_then_4_then_8():
-    grid = default_grid(100)
-    assert grid[:16] == tuple(range(1, 17))
-    assert grid[16:28] == tuple(range(20, 65, 4))
-    assert grid[28:] == (72, 80, 88, 96, 100)
-    assert default_grid(8) == tuple(range(1, 9))
-
-
-def test_parse_grid_and_its_errors():
-    assert parse_grid("1-4,8,16-32:8") == (1, 2, 3, 4, 8, 16, 24, 32)
-    with pytest.raises(ValueError, match=r"batch_sizes: 'x' is not"):
-        parse_grid("1,x")
-    with pytest.raises(ValueError, match="batch_sizes"):
-        parse_grid("0")
-
-
-def test_table_with_every_length_is_valid_and_complete():
-    table = table_with_every_length(3, 64)
-    assert table == [[1, 1, 0], [2, 2, 1], [3, 3, 2], [4, 64, 3]]
-    assert {k for _, _, k in table_with_every_length(2, 2)} == {0, 1, 2}
+from tabletune.tuner.assemble import assemble_profile
+from tabletune.tuner.checkpoint import Checkpoint
+from tabletune.tuner.profile_settings import ProfileSettings
+from tabletune.tuner.raw_cell import RawCell
 
 
 LOG = """\

@@ -212,8 +212,12 @@ def test_two_profiles_of_the_real_engine_agree_within_their_intervals(pair_spec,
     is narrower than that). Paired, because one repeat of three can land on a second in which
     another process took a core (CI runs the services' tests beside this one): seen as 82.9 ms
     for A and 54.8 ms for B in one repeat whose other two pairs agreed within 4 %."""
-    from tabletune.tuner.profiler import (CellTimer, Checkpoint, ProfileSettings, RawCell,
-                                          _servers_per_length, assemble_profile)
+    from tabletune.tuner.assemble import assemble_profile
+    from tabletune.tuner.checkpoint import Checkpoint
+    from tabletune.tuner.profile_settings import ProfileSettings
+    from tabletune.tuner.profiler import _servers_per_length
+    from tabletune.tuner.raw_cell import RawCell
+    from tabletune.tuner.timer import CellTimer
 
     settings = ProfileSettings(batch_sizes=(1, 4), repeats=3, output_tokens=49,
                                reference_every=0)
