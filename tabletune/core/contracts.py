@@ -451,6 +451,10 @@ def load_json(path: str | os.PathLike[str], kind: Kind) -> Profile | Acceptance 
         return _READERS[kind].from_dict(data)
     except ContractError as exc:
         raise ContractError(f"{os.fspath(path)}: {exc}") from exc
+    except (ValueError, OverflowError, TypeError) as exc:
+        # A value the checks let through that a later conversion refused (a number past what
+        # numpy or a float holds, deep in the file): still the file's fault, so named with it.
+        raise ContractError(f"{os.fspath(path)}: {kind}: {exc}") from exc
     except RecursionError:
         # Parsed, but too deep to validate or show in a message (e.g. a nested meta value).
         raise ContractError(f"{os.fspath(path)}: {kind} is nested too deeply") from None

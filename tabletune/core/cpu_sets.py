@@ -18,6 +18,10 @@ __all__ = ["CpuPlan", "parse_cpu_list", "format_cpu_list", "plan_cpus", "MIN_COR
 MIN_CORES = 6
 
 
+# Linux's own limit on core numbers (CONFIG_NR_CPUS is at most 8192).
+MAX_CORE = 8191
+
+
 def parse_cpu_list(text: str) -> tuple[int, ...]:
     """``"1-3,8"`` (the kernel's cpulist form) -> (1, 2, 3, 8)."""
     cores: set[int] = set()
@@ -32,6 +36,8 @@ def parse_cpu_list(text: str) -> tuple[int, ...]:
             raise ValueError(f"{text!r}: {part!r} is not N or A-B") from None
         if first < 0 or last < first:
             raise ValueError(f"{text!r}: {part!r} is not a range of core numbers")
+        if last > MAX_CORE:  # refused before a range of a billion cores fills the memory
+            raise ValueError(f"{text!r}: {part!r} names core {last}, above {MAX_CORE}")
         cores.update(range(first, last + 1))
     if not cores:
         raise ValueError(f"{text!r}: names no core")

@@ -91,6 +91,10 @@ def shrink_table(table: DraftTable, factor: int) -> DraftTable:
 
 # The longest simulated run (seconds) a scenario or --duration may ask for.
 MAX_DURATION_S = 3600.0
+# The most open requests a level may hold: the simulator keeps arrays per request (a batch of
+# lengths each), so a typo of 10**9 would exhaust memory before any check; no server batches
+# more than a few thousand requests in one step.
+MAX_CONCURRENCY = 8192
 
 @dataclass(frozen=True)
 class Curve:
@@ -377,7 +381,7 @@ class Scenario:
     def _validate(self) -> None:
         p = f"scenario[{self.name}]"
         for i, c in enumerate(self.concurrency):
-            check_int(c, f"{p}.concurrency[{i}]", minimum=1)
+            check_int(c, f"{p}.concurrency[{i}]", minimum=1, maximum=MAX_CONCURRENCY)
         if not self.concurrency:
             fail(f"{p}.concurrency", list(self.concurrency), "is empty")
         if list(self.concurrency) != sorted(set(self.concurrency)):
@@ -547,5 +551,8 @@ def load_scenario(name_or_path: str | Path) -> Scenario:
         return Scenario.from_dict(data, base_dir=path.parent)
     except ContractError as exc:
         raise ContractError(f"{path}: {exc}") from exc
+    except (ValueError, OverflowError, TypeError) as exc:
+        # A value the checks let through that a later conversion refused: the file's fault.
+        raise ContractError(f"{path}: scenario: {exc}") from exc
     except RecursionError:
         raise ContractError(f"{path}: scenario is nested too deeply") from None

@@ -355,6 +355,27 @@ def test_bad_table_documents(changes, message):
 # ---------------------------------------------------------------------------- files
 
 
+@pytest.mark.parametrize("error", [OverflowError("int too large to convert to C long"),
+                                   ValueError("cannot convert float infinity to integer"),
+                                   TypeError("'<' not supported between 'str' and 'int'")])
+def test_a_conversion_the_checks_let_through_is_still_named_with_its_file(tmp_path, monkeypatch,
+                                                                          error):
+    """A value deep in a file that a later conversion refuses is the file's fault: one line
+    naming the file, not an exception without one."""
+    from tabletune.core import contracts
+
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(profile_dict()))
+
+    def refuse(data):
+        raise error
+
+    monkeypatch.setattr(contracts.Profile, "from_dict", staticmethod(refuse))
+    with pytest.raises(ContractError) as err:
+        load_json(path, "profile")
+    assert str(err.value) == f"{path}: profile: {error}"
+
+
 def test_load_json_errors_name_the_file(tmp_path):
     path = tmp_path / "profile.json"
     d = profile_dict()

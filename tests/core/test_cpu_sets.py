@@ -17,6 +17,12 @@ def test_cpu_lists_read_and_write_the_kernels_form():
             parse_cpu_list(bad)
 
 
+def test_a_range_past_any_machine_is_refused_before_it_is_expanded():
+    with pytest.raises(ValueError, match="names core 1000000000000, above 8191"):
+        parse_cpu_list("0-1000000000000")  # expanded, a set of 10**12 ints: the memory gone
+    assert len(parse_cpu_list("0-8191")) == 8192
+
+
 def test_sixteen_cores_leave_core_zero_out_and_give_the_client_the_rest():
     plan = plan_cpus(range(16))
     assert plan.engine == (1, 2) and plan.frontend == (3, 4)

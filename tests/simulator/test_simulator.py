@@ -344,6 +344,9 @@ def test_cli_writes_report_and_plot(tmp_path, capsys):
 @pytest.mark.parametrize("argv,message", [
     (["--scenario", "nope"], "'nope' is not a shipped scenario"),
     (["--scenario", "moe", "--concurrency", "1,x"], "--concurrency: '1,x'"),
+    # Refused before the simulator allocates its per-request arrays (10**9 of them: the memory).
+    (["--scenario", "moe", "--concurrency", "1,1000000000"],
+     "concurrency[1]: 1000000000 is above 8192"),
     (["--scenario", "moe", "--policies", "magic"], "--policies: 'magic' is not a policy"),
     (["--scenario", "moe", "--table", "broken"], "--table: 'broken' is not NAME=PATH"),
     (["--scenario", "moe", "--start-table", "/no/such.json"], "cannot read table JSON"),
