@@ -20,9 +20,9 @@ from tabletune.core.atomic import atomic_write_text
 from tabletune.core.builder import DEFAULT_TIE_MARGIN, MAX_BATCH_SIZE, goodput_loss
 from tabletune.core.contracts import Acceptance, Profile, TableDocument, load_json, save_json
 from tabletune.core.document import build_document
-from tabletune.core.exits import exit_status
 from tabletune.core.errors import (ContractError, check_dict, check_int, check_number,
                                    check_sequence)
+from tabletune.core.exits import exit_status
 from tabletune.core.files import check_output_dir, check_output_path
 from tabletune.core.tables import DOCS_TABLE, DraftTable
 from tabletune.engine_args import (add_engine_args, check_engine_options, check_model_folders,
