@@ -10,8 +10,8 @@ import warnings
 import pytest
 from factories import make_acceptance, make_profile
 
-import tabletune.cli as cli
 from tabletune.cli import main
+from tabletune.commands import measure
 from tabletune.core.contracts import save_json
 
 
@@ -30,7 +30,7 @@ def no_engine(monkeypatch):
         raise AssertionError("engine work started")
 
     for name in ("engine_spec_from_args", "_run_profile", "_run_acceptance"):
-        monkeypatch.setattr(cli, name, tripwire)
+        monkeypatch.setattr(measure, name, tripwire)
 
 
 def build(docs, *extra):

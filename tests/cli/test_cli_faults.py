@@ -15,6 +15,7 @@ import pytest
 
 from tabletune import cli
 from tabletune.cli import main
+from tabletune.commands import measure, tables
 from tabletune.core.contracts import save_json
 from factories import make_acceptance, make_profile
 
@@ -40,7 +41,7 @@ def no_engine(monkeypatch):
         raise AssertionError("engine work started")
 
     for name in ("engine_spec_from_args", "_run_profile", "_run_acceptance"):
-        monkeypatch.setattr(cli, name, tripwire)
+        monkeypatch.setattr(measure, name, tripwire)
 
 
 def _build(docs, out):
@@ -109,7 +110,7 @@ def test_a_read_only_file_system_mid_command_is_one_line_naming_the_path(docs, c
     def read_only(*args, **kwargs):
         raise OSError(errno.EROFS, "Read-only file system", str(docs / "plots"))
 
-    monkeypatch.setattr(cli, "_write_plots", read_only)
+    monkeypatch.setattr(tables, "_write_plots", read_only)
     assert main(["build", "--profile", str(docs / "profile.json"), "--acceptance",
                  str(docs / "acceptance.json"), "--out", str(docs / "t.json"), "--plots"]) == 2
     err = capsys.readouterr().err
@@ -275,11 +276,11 @@ def test_ctrl_c_mentions_a_checkpoint_only_for_commands_that_have_one(docs, caps
     def interrupt(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli, "build_document", interrupt)
+    monkeypatch.setattr(tables, "build_document", interrupt)
     assert _build(docs, docs / "t.json") == 128 + signal.SIGINT
     assert capsys.readouterr().err == "tabletune build: interrupted (SIGINT)\n"
-    monkeypatch.setattr(cli, "_run_profile", interrupt)
-    monkeypatch.setattr(cli, "engine_spec_from_args", lambda *a, **k: None)
+    monkeypatch.setattr(measure, "_run_profile", interrupt)
+    monkeypatch.setattr(measure, "engine_spec_from_args", lambda *a, **k: None)
     assert main(["profile", "--out", str(docs / "p.json")]) == 128 + signal.SIGINT
     err = capsys.readouterr().err
     assert "engines stopped" in err and "kept in the checkpoint" in err
@@ -334,8 +335,9 @@ def test_a_controller_arm_whose_prior_cannot_serve_this_engine_exits_2_before_an
     from factories import make_acceptance, make_profile
 
     from tabletune import evaluate
-    from tabletune.core.builder import StepTimes, build_table
+    from tabletune.core.builder import build_table
     from tabletune.core.contracts import save_json
+    from tabletune.core.step_times import StepTimes
 
     monkeypatch.setattr(evaluate, "run_arms",
                         lambda *a, **k: pytest.fail("engine work started"))

@@ -7,6 +7,7 @@ import pytest
 
 from tabletune import cli
 from tabletune.adapters import mlflow_registry
+from tabletune.commands import tables
 from tabletune.pipeline.cli import registry_main
 from tabletune.simulator import run as simulator_run
 from tabletune.simulator.cli import main as simulator_main
@@ -20,7 +21,7 @@ def _raising(exc):
 
 def _entry_points(monkeypatch, exc):
     """Each entry point, made to meet ``exc`` where its command does its work."""
-    monkeypatch.setattr(cli, "cmd_show", _raising(exc))
+    monkeypatch.setattr(tables, "cmd_show", _raising(exc))
     monkeypatch.setattr(simulator_run, "run_simulation", _raising(exc))
 
     class Registry:

@@ -87,10 +87,11 @@ def test_checked_types_convert_and_check_after_parsing():
 def test_every_command_refuses_an_out_of_range_option_by_name(argv, message, capsys, tmp_path,
                                                               monkeypatch):
     from tabletune import cli
+    from tabletune.commands import measure
 
     monkeypatch.chdir(tmp_path)
     for name in ("engine_spec_from_args", "_run_profile", "_run_acceptance"):
-        monkeypatch.setattr(cli, name, lambda *a, **k: pytest.fail("engine work started"))
+        monkeypatch.setattr(measure, name, lambda *a, **k: pytest.fail("engine work started"))
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"tabletune {argv[0]}: error: {message}") and err.count("\n") == 1

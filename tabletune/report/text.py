@@ -1,0 +1,180 @@
+"""The text reports of a table document and of a tune's serving calibration: what
+``tabletune show`` prints, ``tabletune build`` and ``tune`` print, and ``tune`` writes to
+summary.txt. Core only; a document field of the wrong shape is named (``table.goodput.chosen[3]
+...``), never a KeyError or a ``nan%``."""
+
+from __future__ import annotations
+
+import json
+
+from tabletune.core.contracts import Profile, TableDocument
+from tabletune.core.errors import check_dict, check_int, check_number, check_sequence
+from tabletune.core.losses import goodput_loss
+from tabletune.core.tables import DOCS_TABLE
+
+
+def describe_calibration(profile: Profile) -> str:
+    """Serving / reject-all per measured cell, one line per batch size."""
+    factors = {(f["batch_size"], f["k"]): f["factor"]
+               for f in profile.meta["serving_calibration"]["factors"]}
+    measured = sorted({m["batch_size"] for m in profile.meta["serving_calibration"]["measured"]})
+    lines = ["serving step time / reject-all profile (measured at "
+             f"B {measured}; interpolated in log B between them):"]
+    for b in measured:
+        lines.append(f"  B={b}: " + ", ".join(f"k={k} {factors[(b, k)]:.3f}"
+                                              for k in profile.lengths))
+    return "\n".join(lines)
+
+
+def describe_document(doc: TableDocument) -> str:
+    """The table, the vLLM option to paste, the workload it was built for, its modelled losses
+    against the docs table and every fixed length, its edges and the profile's trust notes."""
+    table = doc.table
+    lines = ["draft-length table:"] + ["  " + line for line in table.describe().splitlines()]
+    cfg = {"num_speculative_tokens": doc.num_speculative_tokens,
+           "num_speculative_tokens_per_batch_size": table.to_vllm()}
+    lines.append("paste into vLLM (merge with your method/model keys):")
+    lines.append(f"  --speculative-config '{json.dumps(cfg)}'")
+    lines.append("built for: " + _describe_workload(doc.provenance))
+    g = doc.goodput
+    if g.get("tokens_per_s"):
+        m, lengths, bs, chosen_k = _goodput_block(g)
+
+        def worst(table_ks) -> str:
+            return f"{goodput_loss(m, lengths, bs, table_ks).worst_loss:.1%}"
+
+        lines.append(f"worst loss vs the per-B best fixed length over B 1–{bs[-1]}, modelled, "
+                     "in-sample (from the profile the table was chosen from, so the table's "
+                     "own figure shows only its tie margin; `tabletune evaluate` measures):")
+        if not (m > 0).any():
+            lines.append("  none to report: the goodput block is zero at every batch size")
+            return "\n".join(lines)
+        lines.append(f"  this table (modelled, in-sample): {worst(chosen_k)}")
+        docs = [DOCS_TABLE.k_for(b) for b in bs]
+        if all(k in lengths for k in docs):
+            lines.append(f"  vLLM docs table: {worst(docs)}")
+        for k in lengths:
+            lines.append(f"  fixed k={k}: {worst([k] * len(bs))}")
+        if g.get("interpolated_batch_sizes"):
+            lines.append("  (T(B,k) interpolated linearly between profiled batch sizes)")
+        oos = g.get("out_of_sample")
+        if isinstance(oos, dict) and "worst_loss_mean" in oos:
+            p = "table.goodput.out_of_sample"
+            mean = check_number(oos["worst_loss_mean"], f"{p}.worst_loss_mean")
+            worst_fold = check_number(oos.get("worst_loss_max"), f"{p}.worst_loss_max")
+            lines.append(f"  this table, out-of-sample (built from all repeats but one, scored "
+                         f"on the one left out; {oos.get('folds')} folds): worst loss "
+                         f"{mean:.1%} on average, {worst_fold:.1%} in the worst fold")
+    lines += _describe_edges(g) + _describe_profile_trust(doc.provenance)
+    return "\n".join(lines)
+
+
+def _describe_workload(prov: dict) -> str:
+    from tabletune.core.workload import Workload
+
+    raw = prov.get("workload")
+    if raw is None:
+        return ("no stated workload (an uncalibrated profile: pure decode steps at a steady "
+                "batch, no prefills)")
+    return Workload.from_dict(raw, "table.provenance.workload").describe()
+
+
+def _batch_size_runs(batch_sizes: list, interpolated: set) -> list[str]:
+    """Consecutive batch sizes of one kind (interpolated or profiled) as one "a–b" run: a
+    table over B = 1..256 can hold dozens of them."""
+    runs: list[list] = []
+    for b in batch_sizes:
+        if runs and b == runs[-1][1] + 1 and (b in interpolated) == (runs[-1][0] in interpolated):
+            runs[-1][1] = b
+        else:
+            runs.append([b, b])
+    return [f"{lo}{f'–{hi}' if hi != lo else ''}{' (interpolated)' if lo in interpolated else ''}"
+            for lo, hi in runs]
+
+
+def _describe_edges(g: dict) -> list[str]:
+    edges = g.get("edges")
+    if not isinstance(edges, list) or not edges:
+        return []
+    out = ["edges (the new length's goodput gain over the kept one there, against the two "
+           "cells' combined uncertainty):"]
+    for e in edges:
+        try:
+            out.append(f"  B={e['batch_size']}: k {e['from_k']} → {e['to_k']} by "
+                       f"{float(e['gain']):.1%} (uncertainty {float(e['uncertainty']):.1%})")
+        except (KeyError, TypeError, ValueError):
+            out.append(f"  {e!r}")
+    held = check_sequence(g.get("held_by_noise_batch_sizes") or [],
+                          "table.goodput.held_by_noise_batch_sizes")
+    if held:
+        interpolated = set(g.get("interpolated_batch_sizes") or [])
+        named = ", ".join(_batch_size_runs(held, interpolated))
+        out.append(f"  kept the previous length within the noise at "
+                   f"{'B = ' if len(held) == 1 else 'batch sizes '}{named}"
+                   + (": T there is interpolated between profiled batch sizes, so that noise "
+                      "is the neighbours'" if interpolated & set(held) else ""))
+    return out
+
+
+def _describe_profile_trust(prov: dict) -> list[str]:
+    """The provenance's trust notes; a field of the wrong type is named, not a TypeError."""
+    p = "table.provenance"
+    out = []
+    flagged = check_sequence(prov.get("profile_flagged_cells") or [],
+                             f"{p}.profile_flagged_cells")
+    if flagged:
+        named = []
+        for i, c in enumerate(flagged):
+            c = check_dict(c, f"{p}.profile_flagged_cells[{i}]")
+            why = check_sequence(c.get("why") or ["flagged"],
+                                 f"{p}.profile_flagged_cells[{i}].why")
+            named.append(f"B={c.get('batch_size')} k={c.get('k')} "
+                         f"({'/'.join(str(w) for w in why)})")
+        out.append(f"warning: {len(flagged)} profile cells are flagged: {', '.join(named)}")
+    for text in check_sequence(prov.get("profile_inconsistent") or [],
+                               f"{p}.profile_inconsistent"):
+        out.append(f"  inconsistent after a re-measure: {text}")
+    if prov.get("profile_drift_events"):
+        check_int(prov["profile_drift_events"], f"{p}.profile_drift_events", minimum=0)
+        out.append(f"note: the profiler's reference cell moved {prov['profile_drift_events']} "
+                   "times while profiling (repeats timed then were dropped and timed again; "
+                   "see profile.json meta.drift_guard)")
+    return out
+
+
+def _goodput_block(g: dict):
+    """The goodput block's matrix, lengths, batch sizes and chosen k, checked for shape."""
+    import numpy as np
+
+    from tabletune.core.errors import check_int, check_nonnegative, check_sequence, fail
+
+    p = "table.goodput"
+    for key in ("tokens_per_s", "lengths", "batch_sizes", "chosen"):
+        if key not in g:
+            fail(f"{p}.{key}", None, "is missing (needed to report the loss)")
+    lengths = [check_int(k, f"{p}.lengths[{j}]", minimum=0)
+               for j, k in enumerate(check_sequence(g["lengths"], f"{p}.lengths"))]
+    bs = [check_int(b, f"{p}.batch_sizes[{i}]", minimum=1)
+          for i, b in enumerate(check_sequence(g["batch_sizes"], f"{p}.batch_sizes"))]
+    chosen = [check_int(k, f"{p}.chosen[{i}]", minimum=0)
+              for i, k in enumerate(check_sequence(g["chosen"], f"{p}.chosen"))]
+    if not lengths or not bs:
+        fail(f"{p}.lengths" if not lengths else f"{p}.batch_sizes", [], "is empty")
+    rows = check_sequence(g["tokens_per_s"], f"{p}.tokens_per_s")
+    if len(rows) != len(bs):
+        fail(f"{p}.tokens_per_s", f"{len(rows)} rows",
+             f"do not match {p}.batch_sizes ({len(bs)} entries)")
+    m = []
+    for i, row in enumerate(rows):
+        row = check_sequence(row, f"{p}.tokens_per_s[{i}]")
+        if len(row) != len(lengths):
+            fail(f"{p}.tokens_per_s[{i}]", f"{len(row)} entries",
+                 f"do not match {p}.lengths ({len(lengths)} entries)")
+        m.append([check_nonnegative(v, f"{p}.tokens_per_s[{i}][{j}]") for j, v in enumerate(row)])
+    if len(chosen) != len(bs):
+        fail(f"{p}.chosen", f"{len(chosen)} entries",
+             f"do not match {p}.batch_sizes ({len(bs)} entries)")
+    for i, k in enumerate(chosen):
+        if k not in lengths:
+            fail(f"{p}.chosen[{i}]", k, f"is not one of {p}.lengths {lengths}")
+    return np.asarray(m, dtype=float), lengths, bs, chosen

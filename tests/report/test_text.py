@@ -1,0 +1,66 @@
+"""The text report of a table document (what ``show``, ``build`` and ``tune`` print) and of a
+tune's serving calibration, called directly; tests/cli/test_cli.py runs it through ``show``."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+from factories import make_acceptance, make_profile
+
+from tabletune.core.contracts import TableDocument
+from tabletune.core.document import build_document
+from tabletune.core.errors import ContractError
+from tabletune.report.text import _batch_size_runs, describe_calibration, describe_document
+
+
+@pytest.fixture
+def doc() -> TableDocument:
+    return build_document(make_profile(), make_acceptance()).document
+
+
+def test_the_report_gives_the_table_the_vllm_option_and_the_losses(doc):
+    text = describe_document(doc)
+    lines = text.splitlines()
+    assert lines[0] == "draft-length table:"
+    option = next(line for line in lines if line.startswith("  --speculative-config '"))
+    config = json.loads(option.split("'")[1])
+    assert config == {"num_speculative_tokens": doc.num_speculative_tokens,
+                      "num_speculative_tokens_per_batch_size": doc.table.to_vllm()}
+    assert "  this table (modelled, in-sample): " in text
+    for k in doc.goodput["lengths"]:
+        assert f"  fixed k={k}: " in text
+    assert "nan" not in text
+
+
+def test_a_goodput_block_of_the_wrong_shape_is_named_not_a_key_error(doc):
+    goodput = {**doc.goodput, "chosen": doc.goodput["chosen"][:-1]}
+    with pytest.raises(ContractError, match=r"^table\.goodput\.chosen: "):
+        describe_document(dataclasses.replace(doc, goodput=goodput))
+
+
+def test_an_all_zero_goodput_block_has_no_loss_to_report(doc):
+    goodput = {**doc.goodput,
+               "tokens_per_s": [[0.0] * len(row) for row in doc.goodput["tokens_per_s"]]}
+    text = describe_document(dataclasses.replace(doc, goodput=goodput))
+    assert text.endswith("  none to report: the goodput block is zero at every batch size")
+
+
+def test_consecutive_batch_sizes_of_one_kind_are_one_run():
+    assert _batch_size_runs([1, 2, 3, 5, 6, 8], {5, 6}) == ["1–3", "5–6 (interpolated)", "8"]
+
+
+def test_the_calibration_is_one_line_per_measured_batch_size():
+    profile = make_profile(max_k=1)
+    meta = {"serving_calibration": {
+        "measured": [{"batch_size": 8}, {"batch_size": 2}, {"batch_size": 8}],
+        "factors": [{"batch_size": b, "k": k, "factor": 1 + b / 100 + k / 10}
+                    for b in (2, 8) for k in (0, 1)]}}
+    text = describe_calibration(dataclasses.replace(profile, meta=meta))
+    assert text.splitlines() == [
+        "serving step time / reject-all profile (measured at B [2, 8]; interpolated in log B "
+        "between them):",
+        "  B=2: k=0 1.020, k=1 1.120",
+        "  B=8: k=0 1.080, k=1 1.180",
+    ]
