@@ -22,7 +22,6 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import json
-import os
 import re
 from typing import Any
 

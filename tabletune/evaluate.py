@@ -10,7 +10,6 @@ load (no speculation counts as k = 0).
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from dataclasses import asdict, dataclass
@@ -21,7 +20,7 @@ from tabletune.core.arm_stats import (DEFAULT_CONFIDENCE, MIN_REPEATS, loss_inte
                                       median_interval, relative_half_width)
 from tabletune.core.atomic import atomic_write_text
 from tabletune.core.builder import MAX_BATCH_SIZE
-from tabletune.core.contracts import load_json, save_json
+from tabletune.core.contracts import load_json
 from tabletune.core.defaults import DEFAULT_MAX_TOKENS
 from tabletune.core.workload import Workload
 from tabletune.core.errors import ContractError

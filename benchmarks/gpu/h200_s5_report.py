@@ -25,8 +25,9 @@ import statistics
 import sys
 from pathlib import Path
 
-from tabletune.core.builder import StepTimes, table_loss
 from tabletune.core.contracts import load_json
+from tabletune.core.losses import table_loss
+from tabletune.core.step_times import StepTimes
 
 
 def _spread(values) -> float:

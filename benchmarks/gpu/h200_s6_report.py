@@ -31,9 +31,10 @@ from pathlib import Path
 
 import numpy as np
 
-from tabletune.core.builder import StepTimes, fixed_length_goodput
+from tabletune.core.builder import fixed_length_goodput
 from tabletune.core.contracts import load_json
 from tabletune.core.step_log import StepLogReader
+from tabletune.core.step_times import StepTimes
 
 TIE_MARGIN = 0.005
 

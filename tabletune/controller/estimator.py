@@ -51,9 +51,10 @@ from tabletune.controller.settings import (
 )
 from tabletune.controller.state import STATE_SCHEMA, estimator_state
 from tabletune.controller.step_model import StepTimeModel
-from tabletune.core.builder import StepTimes, build_table
+from tabletune.core.builder import build_table
 from tabletune.core.errors import check_int, check_nonnegative, fail
 from tabletune.core.goodput import validate_rates
+from tabletune.core.step_times import StepTimes
 from tabletune.core.tables import DraftTable
 
 __all__ = [

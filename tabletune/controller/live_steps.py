@@ -18,8 +18,9 @@ import numpy as np
 
 from tabletune.controller.hold import GainNoise
 from tabletune.controller.step_model import StepTimeModel, forget_factor
-from tabletune.core.builder import MAX_BATCH_SIZE, StepTimes
+from tabletune.core.builder import MAX_BATCH_SIZE
 from tabletune.core.errors import check_int, fail
+from tabletune.core.step_times import StepTimes
 
 __all__ = ["LiveStepTimes"]
 

@@ -19,10 +19,11 @@ from tabletune.controller.records import RebuildRecord
 from tabletune.controller.settings import ControllerSettings
 from tabletune.controller.stale import profile_digest, write_stale_mark
 from tabletune.core.atomic import atomic_write_text
-from tabletune.core.builder import StepTimes, recorded_build_settings
+from tabletune.core.builder import recorded_build_settings
 from tabletune.core.contracts import Profile
 from tabletune.core.errors import ContractError
 from tabletune.core.prior import Prior, check_prior_fits_engine
+from tabletune.core.step_times import StepTimes
 from tabletune.core.tables import DraftTable
 from tabletune.core.vllm_contract import ALLOW_FOREIGN_ENV, FAULT_ENV, START_TABLE_ENV
 from tabletune.engine.fingerprint import fingerprint_mismatches

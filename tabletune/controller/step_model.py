@@ -44,7 +44,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from tabletune.core.builder import StepTimes
+from tabletune.core.step_times import StepTimes
 
 __all__ = ["StepTimeModel", "MAX_STEP_RATIO", "forget_factor"]
 

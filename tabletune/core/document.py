@@ -14,16 +14,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tabletune.core.builder import (
-    DEFAULT_TIE_MARGIN,
-    BuildResult,
-    LossReport,
-    StepTimes,
-    build_table,
-    held_out_loss,
-    table_loss,
-)
+from tabletune.core.builder import DEFAULT_TIE_MARGIN, BuildResult, build_table
 from tabletune.core.contracts import Acceptance, Profile, TableDocument, check_compatible
+from tabletune.core.losses import LossReport, held_out_loss, table_loss
+from tabletune.core.step_times import StepTimes
 
 __all__ = ["DocumentBuild", "build_document", "IN_SAMPLE_LOSS_KIND"]
 

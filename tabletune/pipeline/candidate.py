@@ -14,15 +14,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tabletune.core.builder import (
-    DEFAULT_TIE_MARGIN,
-    BuildResult,
-    recorded_build_settings,
-    table_loss,
-)
+from tabletune.core.builder import DEFAULT_TIE_MARGIN, BuildResult, recorded_build_settings
 from tabletune.core.contracts import Acceptance, Profile, TableDocument
 from tabletune.core.document import build_document
 from tabletune.core.goodput import tau
+from tabletune.core.losses import table_loss
 from tabletune.core.tables import DraftTable
 
 __all__ = ["CandidateBuild", "build_candidate", "goodput_rows"]

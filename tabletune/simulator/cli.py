@@ -93,7 +93,8 @@ def _ints(text: str, field: str) -> tuple[int, ...]:
 
 
 def _configure(args: argparse.Namespace):  # -> Scenario
-    from tabletune.simulator.scenario import ProfileStepTime, load_scenario
+    from tabletune.simulator.scenario import load_scenario
+    from tabletune.simulator.step_time import ProfileStepTime
 
     scenario = load_scenario(args.scenario)
     changes: dict = {}

@@ -25,9 +25,9 @@ import numpy as np
 
 from tabletune.controller.estimator import Estimator
 from tabletune.controller.settings import ControllerSettings
-from tabletune.core.builder import StepTimes
 from tabletune.core.errors import check_int, check_nonnegative, check_positive, fail
 from tabletune.core.goodput import monotone_rates
+from tabletune.core.step_times import StepTimes
 from tabletune.core.tables import DraftTable
 
 __all__ = [

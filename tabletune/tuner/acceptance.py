@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Sequence
 
 from tabletune.core.contracts import Acceptance
-from tabletune.core.defaults import DEFAULT_MAX_TOKENS, DEFAULT_NUM_PROMPTS, DEFAULT_TEMPERATURE
+from tabletune.core.defaults import DEFAULT_MAX_TOKENS, DEFAULT_TEMPERATURE
 from tabletune.core.errors import ContractError
 from tabletune.core.files import parse_json, read_text_file
 from tabletune.core.goodput import monotone_rates

@@ -1,8 +1,8 @@
 """The tune, in one place: acceptance, step times, the serving calibration, the table.
 
-``tabletune tune`` (``tabletune/cli.py``) checks its options, turns them into a ``TunePlan``
-(``tune_plan``, which the pipeline's re-profile calls too) and calls ``tune``; ``tabletune
-profile`` / ``acceptance`` and the weekly refresh call the steps it is made of,
+``tabletune tune`` (``tabletune/commands/measure.py``) checks its options, turns them into a
+``TunePlan`` (``tune_plan``, which the pipeline's re-profile calls too) and calls ``tune``;
+``tabletune profile`` / ``acceptance`` and the weekly refresh call the steps it is made of,
 ``measure_step_times`` and ``measure_acceptance``. Each step is one call into the module that
 does the work (``profiler``, ``acceptance``, ``serving``; the table is the core's
 ``build_document``), so following a tune's options never leaves this file for the engine.
@@ -35,9 +35,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from tabletune.core.builder import DEFAULT_TIE_MARGIN, StepTimes
+from tabletune.core.builder import DEFAULT_TIE_MARGIN
 from tabletune.core.contracts import Acceptance, Profile, save_json
 from tabletune.core.document import DocumentBuild, build_document
+from tabletune.core.step_times import StepTimes
 from tabletune.core.workload import DEFAULT_OUTPUT_TOKENS
 from tabletune.engine.spec import EngineSpec
 

@@ -15,7 +15,8 @@ import pytest
 
 from tabletune.adapters.mlflow_prior import _cache_root, load_production_prior
 from tabletune.core.prior import DOCUMENT_FILES
-from tabletune.core.builder import StepTimes, build_table
+from tabletune.core.builder import build_table
+from tabletune.core.step_times import StepTimes
 from tabletune.core.pipeline_errors import PriorUnavailable
 from factories import make_acceptance, make_profile
 

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from tabletune.core.builder import StepTimes, build_table
+from tabletune.core.builder import build_table
 from tabletune.core.contracts import load_json
+from tabletune.core.step_times import StepTimes
 from tabletune.engine import VllmServer
 from tabletune.engine.client import run_batch, run_load
 from tabletune.engine.model_pair import synthetic_prompts

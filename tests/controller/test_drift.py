@@ -5,7 +5,7 @@ import pytest
 
 from tabletune.controller.drift import DriftWatch
 from tabletune.controller.step_model import StepTimeModel
-from tabletune.core.builder import StepTimes
+from tabletune.core.step_times import StepTimes
 
 ROWS = (1, 64)
 

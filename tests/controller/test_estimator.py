@@ -11,8 +11,9 @@ import pytest
 
 import tabletune.controller.estimator as estimator_module
 from tabletune.controller import ControllerSettings, Estimator, RebuildRecord
-from tabletune.core.builder import StepTimes, build_table
+from tabletune.core.builder import build_table
 from tabletune.core.errors import ContractError
+from tabletune.core.step_times import StepTimes
 from tabletune.core.tables import DOCS_TABLE, DraftTable
 
 PRIOR = (0.7, 0.5, 0.3)

@@ -6,8 +6,8 @@ import pytest
 
 from tabletune.controller.hold import GainNoise
 from tabletune.controller.live_steps import LiveStepTimes
-from tabletune.core.builder import StepTimes
 from tabletune.core.errors import ContractError
+from tabletune.core.step_times import StepTimes
 
 ROWS = (1, 8, 16)
 

@@ -13,7 +13,8 @@ from tabletune.controller.runtime import build_runtime
 from tabletune.core.prior import Prior
 from tabletune.vllm.controller_setup import load_prior
 from tabletune.vllm.lookup import ControlFile, StepLookup
-from tabletune.core.builder import StepTimes, build_table
+from tabletune.core.builder import build_table
+from tabletune.core.step_times import StepTimes
 from tabletune.core.contracts import save_json
 from tabletune.core.errors import ContractError
 from factories import make_acceptance, make_profile

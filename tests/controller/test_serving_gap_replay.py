@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from tabletune.controller import ControllerSettings, Estimator
-from tabletune.core.builder import StepTimes
+from tabletune.core.step_times import StepTimes
 from tabletune.core.tables import DraftTable
 
 PROFILE = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "h200-v2" / "profile.json"

@@ -5,7 +5,7 @@ import json
 
 from tabletune.controller import ControllerSettings, Estimator
 from tabletune.controller.state import STATE_SCHEMA, estimator_state
-from tabletune.core.builder import StepTimes
+from tabletune.core.step_times import StepTimes
 from tabletune.core.tables import DOCS_TABLE
 
 KEYS = [

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from tabletune.controller.step_model import MIN_STEP_VARIANCE, StepTimeModel, forget_factor
-from tabletune.core.builder import StepTimes
+from tabletune.core.step_times import StepTimes
 
 ROWS = (1, 64, 128)
 

@@ -17,7 +17,8 @@ from tabletune.cli import main
 from tabletune.controller.runtime import build_runtime
 from tabletune.core.prior import Prior
 from tabletune.core.atomic import atomic_replace, atomic_write_text
-from tabletune.core.builder import StepTimes, build_table
+from tabletune.core.builder import build_table
+from tabletune.core.step_times import StepTimes
 from tabletune.core.contracts import save_json
 from tabletune.core.tables import DraftTable
 from tabletune.tuner import profiler

@@ -1,4 +1,4 @@
-"""The table builder: step-time interpolation, the choice per batch size, and table loss."""
+"""The table builder: the choice per batch size, its options, its document and float safety."""
 
 import json
 import math
@@ -96,68 +96,6 @@ def test_exact_ties_go_to_the_shorter_length():
     assert result.chosen == (0,)
 
 
-# ---------------------------------------------------------------------------- step times
-
-
-def test_step_times_interpolate_between_profiled_batch_sizes():
-    st_ = StepTimes({(1, 0): 4.0, (9, 0): 8.0, (17, 0): 10.0})
-    assert st_.step_ms(5, 0) == 6.0
-    assert st_.step_ms(13, 0) == 9.0
-    assert st_.step_ms(9, 0) == 8.0
-    assert not st_.is_interpolated(9) and st_.is_interpolated(5)
-    assert (st_.batch_sizes, st_.lengths, st_.max_batch_size) == ((1, 9, 17), (0,), 17)
-
-
-def test_step_times_extrapolate_linearly_past_the_last_point():
-    st_ = StepTimes({(1, 0): 4.0, (9, 0): 8.0, (17, 0): 10.0})
-    assert st_.step_ms(25, 0) == pytest.approx(12.0)
-    assert st_.step_ms(117, 0) == pytest.approx(35.0)
-    assert st_.is_interpolated(25)
-
-
-def test_falling_tail_is_held_flat_and_the_head_is_held_at_the_first_point():
-    st_ = StepTimes({(4, 0): 5.0, (8, 0): 9.0, (16, 0): 8.5})
-    assert st_.step_ms(64, 0) == 8.5
-    assert st_.step_ms(1, 0) == 5.0
-    assert StepTimes({(4, 2): 5.0}).step_ms(100, 2) == 5.0
-
-
-def test_step_times_from_profile():
-    cells = tuple(
-        ProfileCell(b, k, 4.0 + b * (1 + k) / 10, ()) for b in (1, 4, 16) for k in range(3)
-    )
-    profile = Profile({"gpu": "T4"}, 2, cells)
-    st_ = StepTimes.from_profile(profile)
-    assert st_.to_dict() == {(c.batch_size, c.k): c.step_ms for c in cells}
-    assert StepTimes(profile).to_dict() == st_.to_dict()
-    assert st_.step_ms(4, 2) == profile.step_ms(4, 2)
-    assert st_.step_ms(10, 1) == pytest.approx((profile.step_ms(4, 1) + profile.step_ms(16, 1)) / 2)
-
-
-@pytest.mark.parametrize(
-    ("cells", "message"),
-    [
-        ({(1, 0): 4.0, (1, 1): 5.0, (2, 0): 6.0}, r"^step_times\[\(2, 1\)\]: None is missing"),
-        ({(1, 0): math.nan}, r"^step_times\[\(1, 0\)\]: nan is not a positive number"),
-        ({(1, 0): 0.0}, r"^step_times\[\(1, 0\)\]: 0\.0 is not a positive number"),
-        ({(1, 0): -4.0}, r"^step_times\[\(1, 0\)\]: -4\.0 is not a positive number"),
-        ({(1,): 4.0}, r"^step_times: \(1,\) is not a \(batch_size, k\) key"),
-        ({(0, 1): 4.0}, r"^step_times\[\(0, 1\)\]\.batch_size: 0 is not an integer >= 1"),
-        ({(1, 1.0): 4.0}, r"^step_times\[\(1, 1\.0\)\]\.k: 1\.0 is not an integer"),
-        ({}, r"^step_times: \{\} is empty"),
-        ([((1, 0), 4.0)], r"^step_times: .* is not a dict"),
-    ],
-)
-def test_bad_step_times(cells, message):
-    with pytest.raises(ContractError, match=message):
-        StepTimes(cells)
-
-
-def test_step_ms_of_an_unprofiled_length():
-    with pytest.raises(ContractError, match=r"^lengths\[0\]: 2 is not a profiled draft length"):
-        StepTimes({(1, 0): 4.0}).step_ms(1, 2)
-
-
 # ---------------------------------------------------------------------------- build options
 
 
@@ -236,54 +174,6 @@ def test_to_document_round_trips_through_json(tmp_path):
         == result.table.to_vllm()
     all_zero = build_table(grid(extra=5.0), PAPER_RATES).to_document({})
     assert all_zero.table.max_k == 0 and all_zero.num_speculative_tokens == 1
-
-
-# ---------------------------------------------------------------------------- table loss
-
-
-def test_docs_table_loses_above_64_where_k3_is_best_everywhere():
-    step_times = grid(batch_sizes=(1, 8, 32, 64, 96, 128, 256, 512), extra=0.05)
-    assert set(build_table(step_times, PAPER_RATES, tie_margin=0.0).chosen) == {3}
-    report = table_loss(DOCS_TABLE, step_times, PAPER_RATES, range(1, 513))
-    assert len(report.rows) == 512
-    for row in report.rows:
-        assert row.best_k == 3
-        if row.batch_size <= 64:
-            assert row.loss == 0.0 and row.k == 3
-        else:
-            assert row.loss > 0.0
-    assert report.rows[95].loss == pytest.approx(1 - (1.7 / 1.05) / (2.5 / 1.15))
-    assert report.worst_loss == pytest.approx(1 - 1.0 / (2.5 / 1.15))
-    # Every B above 128 runs k=0 at the same relative loss (up to rounding).
-    assert report.worst_batch_size > 128
-    assert report.rows[report.worst_batch_size - 1].loss == report.worst_loss
-    assert report.losses.shape == (512,)
-    json.dumps(report.to_dict())
-
-
-def test_table_equal_to_the_best_per_batch_size_has_no_loss():
-    step_times = grid(extra=0.05, per_b=0.08)
-    result = build_table(step_times, PAPER_RATES, tie_margin=0.0)
-    assert [k for _, _, k in result.table.ranges] == [3, 2, 1]
-    report = table_loss(result.table, step_times, PAPER_RATES, result.batch_sizes)
-    assert report.worst_loss == pytest.approx(0.0, abs=1e-12)
-    assert [r.k for r in report.rows] == list(result.chosen)
-    np.testing.assert_array_equal(result.chosen_goodput, result.best_goodput)
-
-
-def test_table_loss_rejects_lengths_the_profile_lacks():
-    step_times = StepTimes({(1, 0): 4.0, (1, 1): 5.0})
-    with pytest.raises(ContractError, match=r"^table\.k_for\(1\): 3 is not a profiled draft"):
-        table_loss(DOCS_TABLE, step_times, PAPER_RATES, [1, 2])
-    with pytest.raises(ContractError, match=r"^batch_sizes\[1\]: 0 is not an integer >= 1"):
-        table_loss(DraftTable.from_lookup([1]), step_times, PAPER_RATES, [1, 0])
-
-
-def test_loss_can_be_measured_against_a_subset_of_lengths():
-    step_times = grid(extra=0.05)
-    report = table_loss(DOCS_TABLE, step_times, PAPER_RATES, [1, 100], lengths=[0, 1])
-    assert [r.best_k for r in report.rows] == [1, 1]
-    assert report.rows[0].loss < 0  # k=3 beats every length it is compared against
 
 
 # ---------------------------------------------------------------------------- properties
@@ -450,26 +340,3 @@ def test_the_document_records_the_build_settings_and_they_read_back():
     bad = TableDocument(DraftTable.from_ranges([[1, 4, 1]]), 1, {}, {"tie_margin": -1})
     with pytest.raises(ContractError, match=r"table.goodput.tie_margin: -1 is not a "):
         recorded_build_settings(bad)
-
-
-def test_held_out_loss_scores_each_fold_on_the_repeat_it_left_out():
-    from tabletune.core import held_out_loss
-
-    # k=1 and k=3 swap places depending on the repeat: in-sample the table is perfect, held out
-    # it is not.
-    cells = [ProfileCell(1, 0, 10.0, (10.0, 10.0, 10.0)),
-             ProfileCell(1, 1, 4.0, (4.0, 4.0, 7.0)),
-             ProfileCell(1, 2, 7.0, (7.0, 7.0, 7.0)),
-             ProfileCell(1, 3, 8.0, (8.0, 8.0, 5.0))]
-    profile = Profile({"x": 1}, 3, tuple(cells))
-    in_sample = build_table(StepTimes(profile), PAPER_RATES)
-    assert table_loss(in_sample.table, StepTimes(profile), PAPER_RATES, [1]).worst_loss == 0.0
-    out = held_out_loss(profile, PAPER_RATES)
-    assert out["folds"] == 3
-    # Folds 0 and 1 pick k=3 from medians (5.5 vs 6.5 ms) and meet k=1 at 4 ms, k=3 at 8 ms.
-    assert out["worst_loss_per_fold"][0] == pytest.approx(1 - (2.5 / 8) / (1.7 / 4))
-    # Fold 2 picks k=1 (4 vs 8 ms) and meets k=1 at 7 ms, k=3 at 5 ms.
-    assert out["worst_loss_per_fold"][2] == pytest.approx(1 - (1.7 / 7) / (2.5 / 5))
-    assert out["worst_loss_max"] == max(out["worst_loss_per_fold"])
-    single = Profile({"x": 1}, 0, (ProfileCell(1, 0, 10.0, (10.0,)),))
-    assert held_out_loss(single, PAPER_RATES) is None

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from tabletune.core.calibration import calibrate_profile, serving_factors
-from tabletune.core.builder import StepTimes
 from tabletune.core.contracts import Profile, ProfileCell
 from tabletune.core.errors import ContractError
+from tabletune.core.step_times import StepTimes
 from tabletune.tuner.serving import serving_batch_sizes
 
 

@@ -12,8 +12,9 @@ from factories import make_acceptance, make_profile
 
 from tabletune.cli import main
 from tabletune.controller import ControllerSettings, Estimator
-from tabletune.core.builder import StepTimes, goodput_loss, table_loss
 from tabletune.core.contracts import Profile, TableDocument, load_json, save_json
+from tabletune.core.losses import goodput_loss, table_loss
+from tabletune.core.step_times import StepTimes
 from tabletune.core.tables import DraftTable
 from tabletune.pipeline.candidate import build_candidate
 

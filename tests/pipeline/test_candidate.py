@@ -51,7 +51,8 @@ def test_goodput_rows_are_one_per_batch_size_and_length(tmp_path):
 
 
 def test_rebuild_uses_the_tie_margin_and_lengths_production_was_built_with():
-    from tabletune.core.builder import StepTimes, build_table
+    from tabletune.core.builder import build_table
+    from tabletune.core.step_times import StepTimes
 
     profile, acceptance = make_profile(), make_acceptance()
     production = build_table(StepTimes.from_profile(profile), acceptance.rates,

@@ -7,8 +7,9 @@ import math
 import pytest
 from factories import make_acceptance, make_profile
 
-from tabletune.core.builder import StepTimes, build_table
+from tabletune.core.builder import build_table
 from tabletune.core.errors import ContractError
+from tabletune.core.step_times import StepTimes
 from tabletune.core.tables import DraftTable
 from tabletune.pipeline.gate import GateReport, GateSettings, edge_moves, vllm_table_problems
 
