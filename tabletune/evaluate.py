@@ -12,169 +12,27 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Callable, Sequence
 
-from tabletune.core.arm_stats import (DEFAULT_CONFIDENCE, MIN_REPEATS, loss_intervals,
-                                      median_interval, relative_half_width)
 from tabletune.core.atomic import atomic_write_text
 from tabletune.core.builder import MAX_BATCH_SIZE
-from tabletune.core.contracts import load_json
 from tabletune.core.defaults import DEFAULT_MAX_TOKENS
-from tabletune.core.workload import Workload
 from tabletune.core.errors import ContractError
 from tabletune.core.files import check_output_dir, parse_json
-from tabletune.core.prior import Prior, check_prior_fits_engine
-from tabletune.core.tables import DOCS_TABLE, DraftTable
+from tabletune.core.options import int_list, integer, number
+from tabletune.core.tables import DraftTable
 from tabletune.engine.client import run_load
-from tabletune.engine.server import EngineError, VllmServer, speculative_config
 from tabletune.engine.fingerprint import deployment_fingerprint
+from tabletune.engine.server import EngineError, VllmServer, speculative_config
 from tabletune.engine.spec import EngineSpec
 from tabletune.engine_args import add_engine_args, engine_spec_from_args
-from tabletune.core.options import int_list, integer, number
+from tabletune.evaluation.arms import (WORKLOAD_OUTPUT_SPREAD, Arm, controller_env,
+                                       controller_start_table, parse_arm, traffic)
+from tabletune.evaluation.results import (RESULTS_SCHEMA, ArmResult, format_losses, level_stats,
+                                          loss_table, unresolved)
 from tabletune.prompt_args import add_prompt_args, prompts_from_args
-
-RESULTS_SCHEMA = "tabletune.evaluation/v1"
-
-
-@dataclass(frozen=True)
-class Arm:
-    name: str
-    kind: str                      # "none" | "fixed" | "fixed-table" | "table" | "controller"
-    k: int | None = None
-    table: DraftTable | None = None
-    env: tuple[tuple[str, str], ...] = ()
-    prior: str | None = None       # controller: the prior folder (table/profile/acceptance.json)
-    # The workload the arm's table was built for (its provenance), if it states one.
-    workload: Workload | None = None
-    source: str | None = None      # the table.json (or prior folder) it came from
-
-    def speculative(self, spec: EngineSpec, max_batch_size: int) -> dict | None:
-        if self.kind == "none":
-            return None
-        if self.kind == "fixed":
-            return speculative_config(spec.with_(max_k=self.k), None)
-        if self.kind == "fixed-table":
-            return speculative_config(spec, [[1, max_batch_size, self.k]])
-        if self.kind == "controller":
-            # Every length in vLLM's table, so each one the controller may pick has its graphs.
-            from tabletune.tuner.grid import table_with_every_length
-
-            return speculative_config(spec, table_with_every_length(spec.max_k, max_batch_size))
-        return speculative_config(spec.with_(max_k=max(1, self.table.max_k, spec.max_k)),
-                                  self.table.to_vllm())
-
-
-def parse_arm(text: str, max_k: int) -> Arm:
-    """``none``, ``fixed:K``, ``fixed-table:K``, ``docs``, ``table:PATH`` (a table.json),
-    ``controller:DIR`` (a prior folder as ``tabletune tune`` writes it)."""
-    kind, _, arg = text.partition(":")
-    if kind == "controller":
-        folder = Path(arg)
-        missing = [n for n in ("table.json", "profile.json", "acceptance.json")
-                   if not (folder / n).is_file()]
-        if not arg or missing:
-            raise ContractError(f"--arms: {text!r}: the controller's prior folder lacks "
-                                f"{', '.join(missing) or 'a path'}")
-        # A broken prior fails here, not in vLLM after the servers started (where the
-        # controller would refuse it and the arm would quietly measure the static table).
-        prior = Prior.from_folder(folder)
-        check_prior_fits_engine(prior, num_spec_tokens=max_k)
-        return Arm("controller", "controller", prior=str(folder),
-                   workload=stated_workload(prior.table, folder / "table.json"),
-                   source=str(folder))
-    if kind == "none":
-        return Arm("no speculation", "none")
-    if kind == "docs":
-        return Arm("vLLM docs table", "table", table=DOCS_TABLE)
-    if kind == "table":  # a bad file is named by load_json, not taken for a bad arm
-        doc = load_json(arg, "table")
-        return Arm(f"table {Path(arg).name}", "table", table=doc.table,
-                   workload=stated_workload(doc, arg), source=arg)
-    if kind in ("fixed", "fixed-table"):
-        try:
-            k = int(arg)
-        except ValueError:
-            k = 0
-        if 1 <= k <= max_k:
-            label = f"fixed k={k}" if kind == "fixed" else f"k={k} via table"
-            return Arm(label, kind, k=k)
-    raise ContractError(f"--arms: {text!r} is not none, fixed:K, fixed-table:K (1 <= K <= "
-                        f"{max_k}), docs, table:PATH or controller:DIR")
-
-
-def stated_workload(doc, path) -> Workload | None:
-    """The workload a table document was built for (``provenance.workload``; None: none
-    stated, an uncalibrated table)."""
-    raw = doc.provenance.get("workload")
-    return None if raw is None else Workload.from_dict(raw, f"{path}: provenance.workload")
-
-
-
-# Requests of a stated workload: lengths spread evenly over L x (1 +- this), as the tune's
-# serving windows sent them (tabletune.tuner.serving.ServingPlan).
-WORKLOAD_OUTPUT_SPREAD = 0.5
-
-
-def traffic(args, arms: Sequence[Arm]) -> tuple[int, float, dict | None]:
-    """(max tokens, output spread, the workload followed) of the load: ``--max-tokens`` /
-    ``--output-spread`` where given; otherwise the workload the first table arm states (the
-    traffic its table was built for); otherwise the acceptance run's default length, every
-    request alike."""
-    stated = next((a for a in arms if a.workload is not None), None)
-    if args.max_tokens is not None or stated is None:
-        return (args.max_tokens or DEFAULT_MAX_TOKENS,
-                args.output_spread if args.output_spread is not None else 0.0, None)
-    spread = (args.output_spread if args.output_spread is not None
-              else WORKLOAD_OUTPUT_SPREAD)
-    return (max(1, round(stated.workload.output_tokens)), spread,
-            {**stated.workload.to_dict(), "from": stated.source})
-
-
-def controller_env(arm: Arm, *, start_table: DraftTable, settings: dict, out_dir: Path) -> dict:
-    """The environment that turns TableTune's scheduler into the controller for ``arm``."""
-    from tabletune.core.vllm_contract import OUT_ENV, PRIOR_ENV, SETTINGS_ENV, START_TABLE_ENV
-
-    return {PRIOR_ENV: str(Path(arm.prior).resolve()), OUT_ENV: str(out_dir),
-            SETTINGS_ENV: json.dumps(settings), START_TABLE_ENV: json.dumps(start_table.to_vllm())}
-
-
-def controller_start_table(text: str) -> DraftTable:
-    """``docs``, ``docs-quarter`` (every range's end divided by four: the paper's wrong start),
-    a table.json, or JSON ranges."""
-    if text == "docs":
-        return DOCS_TABLE
-    if text == "docs-quarter":
-        from tabletune.simulator.scenario import shrink_table
-
-        return shrink_table(DOCS_TABLE, 4)
-    if text.lstrip().startswith("["):
-        return DraftTable.from_ranges(parse_json(text, "--controller-start", "ranges"),
-                                      "--controller-start")
-    return load_json(text, "table").table
-
-
-@dataclass(frozen=True)
-class ArmResult:
-    """One measurement of one arm at one concurrency level (``repeat`` counts from 0).
-
-    With a steady window (``--window``) ``tokens_per_s`` is the engine's output rate over the
-    window (vLLM's generation-token counter: no ramp-up, no ramp-down) and ``window`` holds the
-    engine's own counts for it (steps, step time, drafts, acceptance per position); without
-    one it is the client's tokens over the level's wall time.
-    """
-
-    arm: str
-    concurrency: int
-    tokens_per_s: float
-    requests: int
-    output_tokens: int
-    wall_s: float
-    repeat: int = 0
-    window: dict | None = None
-    started_at: float | None = None  # time.time() when the level's clients started
-
 
 def run_arms(spec: EngineSpec, arms: Sequence[Arm], *, concurrency: Sequence[int],
              prompts: Sequence[str], max_tokens: int, requests_per_client: int,
@@ -269,18 +127,6 @@ def run_arms(spec: EngineSpec, arms: Sequence[Arm], *, concurrency: Sequence[int
     return _in_arm_order(results, arms, concurrency)
 
 
-def unresolved(level: Sequence[ArmResult], target_spread: float | None,
-               target_interval: float | None) -> bool:
-    """Whether some arm of this level needs another round: its repeats spread wider than
-    ``target_spread``, or its median's interval is wider than ``target_interval`` (a level
-    with fewer than 3 rounds has none yet). Neither target set: no."""
-    stats = level_stats(level).values()
-    if target_spread is not None and any(s["spread"] > target_spread for s in stats):
-        return True
-    return target_interval is not None and any(s["half_width"] > target_interval
-                                               for s in stats)
-
-
 def _in_arm_order(results, arms, concurrency) -> list[ArmResult]:
     order = {a.name: i for i, a in enumerate(arms)}
     return sorted(results, key=lambda r: (order[r.arm], list(concurrency).index(r.concurrency),
@@ -372,64 +218,6 @@ def _measure_level(server, spec, arm, c, prompts, max_tokens, requests_per_clien
                      steady.to_dict() if steady is not None else None, round(started_at, 3))
 
 
-def level_stats(results: Sequence[ArmResult]) -> dict[tuple[str, int], dict]:
-    """Per (arm, concurrency): the median of its repeats, their spread ((max - min) / median),
-    the median's 90 % bootstrap interval (None below 3 repeats) and its relative half-width
-    (inf then: JSON has no inf, so ``_write_results`` writes None) and, with steady windows,
-    the median step time, tokens per step and acceptance per position."""
-    import statistics
-
-    groups: dict[tuple[str, int], list[ArmResult]] = {}
-    for r in results:
-        groups.setdefault((r.arm, r.concurrency), []).append(r)
-    out = {}
-    for key, rs in groups.items():
-        rates = [r.tokens_per_s for r in rs]
-        med, low, high = median_interval(rates, seed=key[1])
-        half = relative_half_width(med, low, high)
-        stats = {"arm": key[0], "concurrency": key[1], "repeats": len(rs),
-                 "median_tokens_per_s": med,
-                 "spread": (max(rates) - min(rates)) / med if med > 0 else float("inf"),
-                 "interval_tokens_per_s": None if low is None else [low, high],
-                 "half_width": half}
-        windows = [r.window for r in rs if r.window]
-        if windows:
-            stats["median_step_ms"] = statistics.median(w["step_ms"] for w in windows)
-            stats["median_tokens_per_step"] = statistics.median(
-                w["generation_tokens"] / w["steps"] if w["steps"] else 0.0 for w in windows)
-            drafts = sum(w["drafts"] for w in windows)
-            if drafts:
-                stats["rates"] = [sum(w["accepted_per_position"][i] for w in windows) / drafts
-                                  for i in range(len(windows[0]["accepted_per_position"]))]
-                stats["drafts"] = drafts
-        out[key] = stats
-    return out
-
-
-def loss_table(results: Sequence[ArmResult], fixed_arms: Sequence[str]) -> dict:
-    """Per arm: loss vs the best fixed arm at each load, and the worst-load loss (medians of
-    the repeats), each with its interval (``core.arm_stats.loss_intervals``)."""
-    by = {key: s["median_tokens_per_s"] for key, s in level_stats(results).items()}
-    levels = sorted({r.concurrency for r in results})
-    arms = list(dict.fromkeys(r.arm for r in results))
-    best = {c: max(by[(a, c)] for a in fixed_arms if (a, c) in by) for c in levels}
-    out = {}
-    for a in arms:
-        losses = {c: 1.0 - by[(a, c)] / best[c] for c in levels if (a, c) in by and best[c] > 0}
-        worst_c = max(losses, key=losses.get)
-        out[a] = {"loss_by_concurrency": losses, "worst_loss": losses[worst_c],
-                  "worst_concurrency": worst_c}
-    rounds: dict[tuple[str, int], dict[int, float]] = {}
-    for r in results:
-        rounds.setdefault((r.arm, r.concurrency), {})[r.repeat] = r.tokens_per_s
-    for a, row in loss_intervals(rounds, fixed_arms).items():
-        out[a].update(row)
-    return {"best_fixed_tokens_per_s": best, "arms": out,
-            "intervals": f"{DEFAULT_CONFIDENCE:.0%} percentile bootstrap of the medians, whole "
-                         "rounds resampled (every arm of a round together); none below "
-                         f"{MIN_REPEATS} rounds"}
-
-
 def _write_results(out_dir: Path, kind: str, spec: EngineSpec, results, losses, extra,
                    *, complete: bool = True) -> Path:
     from tabletune.report import plots
@@ -453,23 +241,6 @@ def _write_results(out_dir: Path, kind: str, spec: EngineSpec, results, losses, 
     plots.plot_throughput(arms, out_dir / f"{kind}.png", title=f"tabletune {kind}",
                           intervals=intervals)
     return path
-
-
-def _print_losses(losses: dict) -> None:
-    print(f"{'arm':>24}  worst loss vs best fixed length (at concurrency) [90 % interval]")
-    for arm, row in losses["arms"].items():
-        interval = row.get("worst_loss_interval")
-        bounds = (f" [{interval[0]:.1%}, {interval[1]:.1%}]" if interval is not None
-                  else f" [no interval: fewer than {MIN_REPEATS} repeats]")
-        apart = row.get("distinguishable_by_concurrency") or {}
-        blurred = sorted(c for c, ok in apart.items() if not ok)
-        note = ""
-        if interval is not None and interval[0] <= 0 <= interval[1]:
-            note = "  (not told apart from the best fixed length)"
-        elif blurred and row["worst_loss"] > 0:
-            note = f"  (loss inside the interval at c={','.join(map(str, blurred))})"
-        print(f"{arm:>24}  {row['worst_loss']:6.1%} (c={row['worst_concurrency']}){bounds}"
-              f"{note}")
 
 
 def _common(args) -> tuple[EngineSpec, list[str], list[int]]:
@@ -576,7 +347,7 @@ def cmd_evaluate(args) -> int:
                        level_budget_s=args.level_budget)
     path, losses = save(results, True)
     if losses is not None:
-        _print_losses(losses)
+        print("\n".join(format_losses(losses)))
     else:
         print("no none/fixed:K arm: throughput only, no losses")
     print(f"results → {path}")

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from tabletune.evaluate import (ArmResult, Arm, _measure_level, _print_losses, level_stats,
-                                loss_table, unresolved)
+from tabletune.evaluate import _measure_level
+from tabletune.evaluation.arms import Arm
+from tabletune.evaluation.results import (ArmResult, format_losses, level_stats, loss_table,
+                                          unresolved)
 from tabletune.engine.spec import EngineSpec
 
 from fake_engine import STEP_S, engine_url  # noqa: F401 - the fixture
@@ -40,7 +42,7 @@ def test_a_loss_inside_its_interval_is_reported_as_not_told_apart(capsys):
     losses = loss_table(results, ["fixed k=1"])
     low, high = losses["arms"]["table"]["worst_loss_interval"]
     assert low < 0 < high
-    _print_losses(losses)
+    print("\n".join(format_losses(losses)))
     line = [x for x in capsys.readouterr().out.splitlines() if x.strip().startswith("table")][0]
     assert "2.9% (c=8) [" in line and "not told apart from the best fixed length" in line
 
@@ -83,7 +85,7 @@ def test_the_load_follows_the_tables_stated_workload_unless_told_otherwise():
     import argparse
 
     from tabletune.core.workload import Workload
-    from tabletune.evaluate import traffic
+    from tabletune.evaluation.arms import traffic
 
     stated = Arm("table t.json", "table", workload=Workload(256.0, 29.0, "default"),
                  source="out/table.json")
@@ -109,7 +111,7 @@ def test_a_table_arm_carries_the_workload_its_document_states(tmp_path):
 
     from pathlib import Path
 
-    from tabletune.evaluate import parse_arm
+    from tabletune.evaluation.arms import parse_arm
 
     cpu = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "cpu" / "table.json"
     doc = json.loads(cpu.read_text())
