@@ -32,7 +32,7 @@ from tabletune.core.tables import DraftTable
 from tabletune.engine import VllmServer
 from tabletune.engine.client import run_load
 from tabletune.engine.model_pair import synthetic_prompts
-from tabletune.engine.server import speculative_config
+from tabletune.engine.vllm_args import speculative_config
 from tabletune.engine.spec import EngineSpec
 from tabletune.core.vllm_contract import SCHEDULER_CLS
 

@@ -46,7 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     from tabletune.core.vllm_contract import CONTROL_FILE_ENV, SCHEDULER_CLS, write_control
     from tabletune.engine.client import run_batch
     from tabletune.engine.model_pair import synthetic_prompts
-    from tabletune.engine.server import VllmServer, speculative_config
+    from tabletune.engine.server import VllmServer
+    from tabletune.engine.vllm_args import speculative_config
     from tabletune.engine.spec import EngineSpec
     from tabletune.tuner.grid import table_with_every_length
 

@@ -33,9 +33,10 @@ from tabletune.core.contracts import TableDocument, read_json_file
 from tabletune.core.files import check_output_dir
 from tabletune.core.errors import ContractError
 from tabletune.core.tables import DraftTable
-from tabletune.engine.server import EngineError, VllmServer, speculative_config
+from tabletune.engine.server import EngineError, VllmServer
 from tabletune.engine.fingerprint import deployment_fingerprint
 from tabletune.engine.spec import EngineSpec
+from tabletune.engine.vllm_args import speculative_config
 from tabletune.engine_args import add_engine_args, engine_spec_from_args
 from tabletune.core.options import integer, number
 from tabletune.prompt_args import add_prompt_args, prompts_from_args

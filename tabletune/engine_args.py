@@ -2,7 +2,7 @@
 
 ``tune``, ``profile``, ``acceptance``, ``evaluate`` and ``doctor`` all take the same options
 (``--model``, ``--drafter``, ``--runner``, ``--engine-arg``, ...); this module declares them and
-turns them into an ``EngineSpec``, which ``tabletune.engine.server`` turns into vLLM's command
+turns them into an ``EngineSpec``, which ``tabletune.engine.vllm_args`` turns into vLLM's command
 line. Nothing else assembles engine settings from the command line.
 """
 
@@ -54,7 +54,7 @@ def float_list(text: str) -> tuple[float, ...]:
         raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of numbers")
 
 
-# Flags TableTune sets on every vLLM server it starts (``tabletune.engine.server``); an
+# Flags TableTune sets on every vLLM server it starts (``tabletune.engine.vllm_args``); an
 # --engine-arg giving one again would silently change what is measured (a second --port, a
 # --max-num-seqs below the profiled batch sizes), so it is refused with the option to use.
 MANAGED_FLAGS = {

@@ -25,7 +25,8 @@ from tabletune.core.options import int_list, integer, number
 from tabletune.core.tables import DraftTable
 from tabletune.engine.client import run_load
 from tabletune.engine.fingerprint import deployment_fingerprint
-from tabletune.engine.server import EngineError, VllmServer, speculative_config
+from tabletune.engine.server import EngineError, VllmServer
+from tabletune.engine.vllm_args import speculative_config
 from tabletune.engine.spec import EngineSpec
 from tabletune.engine_args import add_engine_args, engine_spec_from_args
 from tabletune.evaluation.arms import (WORKLOAD_OUTPUT_SPREAD, Arm, controller_env,

@@ -1,4 +1,5 @@
-"""Adapters to the vLLM engine: what to start (spec), how (server) and how to load it (client)."""
+"""Adapters to the vLLM engine: what to start (spec), with which arguments (vllm_args), how
+(server), what it reports (metrics) and how to load it (client)."""
 
 from tabletune.engine.server import EngineError, VllmServer
 from tabletune.engine.fingerprint import deployment_fingerprint

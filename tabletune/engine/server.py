@@ -1,7 +1,10 @@
 """Start, watch and stop a vLLM OpenAI-compatible server as a subprocess.
 
 One launcher for everything that needs an engine: the profiler, the acceptance run, the
-evaluator, the engine check and the tests.
+evaluator, the engine check and the tests. The server runs in its own process group, which
+``stop()`` takes down whole and which dies with the process that launched it. Its command line
+comes from ``tabletune.engine.vllm_args``; its log and /metrics are read by
+``tabletune.engine.metrics``.
 """
 
 from __future__ import annotations
@@ -9,7 +12,6 @@ from __future__ import annotations
 import atexit
 import json
 import os
-import re
 import signal
 import shutil
 import socket
@@ -20,13 +22,16 @@ import time
 import urllib.error
 import urllib.request
 import weakref
-from dataclasses import dataclass
 from pathlib import Path
 
 from tabletune.core import envs
 from tabletune.core.cpu_sets import format_cpu_list
 from tabletune.core.vllm_contract import REJECT_ALL_ENV, STEP_LOG_ENV
+from tabletune.engine.metrics import (
+    IterationRecord, SpecDecodeCounters, parse_iterations, parse_metrics,
+)
 from tabletune.engine.spec import EngineSpec
+from tabletune.engine.vllm_args import api_server_command
 
 
 class EngineError(RuntimeError):
@@ -37,137 +42,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-@dataclass(frozen=True)
-class IterationRecord:
-    """One engine step as vLLM logs it with ``--enable-logging-iteration-details``."""
-
-    index: int
-    context_requests: int
-    generation_requests: int
-    generation_tokens: int
-    elapsed_ms: float
-
-
-_ITERATION_RE = re.compile(
-    r"Iteration\((\d+)\): (\d+) context requests, (\d+) context tokens, "
-    r"(\d+) generation requests, (\d+) generation tokens, "
-    r"iteration elapsed time: ([0-9.]+) ms"
-)
-
-
-def parse_iterations(text: str) -> list[IterationRecord]:
-    records = []
-    for m in _ITERATION_RE.finditer(text):
-        records.append(IterationRecord(
-            index=int(m.group(1)), context_requests=int(m.group(2)),
-            generation_requests=int(m.group(4)), generation_tokens=int(m.group(5)),
-            elapsed_ms=float(m.group(6)),
-        ))
-    return records
-
-
-_METRIC_RE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)$")
-_LABEL_RE = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
-
-
-def parse_metrics(text: str) -> list[tuple[str, dict[str, str], float]]:
-    """Prometheus text exposition → (name, labels, value) samples."""
-    samples = []
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        m = _METRIC_RE.match(line.strip())
-        if not m:
-            continue
-        labels = dict(_LABEL_RE.findall(m.group(2) or ""))
-        try:
-            value = float(m.group(3))
-        except ValueError:
-            continue
-        samples.append((m.group(1), labels, value))
-    return samples
-
-
-@dataclass(frozen=True)
-class SpecDecodeCounters:
-    """vLLM's cumulative speculative-decoding counters at one moment."""
-
-    num_drafts: float
-    num_draft_tokens: float
-    accepted_per_position: tuple[float, ...]
-
-    @classmethod
-    def from_metrics(cls, samples, max_k: int) -> "SpecDecodeCounters":
-        drafts = draft_tokens = 0.0
-        per_pos = [0.0] * max_k
-        for name, labels, value in samples:
-            if name == "vllm:spec_decode_num_drafts_total":
-                drafts += value
-            elif name == "vllm:spec_decode_num_draft_tokens_total":
-                draft_tokens += value
-            elif name == "vllm:spec_decode_num_accepted_tokens_per_pos_total":
-                pos = int(labels.get("position", -1))
-                if 0 <= pos < max_k:
-                    per_pos[pos] += value
-        return cls(drafts, draft_tokens, tuple(per_pos))
-
-    def minus(self, before: "SpecDecodeCounters") -> "SpecDecodeCounters":
-        return SpecDecodeCounters(
-            self.num_drafts - before.num_drafts,
-            self.num_draft_tokens - before.num_draft_tokens,
-            tuple(a - b for a, b in zip(self.accepted_per_position, before.accepted_per_position)),
-        )
-
-
-@dataclass(frozen=True)
-class EngineCounters:
-    """vLLM's cumulative step and token counters at one moment (its /metrics)."""
-
-    # Engine steps that produced output: vLLM observes its iteration-tokens histogram once per
-    # step, so the histogram's count is the step count.
-    steps: float
-    generation_tokens: float
-    spec: SpecDecodeCounters
-
-    @classmethod
-    def from_metrics(cls, samples, max_k: int) -> "EngineCounters":
-        steps = generated = 0.0
-        for name, _, value in samples:
-            if name == "vllm:iteration_tokens_total_count":
-                steps += value
-            elif name == "vllm:generation_tokens_total":
-                generated += value
-        return cls(steps, generated, SpecDecodeCounters.from_metrics(samples, max_k))
-
-    def minus(self, before: "EngineCounters") -> "EngineCounters":
-        return EngineCounters(self.steps - before.steps,
-                              self.generation_tokens - before.generation_tokens,
-                              self.spec.minus(before.spec))
-
-
-def speculative_config(spec: EngineSpec, table: list[list[int]] | None, *,
-                       reject_all: bool = False) -> dict | None:
-    """The ``--speculative-config`` JSON for ``spec`` with an optional per-B table.
-
-    ``table=None`` with ``spec.max_k`` means a fixed length without a table (vLLM keeps full
-    CUDA graphs then); pass ``spec=None``-like "no speculation" by not calling this.
-    """
-    cfg: dict = {"method": spec.method, "num_speculative_tokens": spec.max_k}
-    if spec.drafter:
-        cfg["model"] = spec.drafter
-    if table is not None:
-        cfg["num_speculative_tokens_per_batch_size"] = table
-    if spec.device == "cuda":
-        # vLLM's own test mode: the drafter and verifier run, acceptance is drawn from these rates.
-        rates = [0.0] * spec.max_k if reject_all else spec.synthetic_acceptance
-        if rates is not None:
-            # vLLM wants exactly one rate per position; an arm drafting fewer keeps the first.
-            rates = list(rates)[:spec.max_k]
-            cfg["rejection_sample_method"] = "synthetic"
-            cfg["synthetic_acceptance_rates"] = list(rates)
-    return cfg
 
 
 # Every server this process started and has not stopped yet: whatever ends the process (an
@@ -313,21 +187,8 @@ class VllmServer:
         return f"http://127.0.0.1:{self.port}"
 
     def command(self) -> list[str]:
-        s = self.spec
-        cmd = [
-            sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-            "--model", s.model, "--served-model-name", s.served_model_name,
-            "--host", "127.0.0.1", "--port", str(self.port),
-            "--max-num-seqs", str(s.max_num_seqs), "--max-model-len", str(s.max_model_len),
-            "--dtype", s.dtype, "--tensor-parallel-size", str(s.tensor_parallel_size),
-            "--enable-logging-iteration-details", "--disable-uvicorn-access-log",
-            "--seed", "0",
-        ]
-        if s.device == "cpu":
-            cmd.append("--enforce-eager")
-        if self.speculative is not None:
-            cmd += ["--speculative-config", json.dumps(self.speculative)]
-        return cmd + list(s.extra_args) + list(self.extra_args)
+        return api_server_command(self.spec, port=self.port, speculative=self.speculative,
+                                  extra_args=self.extra_args)
 
     def environment(self) -> dict:
         env = dict(os.environ)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tabletune.engine.client import LoadResult
-from tabletune.engine.server import EngineCounters, parse_metrics
+from tabletune.engine.metrics import EngineCounters, parse_metrics
 
 __all__ = ["ServingWindow", "serving_window"]
 

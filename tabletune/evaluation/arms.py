@@ -15,7 +15,7 @@ from tabletune.core.files import parse_json
 from tabletune.core.prior import Prior, check_prior_fits_engine
 from tabletune.core.tables import DOCS_TABLE, DraftTable
 from tabletune.core.workload import Workload
-from tabletune.engine.server import speculative_config
+from tabletune.engine.vllm_args import speculative_config
 from tabletune.engine.spec import EngineSpec
 
 __all__ = ["Arm", "WORKLOAD_OUTPUT_SPREAD", "controller_env", "controller_start_table",

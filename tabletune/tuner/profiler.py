@@ -27,8 +27,9 @@ from tabletune.core.defaults import DEFAULT_REPEATS
 from tabletune.core.vllm_contract import SCHEDULER_CLS, write_control
 from tabletune.engine.fingerprint import deployment_fingerprint
 from tabletune.engine.model_pair import synthetic_prompts
-from tabletune.engine.server import VllmServer, speculative_config
+from tabletune.engine.server import VllmServer
 from tabletune.engine.spec import EngineSpec
+from tabletune.engine.vllm_args import speculative_config
 from tabletune.tuner.assemble import assemble_profile
 from tabletune.tuner.checkpoint import Checkpoint
 from tabletune.tuner.profile_settings import ProfileSettings

@@ -32,8 +32,9 @@ from tabletune.core.step_stats import StepEstimate, estimate_step_ms
 from tabletune.core.vllm_contract import CONTROL_FILE_ENV, SCHEDULER_CLS, write_control
 from tabletune.core.workload import Workload, goodput_step_ms, prefill_mix, serving_step_ms
 from tabletune.engine.client import run_batch, run_load
-from tabletune.engine.server import EngineError, VllmServer, speculative_config
+from tabletune.engine.server import EngineError, VllmServer
 from tabletune.engine.spec import EngineSpec
+from tabletune.engine.vllm_args import speculative_config
 from tabletune.engine.window import ServingWindow
 
 log = logging.getLogger("tabletune.serving")

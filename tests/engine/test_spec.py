@@ -8,9 +8,10 @@ import pytest
 
 from tabletune.cli import build_parser
 from tabletune.engine_args import engine_spec_from_args
-from tabletune.engine.server import VllmServer, speculative_config
+from tabletune.engine.server import VllmServer
 from tabletune.engine.fingerprint import deployment_fingerprint
 from tabletune.engine.spec import EngineSpec
+from tabletune.engine.vllm_args import speculative_config
 
 
 def _spec(**kw):

@@ -13,7 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from tabletune.engine.client import run_batch
-from tabletune.engine.server import SpecDecodeCounters
+from tabletune.engine.metrics import SpecDecodeCounters
 from tabletune.engine.spec import EngineSpec
 from tabletune.tuner.acceptance import acceptance_from
 

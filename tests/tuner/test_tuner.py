@@ -8,26 +8,12 @@ import pytest
 
 from tabletune.core.contracts import save_json
 from tabletune.core.errors import ContractError
-from tabletune.engine.server import SpecDecodeCounters, parse_iterations, parse_metrics
+from tabletune.engine.metrics import SpecDecodeCounters, parse_metrics
 from tabletune.tuner.acceptance import load_prompts, rates_from_counters
 from tabletune.tuner.assemble import assemble_profile
 from tabletune.tuner.checkpoint import Checkpoint
 from tabletune.tuner.profile_settings import ProfileSettings
 from tabletune.tuner.raw_cell import RawCell
-
-
-LOG = """\
-(APIServer pid=1) INFO [loggers.py:199] Engine 000: Iteration(7): 0 context requests, 0 context tokens, 8 generation requests, 32 generation tokens, iteration elapsed time: 93.77 ms, CPU KV cache usage: 5.2%
-noise line
-(APIServer pid=1) INFO [loggers.py:199] Engine 000: Iteration(8): 2 context requests, 64 context tokens, 6 generation requests, 6 generation tokens, iteration elapsed time: 120.00 ms, CPU KV cache usage: 5.2%
-"""
-
-
-def test_parse_iterations_reads_vllm_iteration_details():
-    recs = parse_iterations(LOG)
-    assert [(r.index, r.context_requests, r.generation_requests, r.generation_tokens)
-            for r in recs] == [(7, 0, 8, 32), (8, 2, 6, 6)]
-    assert recs[0].elapsed_ms == pytest.approx(93.77)
 
 
 METRICS = """\

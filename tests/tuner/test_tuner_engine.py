@@ -17,7 +17,7 @@ import pytest
 from tabletune.core.contracts import load_json
 from tabletune.engine import EngineError, VllmServer
 from tabletune.engine.model_pair import build_pair, greedy_agreement, synthetic_prompts
-from tabletune.engine.server import speculative_config
+from tabletune.engine.vllm_args import speculative_config
 from tabletune.tuner import measure_acceptance
 
 pytestmark = pytest.mark.engine
