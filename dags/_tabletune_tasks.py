@@ -34,13 +34,13 @@ def start_run(kind: str, params=None, run_id=None, dag_run=None, ti=None) -> dic
     """Open the MLflow run (named after this DAG run) and pin the production version; ``kind``
     is the run's kind (``acceptance``, ``profile``). A scheduled run due before the DAG was
     unpaused is skipped (a no-op for manual and asset-triggered runs)."""
-    from tabletune.pipeline import flows
+    from tabletune.pipeline import run_lifecycle
 
     skip_if_missed_schedule(dag_run)
     key = params["deployment_key"]
     # The engine spec is only needed to derive the key; an explicit key skips building it.
     spec = None if key else TableTuneEngineHook().get_conn()
-    info = flows.start_run(
+    info = run_lifecycle.start_run(
         TableTuneMlflowHook().get_conn(), run_name=run_id,
         model_name=model_name_for(spec, key), kind=kind,
         settings={k: v for k, v in params.items() if k != "deployment_key"},
@@ -56,9 +56,9 @@ def rebuild(info: dict, profile: dict | None = None, acceptance: dict | None = N
             params=None, run_id=None) -> dict:
     """Build the candidate from what this run measured (``profile`` or ``acceptance``) and
     production's other document."""
-    from tabletune.pipeline import flows
+    from tabletune.pipeline import candidate_flow
 
-    return flows.rebuild(
+    return candidate_flow.rebuild(
         TableTuneMlflowHook().get_conn(), mlflow_run_id=info["mlflow_run_id"],
         run_name=run_id, model_name=info["model_name"],
         production_version=info["production_version"], profile=profile,
@@ -70,12 +70,12 @@ def rebuild(info: dict, profile: dict | None = None, acceptance: dict | None = N
 @task
 @permanent_errors_fail_fast
 def validate(info: dict, built: dict, params=None) -> dict:
-    from tabletune.pipeline import flows
+    from tabletune.pipeline import candidate_flow
     from tabletune.pipeline.gate import GateSettings
 
     settings = GateSettings(**{field: params[name] for name, field in _GATE_PARAMS.items()
                                if name in params})
-    return flows.validate(
+    return candidate_flow.validate(
         TableTuneMlflowHook().get_conn(), mlflow_run_id=info["mlflow_run_id"],
         model_name=info["model_name"], production_version=info["production_version"],
         candidate=built["table"], settings=settings,
@@ -85,9 +85,9 @@ def validate(info: dict, built: dict, params=None) -> dict:
 @task
 @permanent_errors_fail_fast
 def register(info: dict, built: dict, report: dict, run_id=None) -> str:
-    from tabletune.pipeline import flows
+    from tabletune.pipeline import candidate_flow
 
-    return flows.register(
+    return candidate_flow.register(
         TableTuneMlflowHook().get_conn(), mlflow_run_id=info["mlflow_run_id"],
         run_name=run_id, model_name=info["model_name"], candidate=built["table"],
         report=report,
@@ -98,9 +98,9 @@ def register(info: dict, built: dict, report: dict, run_id=None) -> str:
 @permanent_errors_fail_fast
 def gate_and_promote(info: dict, version: str, report: dict, params=None,
                      run_id=None) -> dict:
-    from tabletune.pipeline import flows
+    from tabletune.pipeline import candidate_flow
 
-    return flows.gate_and_promote(
+    return candidate_flow.gate_and_promote(
         TableTuneMlflowHook().get_conn(), mlflow_run_id=info["mlflow_run_id"],
         run_name=run_id, model_name=info["model_name"], version=version, report=report,
         production_version=info["production_version"], promote=params["promote"],

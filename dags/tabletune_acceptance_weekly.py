@@ -16,7 +16,8 @@ the draft-length table from it, keeping the production step-time profile.
 7. **gate_and_promote** fails with the gate's reason, or moves `production` (old one becomes
    `previous`).
 
-Everything is logged to MLflow; prompts never are. Logic lives in `tabletune.pipeline.flows`.
+Everything is logged to MLflow; prompts never are. Logic lives in `tabletune.pipeline.weekly_flow`
+(sampling, measuring), `run_lifecycle` (start) and `candidate_flow` (rebuild to promotion).
 """
 
 from __future__ import annotations
@@ -100,7 +101,7 @@ def tabletune_acceptance_weekly():
     @task
     @permanent_errors_fail_fast
     def sample_prompts(info: dict, params=None, run_id=None, dag_run=None) -> dict:
-        from tabletune.pipeline import flows
+        from tabletune.pipeline import weekly_flow
         from tabletune.core.sampling import seed_for_run
 
         if params["window_end"]:
@@ -108,7 +109,7 @@ def tabletune_acceptance_weekly():
         else:
             end = (dag_run.data_interval_end or dag_run.run_after).date()
         seed = params["seed"] if params["seed"] is not None else seed_for_run(run_id)
-        return flows.sample_prompts(
+        return weekly_flow.sample_prompts(
             TableTuneMlflowHook().get_conn(), TableTuneS3Hook().get_conn(),
             mlflow_run_id=info["mlflow_run_id"], bucket=params["bucket"],
             prefix=params["prefix"], partition=params["partition"],
@@ -120,9 +121,9 @@ def tabletune_acceptance_weekly():
     @task(queue=ENGINE_QUEUE, pool=ENGINE_POOL, execution_timeout=dt.timedelta(minutes=45))
     @permanent_errors_fail_fast
     def measure_acceptance(info: dict, sample: dict, params=None) -> dict:
-        from tabletune.pipeline import flows
+        from tabletune.pipeline import weekly_flow
 
-        return flows.measure_acceptance(
+        return weekly_flow.measure_acceptance(
             TableTuneMlflowHook().get_conn(), TableTuneS3Hook().get_conn(),
             TableTuneEngineHook().get_conn(), mlflow_run_id=info["mlflow_run_id"],
             sample_uri=sample["sample_uri"], temperature=params["temperature"],

@@ -8,7 +8,8 @@ workload), rebuilds the table with production's acceptance, validates it (the ed
 applied after a fingerprint change: the old edges describe another deployment), logs and
 registers it, and promotes it if the gate passes.
 
-Logic lives in `tabletune.pipeline.flows`.
+Logic lives in `tabletune.pipeline.reprofile_flow` (profiling), `run_lifecycle` (start) and
+`candidate_flow` (rebuild to promotion).
 """
 
 from __future__ import annotations
@@ -75,7 +76,7 @@ def tabletune_profile():
     def profile(info: dict, params=None, run_id=None) -> dict:
         import re
 
-        from tabletune.pipeline import flows
+        from tabletune.pipeline import reprofile_flow
         from tabletune.tuner import default_grid
 
         spec = TableTuneEngineHook().get_conn()
@@ -83,7 +84,7 @@ def tabletune_profile():
         # A retry resumes from the checkpoint instead of re-timing finished cells.
         state = Path(envs.STATE_DIR.get())
         checkpoint = state / "checkpoints" / re.sub(r"[^A-Za-z0-9._-]", "_", run_id) / "cells.json"
-        return flows.profile_deployment(
+        return reprofile_flow.profile_deployment(
             TableTuneMlflowHook().get_conn(), spec, mlflow_run_id=info["mlflow_run_id"],
             model_name=info["model_name"], batch_sizes=batch_sizes, repeats=params["repeats"],
             checkpoint=checkpoint, workload_output_tokens=params["workload_output_tokens"],

@@ -48,12 +48,12 @@ def tabletune_promote():
     @task
     @permanent_errors_fail_fast
     def move_aliases(params=None, run_id=None, dag_run=None) -> dict:
-        from tabletune.pipeline import flows
+        from tabletune.pipeline import registry_admin
 
         key = params["deployment_key"]
         spec = None if key else TableTuneEngineHook().get_conn()
         expected = params["expected_production"]
-        return flows.promote_version(
+        return registry_admin.promote_version(
             TableTuneMlflowHook().get_conn(), model_name=model_name_for(spec, key),
             action=params["action"], version=params["version"],
             expected_production=expected if expected is not None else False,

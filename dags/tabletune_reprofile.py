@@ -11,7 +11,7 @@ with `force=true` does it emit an event on the asset `x-tabletune://deployment/f
 on which **tabletune_profile** profiles, rebuilds, validates, registers and promotes.
 
 Trigger `tabletune_reprofile` by hand right after an upgrade to re-profile without waiting for
-the hour. Logic lives in `tabletune.pipeline.flows`.
+the hour. Logic lives in `tabletune.pipeline.reprofile_flow`.
 """
 
 from __future__ import annotations
@@ -50,14 +50,14 @@ def tabletune_reprofile():
     @permanent_errors_fail_fast
     def check_fingerprint(params=None) -> dict:
         from tabletune.core import envs
-        from tabletune.pipeline import flows
+        from tabletune.pipeline import reprofile_flow
 
         spec = TableTuneEngineHook().get_conn()
         model_name = model_name_for(spec, params["deployment_key"])
         # The online controller's stale mark on this worker is a trigger too.
-        result = flows.check_fingerprint(TableTuneMlflowHook().get_conn(), spec,
-                                         model_name=model_name, force=params["force"],
-                                         controller_out=envs.CONTROLLER_OUT.get())
+        result = reprofile_flow.check_fingerprint(TableTuneMlflowHook().get_conn(), spec,
+                                                  model_name=model_name, force=params["force"],
+                                                  controller_out=envs.CONTROLLER_OUT.get())
         return {**result, "model_name": model_name}
 
     @task(outlets=[FINGERPRINT_CHANGED])

@@ -191,22 +191,22 @@ def skip_if_missed_schedule(dag_run: Any) -> None:
     interval runs on time). Manual runs always run."""
     from airflow.sdk.exceptions import AirflowSkipException
 
-    from tabletune.pipeline import flows
+    from tabletune.pipeline import run_lifecycle
 
     started = dag_run.start_date or dt.datetime.now(dt.timezone.utc)
-    if flows.missed_schedule(run_type=str(getattr(dag_run.run_type, "value", dag_run.run_type)),
-                             due=dag_run.run_after, started=started):
+    run_type = str(getattr(dag_run.run_type, "value", dag_run.run_type))
+    if run_lifecycle.missed_schedule(run_type=run_type, due=dag_run.run_after, started=started):
         raise AirflowSkipException(
             f"missed schedule: this run was due at {dag_run.run_after:%Y-%m-%d %H:%M} UTC, before "
             f"the DAG was unpaused or while the scheduler was down; not caught up")
 
 
 def _close_mlflow_run(context: Any, status: str, outcome: str) -> None:
-    from tabletune.pipeline import flows
+    from tabletune.pipeline import run_lifecycle
 
     run_id = context["run_id"]
-    flows.close_run(TableTuneMlflowHook().get_conn(), run_name=run_id, status=status,
-                    outcome=outcome)
+    run_lifecycle.close_run(TableTuneMlflowHook().get_conn(), run_name=run_id, status=status,
+                            outcome=outcome)
 
 
 def close_mlflow_run_on_failure(context: Any) -> None:

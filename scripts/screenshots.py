@@ -44,7 +44,7 @@ from local_airflow import AirflowApi  # noqa: E402
 from tabletune.adapters.mlflow_registry import MlflowRegistry  # noqa: E402
 from tabletune.adapters.s3_prompts import make_s3_client  # noqa: E402
 from tabletune.core.contracts import load_json  # noqa: E402
-from tabletune.pipeline import flows  # noqa: E402
+from tabletune.pipeline import candidate_flow, registry_admin, run_lifecycle  # noqa: E402
 from tabletune.pipeline.gate import GateSettings  # noqa: E402
 
 DAG_ID = "tabletune_acceptance_weekly"
@@ -202,23 +202,25 @@ def seed_demo(registry: MlflowRegistry, key: str) -> dict[str, str]:
     model = f"tabletune-{key}"
     profile = load_json(REPO / "benchmarks/results/cpu/profile.json", "profile")
     acceptance = load_json(REPO / "benchmarks/results/cpu/acceptance.json", "acceptance")
-    seeded = flows.seed_registry(registry, model_name=model, profile=profile,
-                                 acceptance=acceptance)
+    seeded = registry_admin.seed_registry(registry, model_name=model, profile=profile,
+                                          acceptance=acceptance)
     lower = replace(acceptance, rates=tuple(r * 0.8 for r in acceptance.rates))
     run_name = f"screenshot__{key}"
-    info = flows.start_run(registry, run_name=run_name, model_name=model, kind="acceptance",
-                           settings={"demo": True})
-    built = flows.rebuild(registry, mlflow_run_id=info["mlflow_run_id"], run_name=run_name,
-                          model_name=model, production_version="1",
-                          acceptance=lower.to_dict())
-    report = flows.validate(registry, mlflow_run_id=info["mlflow_run_id"], model_name=model,
-                            production_version="1", candidate=built["table"],
-                            settings=GateSettings(compare_edges=False))
-    version = flows.register(registry, mlflow_run_id=info["mlflow_run_id"], run_name=run_name,
-                             model_name=model, candidate=built["table"], report=report)
-    flows.gate_and_promote(registry, mlflow_run_id=info["mlflow_run_id"], run_name=run_name,
-                           model_name=model, version=version, report=report,
-                           production_version="1", promote=True)
+    info = run_lifecycle.start_run(registry, run_name=run_name, model_name=model, kind="acceptance",
+                                   settings={"demo": True})
+    built = candidate_flow.rebuild(registry, mlflow_run_id=info["mlflow_run_id"], run_name=run_name,
+                                   model_name=model, production_version="1",
+                                   acceptance=lower.to_dict())
+    report = candidate_flow.validate(registry, mlflow_run_id=info["mlflow_run_id"],
+                                     model_name=model, production_version="1",
+                                     candidate=built["table"],
+                                     settings=GateSettings(compare_edges=False))
+    version = candidate_flow.register(registry, mlflow_run_id=info["mlflow_run_id"],
+                                      run_name=run_name, model_name=model, candidate=built["table"],
+                                      report=report)
+    candidate_flow.gate_and_promote(registry, mlflow_run_id=info["mlflow_run_id"],
+                                    run_name=run_name, model_name=model, version=version,
+                                    report=report, production_version="1", promote=True)
     return {"seed_run": seeded["mlflow_run_id"], "run": info["mlflow_run_id"],
             "run_name": run_name}
 

@@ -1,5 +1,6 @@
 """A pipeline run's candidate table: built from a profile and an acceptance, with the numbers
-the run logs about it (the DAGs' ``rebuild`` task, ``flows.rebuild``, calls ``build_candidate``).
+the run logs about it (the DAGs' ``rebuild`` task, ``candidate_flow.rebuild``, calls
+``build_candidate``).
 
 Pure apart from numpy: it calls the core's one document builder and computes the worst-load
 loss of the new table, of the production table and of every fixed length, all under the new

@@ -180,7 +180,7 @@ def run_registry(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
 
     from tabletune.adapters.mlflow_registry import MlflowRegistry, apply_mlflow_http_defaults
     from tabletune.core.pipeline_errors import PipelineError
-    from tabletune.pipeline import flows
+    from tabletune.pipeline import registry_admin
 
     # A process entry point: bound MLflow's HTTP calls unless the user set MLflow's variables.
     apply_mlflow_http_defaults()
@@ -188,7 +188,7 @@ def run_registry(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
     model_name = _model_name(args)
     try:
         if args.registry_command == "seed":
-            out = flows.seed_registry(
+            out = registry_admin.seed_registry(
                 registry, model_name=model_name,
                 profile=profile, acceptance=acceptance,
                 max_batch_size=args.max_batch_size,
@@ -196,22 +196,23 @@ def run_registry(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
         elif args.registry_command == "show":
             # Reports drift between aliases, history and version tags, and repairs it (a move
             # made in the MLflow UI is recorded as "external").
-            out = flows.registry_report(registry, model_name=model_name, owner=_cli_owner())
+            out = registry_admin.registry_report(registry, model_name=model_name,
+                                                 owner=_cli_owner())
             for line in out["drift"]:
                 print(f"warning: {model_name}: {line}", file=sys.stderr)
             if out["production"]:
                 docs = registry.read_version(model_name, out["production"])
                 out["table"] = docs.table.table.to_vllm()
         elif args.registry_command == "promote":
-            out = flows.promote_version(
+            out = registry_admin.promote_version(
                 registry, model_name=model_name, action="promote", version=args.version,
                 expected_production=(args.expected_production
                                      if args.expected_production is not None else False),
                 owner=_cli_owner(), via="cli",
             )
         else:
-            out = flows.promote_version(registry, model_name=model_name, action="rollback",
-                                        version=None, owner=_cli_owner(), via="cli")
+            out = registry_admin.promote_version(registry, model_name=model_name, action="rollback",
+                                                 version=None, owner=_cli_owner(), via="cli")
     except BrokenPipeError:
         raise
     except Exception as exc:

@@ -12,7 +12,7 @@ from factories import make_acceptance, make_profile
 
 from tabletune.adapters.mlflow_prior import load_production_prior
 from tabletune.adapters.mlflow_registry import MlflowRegistry
-from tabletune.pipeline import flows
+from tabletune.pipeline import candidate_flow, registry_admin, run_lifecycle, weekly_flow
 from tabletune.core.pipeline_errors import (
     GateFailed,
     PriorUnavailable,
@@ -33,24 +33,26 @@ def model(services, unique):
 @pytest.fixture
 def seeded(services, model):
     registry = services.registry()
-    out = flows.seed_registry(registry, model_name=model, profile=make_profile(),
-                              acceptance=make_acceptance())
+    out = registry_admin.seed_registry(registry, model_name=model, profile=make_profile(),
+                                       acceptance=make_acceptance())
     return registry, out
 
 
 def weekly_candidate(registry, model, run_name, rates, *, tolerance=0.25):
     """What the weekly DAG does after measuring: rebuild, validate, register."""
     production = registry.alias_state(model).production
-    info = flows.start_run(registry, run_name=run_name, model_name=model, kind="acceptance",
-                           settings={"edge_tolerance": tolerance})
-    built = flows.rebuild(registry, mlflow_run_id=info["mlflow_run_id"], run_name=run_name,
-                          model_name=model, production_version=production,
-                          acceptance=make_acceptance(rates).to_dict())
-    report = flows.validate(registry, mlflow_run_id=info["mlflow_run_id"], model_name=model,
-                            production_version=production, candidate=built["table"],
-                            settings=GateSettings(edge_tolerance=tolerance))
-    version = flows.register(registry, mlflow_run_id=info["mlflow_run_id"], run_name=run_name,
-                             model_name=model, candidate=built["table"], report=report)
+    info = run_lifecycle.start_run(registry, run_name=run_name, model_name=model, kind="acceptance",
+                                   settings={"edge_tolerance": tolerance})
+    built = candidate_flow.rebuild(registry, mlflow_run_id=info["mlflow_run_id"], run_name=run_name,
+                                   model_name=model, production_version=production,
+                                   acceptance=make_acceptance(rates).to_dict())
+    report = candidate_flow.validate(registry, mlflow_run_id=info["mlflow_run_id"],
+                                     model_name=model, production_version=production,
+                                     candidate=built["table"],
+                                     settings=GateSettings(edge_tolerance=tolerance))
+    version = candidate_flow.register(registry, mlflow_run_id=info["mlflow_run_id"],
+                                      run_name=run_name, model_name=model, candidate=built["table"],
+                                      report=report)
     return info, built, report, version
 
 
@@ -86,17 +88,17 @@ def test_promotion_moves_production_and_previous_then_rollback_restores(services
     _, built, report, version = weekly_candidate(registry, model, "weekly-a", (0.82, 0.62, 0.46))
     assert report["passed"], report["failures"]
     assert registry.alias_state(model).candidate == version
-    state = flows.gate_and_promote(registry, mlflow_run_id=registry.start_run("weekly-a"),
-                                   run_name="weekly-a", model_name=model, version=version,
-                                   report=report, production_version="1", promote=True)
+    state = candidate_flow.gate_and_promote(registry, mlflow_run_id=registry.start_run("weekly-a"),
+                                            run_name="weekly-a", model_name=model, version=version,
+                                            report=report, production_version="1", promote=True)
     assert state == {"production": version, "previous": "1", "candidate": None}
     prior_table = load_production_prior(
         model, tracking_uri=services.tracking_uri,
         cache_dir=services.env["TABLETUNE_STATE_DIR"]).table
     assert prior_table.to_dict() == built["table"]
 
-    rolled = flows.promote_version(registry, model_name=model, action="rollback", version=None,
-                                   owner="test")
+    rolled = registry_admin.promote_version(registry, model_name=model, action="rollback",
+                                            version=None, owner="test")
     assert rolled["production"] == "1" and rolled["previous"] is None
     assert registry.version_tags(model, version)["tabletune.status"] == "rolled_back"
 
@@ -108,9 +110,9 @@ def test_failed_gate_marks_the_candidate_and_leaves_production(services, seeded,
     assert not report["passed"]
     with pytest.raises(GateFailed, match=r"gate failed for .* version 2: edge k=\d .*Production "
                                          r"stays at version 1"):
-        flows.gate_and_promote(registry, mlflow_run_id=info["mlflow_run_id"],
-                               run_name="weekly-b", model_name=model, version=version,
-                               report=report, production_version="1", promote=True)
+        candidate_flow.gate_and_promote(registry, mlflow_run_id=info["mlflow_run_id"],
+                                        run_name="weekly-b", model_name=model, version=version,
+                                        report=report, production_version="1", promote=True)
     state = registry.alias_state(model)
     assert state.production == "1" and state.previous is None and state.candidate == version
     tags = registry.version_tags(model, version)
@@ -225,15 +227,15 @@ def test_mlflow_down_while_logging_is_retried_then_fails(services, seeded, model
     registry_up, _ = seeded
     relay = TcpRelay(services.tracking_uri)
     registry = MlflowRegistry(relay.url, attempts=2, retry_delay_s=0.1)
-    info = flows.start_run(registry, run_name="mlflow-dies", model_name=model, kind="acceptance",
-                           settings={})
+    info = run_lifecycle.start_run(registry, run_name="mlflow-dies", model_name=model,
+                                   kind="acceptance", settings={})
     relay.close()  # the tracking server "goes down" between steps
     started = time.monotonic()
     with pytest.raises(RegistryUnavailable, match=f"{relay.url} unreachable after 2 attempts "
                                                   "while"):
-        flows.rebuild(registry, mlflow_run_id=info["mlflow_run_id"], run_name="mlflow-dies",
-                      model_name=model, production_version="1",
-                      acceptance=make_acceptance((0.9, 0.8, 0.7)).to_dict())
+        candidate_flow.rebuild(registry, mlflow_run_id=info["mlflow_run_id"],
+                               run_name="mlflow-dies", model_name=model, production_version="1",
+                               acceptance=make_acceptance((0.9, 0.8, 0.7)).to_dict())
     assert time.monotonic() - started < 90
     state = registry_up.alias_state(model)
     assert state.production == "1" and state.candidate is None
@@ -265,16 +267,17 @@ def test_no_credentials_or_prompt_text_reach_mlflow(services, seeded, model, uni
     prompts = [f"confidential customer prompt number {i}" for i in range(12)]
     s3.put_object(Bucket=services.bucket, Key=f"{prefix}dt={day}/a.jsonl",
                   Body="".join(json.dumps({"prompt": p}) + "\n" for p in prompts).encode())
-    info = flows.start_run(
+    info = run_lifecycle.start_run(
         registry, run_name="leak", model_name=model, kind="acceptance",
         settings={"prefix": prefix, "s3_uri": f"s3://{services.env['AWS_ACCESS_KEY_ID']}:"
                   f"{services.env['AWS_SECRET_ACCESS_KEY']}@host/b", "aws_secret_access_key":
                   services.env["AWS_SECRET_ACCESS_KEY"]},
     )
-    flows.sample_prompts(registry, s3, mlflow_run_id=info["mlflow_run_id"],
-                         bucket=services.bucket, prefix=prefix, partition="dt={date:%Y-%m-%d}/",
-                         field_name="prompt", end_date=day, days=1, size=8, seed=3,
-                         min_prompts=4, staging_key=f"{prefix}staging/prompts.jsonl")
+    weekly_flow.sample_prompts(registry, s3, mlflow_run_id=info["mlflow_run_id"],
+                               bucket=services.bucket, prefix=prefix,
+                               partition="dt={date:%Y-%m-%d}/", field_name="prompt", end_date=day,
+                               days=1, size=8, seed=3, min_prompts=4,
+                               staging_key=f"{prefix}staging/prompts.jsonl")
     client = registry._client
     run = client.get_run(info["mlflow_run_id"])
     texts = [json.dumps(run.data.params), json.dumps(run.data.metrics),
@@ -341,13 +344,14 @@ def test_a_ui_move_is_recorded_as_external_and_rollback_undoes_it(services, seed
     for i in range(2):  # versions 2 and 3, each promoted by a "DAG"
         info, _, report, version = weekly_candidate(registry, model, f"ui-{i}",
                                                     (0.82, 0.62, 0.46))
-        flows.gate_and_promote(registry, mlflow_run_id=info["mlflow_run_id"], run_name=f"ui-{i}",
-                               model_name=model, version=version, report=report,
-                               production_version=info["production_version"], promote=True)
+        candidate_flow.gate_and_promote(registry, mlflow_run_id=info["mlflow_run_id"],
+                                        run_name=f"ui-{i}", model_name=model, version=version,
+                                        report=report,
+                                        production_version=info["production_version"], promote=True)
     assert registry.alias_state(model).production == "3"
 
     move_production_like_the_ui(services, model, "1")  # by hand, to an older version
-    report = flows.registry_report(registry, model_name=model)
+    report = registry_admin.registry_report(registry, model_name=model)
     assert any("outside TableTune" in line and "from version 3 to 1" in line
                for line in report["drift"]), report["drift"]
     assert report["production"] == "1" and report["previous"] == "3"
@@ -357,11 +361,12 @@ def test_a_ui_move_is_recorded_as_external_and_rollback_undoes_it(services, seed
     assert [e["action"] for e in report["history"]] == ["seed", "promote", "promote", "external"]
     assert registry.version_tags(model, "1")["tabletune.status"] == "production"
     assert registry.version_tags(model, "3")["tabletune.status"] == "previous"
-    assert flows.registry_report(registry, model_name=model)["drift"] == []  # reconciled once
+    # reconciled once
+    assert registry_admin.registry_report(registry, model_name=model)["drift"] == []
 
     # Rollback goes back to the version that was production before the hand move.
-    rolled = flows.promote_version(registry, model_name=model, action="rollback", version=None,
-                                   owner="cli:test", via="cli")
+    rolled = registry_admin.promote_version(registry, model_name=model, action="rollback",
+                                            version=None, owner="cli:test", via="cli")
     assert rolled["production"] == "3" and rolled["previous"] == "2"
     entry = registry.promotion_history(model)[-1]
     assert (entry.action, entry.from_version, entry.to_version, entry.by, entry.via) == (
@@ -388,13 +393,13 @@ def test_a_run_overtaken_by_another_promotion_ends_superseded_not_failed(service
                                                              (0.82, 0.62, 0.46))
     second, _, second_report, second_version = weekly_candidate(registry, model, "race-b",
                                                                 (0.81, 0.61, 0.45))
-    flows.gate_and_promote(registry, mlflow_run_id=second["mlflow_run_id"], run_name="race-b",
-                           model_name=model, version=second_version, report=second_report,
-                           production_version="1", promote=True)
+    candidate_flow.gate_and_promote(registry, mlflow_run_id=second["mlflow_run_id"],
+                                    run_name="race-b", model_name=model, version=second_version,
+                                    report=second_report, production_version="1", promote=True)
     with pytest.raises(Superseded, match="production moved from version 1 to 3"):
-        flows.gate_and_promote(registry, mlflow_run_id=first["mlflow_run_id"], run_name="race-a",
-                               model_name=model, version=first_version, report=first_report,
-                               production_version="1", promote=True)
+        candidate_flow.gate_and_promote(registry, mlflow_run_id=first["mlflow_run_id"],
+                                        run_name="race-a", model_name=model, version=first_version,
+                                        report=first_report, production_version="1", promote=True)
     run = registry._client.get_run(first["mlflow_run_id"])
     assert run.info.status == "KILLED" and run.data.tags["tabletune.outcome"].startswith(
         "superseded")

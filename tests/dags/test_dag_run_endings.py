@@ -24,7 +24,7 @@ import pytest
 from local_airflow import AirflowApi
 from factories import make_acceptance, make_profile
 
-from tabletune.pipeline import flows
+from tabletune.pipeline import registry_admin
 
 pytestmark = pytest.mark.services
 
@@ -91,8 +91,8 @@ def api_without_engine_slots(services):
 
 def seed_deployment(services, registry, key: str) -> dict:
     """A registered production table and a day of prompts in S3; the weekly run's conf."""
-    flows.seed_registry(registry, model_name=f"tabletune-{key}", profile=make_profile(),
-                        acceptance=make_acceptance())
+    registry_admin.seed_registry(registry, model_name=f"tabletune-{key}", profile=make_profile(),
+                                 acceptance=make_acceptance())
     prefix = f"{key}/"
     today = dt.datetime.now(dt.timezone.utc).date()
     services.s3_client().put_object(
@@ -123,7 +123,7 @@ def test_one_run_at_a_time_and_every_ending_closes_the_mlflow_run(
     assert api.wait(DAG_ID, first, timeout_s=90) == "failed"
     # The failure callback runs in the DAG processor; on a loaded 2-core runner the second run
     # closed this one as orphaned first and the callback came more than 90 s later (it then
-    # corrects the orphaned status: flows.close_run).
+    # corrects the orphaned status: run_lifecycle.close_run).
     closed = mlflow_run(registry, first, status="FAILED", timeout_s=300)
     assert "DAG run failed" in closed.data.tags["tabletune.outcome"]
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from factories import make_acceptance, make_profile
 
-from tabletune.pipeline import flows
+from tabletune.pipeline import registry_admin
 
 pytestmark = pytest.mark.services
 REPO = Path(__file__).resolve().parents[2]
@@ -97,9 +97,9 @@ def test_reprofile_does_nothing_until_the_fingerprint_changes_then_profiles(
     key = f"reprofile-{unique}"
     model = f"tabletune-{key}"
     registry = services.registry()
-    flows.seed_registry(registry, model_name=model,
-                        profile=make_profile(fingerprint=FINGERPRINT_OLD),
-                        acceptance=make_acceptance())
+    registry_admin.seed_registry(registry, model_name=model,
+                                 profile=make_profile(fingerprint=FINGERPRINT_OLD),
+                                 acceptance=make_acceptance())
     dags = load_dags(services)
 
     unchanged = dags.reprofile_dag.test(run_conf={"deployment_key": key})

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from factories import make_acceptance, make_profile
 
-from tabletune.pipeline import flows
+from tabletune.pipeline import registry_admin
 
 pytestmark = pytest.mark.services
 REPO = Path(__file__).resolve().parents[2]
@@ -50,8 +50,8 @@ def test_bad_prompts_fail_the_run_before_the_engine(services, weekly, unique, ca
     key = f"bad-{unique}"
     model = f"tabletune-{key}"
     registry = services.registry()
-    flows.seed_registry(registry, model_name=model, profile=make_profile(),
-                        acceptance=make_acceptance())
+    registry_admin.seed_registry(registry, model_name=model, profile=make_profile(),
+                                 acceptance=make_acceptance())
     prefix = f"bad-input/{unique}/"
     today = dt.date(2026, 11, 20)
     if case == "malformed lines":

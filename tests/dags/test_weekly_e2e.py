@@ -21,7 +21,7 @@ from factories import make_acceptance, make_profile
 
 from tabletune.adapters.mlflow_prior import load_production_prior
 from tabletune.core.contracts import load_json
-from tabletune.pipeline import flows
+from tabletune.pipeline import registry_admin
 
 pytestmark = [pytest.mark.services, pytest.mark.engine]
 
@@ -85,8 +85,8 @@ def test_weekly_refresh_end_to_end(services, unique, tmp_path):
     profile = load_json(CPU_PROFILE, "profile") if CPU_PROFILE.exists() else make_profile()
     acceptance = (load_json(CPU_ACCEPTANCE, "acceptance") if CPU_ACCEPTANCE.exists()
                   else make_acceptance((0.78, 0.55, 0.43)))
-    seeded = flows.seed_registry(registry, model_name=model, profile=profile,
-                                 acceptance=acceptance)
+    seeded = registry_admin.seed_registry(registry, model_name=model, profile=profile,
+                                          acceptance=acceptance)
     assert seeded["production"] == "1"
     prompts = put_prompts(services.s3_client(), services.bucket, prefix, today)
 

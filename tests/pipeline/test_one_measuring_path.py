@@ -13,7 +13,7 @@ from factories import make_acceptance, make_profile
 
 import tabletune.tuner.tune
 from tabletune.cli import main
-from tabletune.pipeline import flows
+from tabletune.pipeline import reprofile_flow
 
 
 class Asked(Exception):
@@ -44,9 +44,9 @@ def test_the_reprofile_and_the_cli_ask_the_tuner_for_the_same_plan(recorded, tmp
               "--out-dir", str(tmp_path / "cli")])
     cli_call = recorded[0]
     with pytest.raises(Asked):
-        flows.profile_deployment(Registry(), cli_call.spec, mlflow_run_id="run", model_name="m",
-                                 batch_sizes=[8, 4, 2, 1], repeats=2,
-                                 checkpoint=tmp_path / "state" / "cells.json")
+        reprofile_flow.profile_deployment(Registry(), cli_call.spec, mlflow_run_id="run",
+                                          model_name="m", batch_sizes=[8, 4, 2, 1], repeats=2,
+                                          checkpoint=tmp_path / "state" / "cells.json")
     pipeline_call = recorded[1]
     assert pipeline_call.plan == cli_call.plan
     # Every stage a tune runs: the profile, the serving calibration for the stated workload.
@@ -62,10 +62,10 @@ def test_a_stated_workload_reaches_the_plan_the_same_way(recorded, tmp_path):
         main(["tune", "--batch-sizes", "1,4", "--max-k", "2", "--workload-output-tokens", "128",
               "--out-dir", str(tmp_path / "cli")])
     with pytest.raises(Asked):
-        flows.profile_deployment(Registry(), recorded[0].spec, mlflow_run_id="run",
-                                 model_name="m", batch_sizes=[1, 4], repeats=3,
-                                 checkpoint=tmp_path / "state" / "cells.json",
-                                 workload_output_tokens=128)
+        reprofile_flow.profile_deployment(Registry(), recorded[0].spec, mlflow_run_id="run",
+                                          model_name="m", batch_sizes=[1, 4], repeats=3,
+                                          checkpoint=tmp_path / "state" / "cells.json",
+                                          workload_output_tokens=128)
     assert recorded[1].plan == recorded[0].plan
     assert recorded[0].plan.serving.output_tokens == 128
     assert recorded[0].plan.serving.source == "option"

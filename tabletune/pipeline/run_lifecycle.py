@@ -1,0 +1,145 @@
+"""How a DAG run's MLflow run opens and ends: the first step of every pipeline run
+(``start_run``), and what the DAGs' callbacks and the Airflow plugin call when a run ends without
+recording it (``close_run``), leaves an earlier run open (``close_orphaned_runs``) or starts long
+after its due time (``missed_schedule``).
+
+``start_run`` pins the production version; later steps (``candidate_flow``) compare against and
+promote over that version only, so a promotion that lands in between makes this run's promotion
+refuse (its gate verdict is about a table that is no longer production).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from tabletune.core.pipeline_errors import RegistryStateError
+from tabletune.engine.fingerprint import fingerprint_key
+from tabletune.pipeline.deployment import flatten_params
+
+__all__ = [
+    "start_run",
+    "close_run",
+    "close_orphaned_runs",
+    "missed_schedule",
+    "MISSED_SCHEDULE_GRACE",
+]
+
+log = logging.getLogger("tabletune.pipeline")
+# A scheduled run that starts later than this after its due time was due before the DAG was
+# unpaused (or while the scheduler was down): it is skipped instead of catching up.
+MISSED_SCHEDULE_GRACE = dt.timedelta(hours=1)
+# How a run closed as orphaned says so: its own DAG run's callback, arriving later, knows the
+# true ending and closes it again (``close_run``).
+ORPHANED_OUTCOME = "orphaned:"
+RunKind = Literal["acceptance", "profile", "seed"]
+
+
+def start_run(
+    registry: Any,
+    *,
+    run_name: str,
+    model_name: str,
+    kind: RunKind,
+    settings: Mapping[str, Any],
+    tags: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """Open (or reopen, on retry) the MLflow run of this DAG run and pin production.
+
+    Logs ``settings`` as params, and for an acceptance refresh the fingerprint of the profile
+    its table is built from (production's) under the same ``fingerprint.*`` names every run
+    uses. An acceptance refresh needs a production version (its profile is the one rebuilt
+    from). First records any move of ``production`` made outside TableTune (the MLflow UI) and
+    closes runs of the same DAG that an earlier DAG run left open.
+    """
+    drift = registry.reconcile(model_name, owner=run_name)
+    dag_id = (tags or {}).get("airflow.dag_id")
+    if dag_id:
+        close_orphaned_runs(registry, dag_id=dag_id, model_name=model_name,
+                            current_run_name=run_name)
+    state = registry.alias_state(model_name)
+    production = state.production
+    if kind == "acceptance" and production is None:
+        raise RegistryStateError(
+            f"registered model {model_name!r} has no production version to rebuild from; seed "
+            "it first: python -m tabletune.pipeline registry seed --model-name "
+            f"{model_name} --profile PROFILE.json --acceptance ACCEPTANCE.json"
+        )
+    run_id = registry.start_run(
+        run_name,
+        tags={"airflow.run_id": run_name, "tabletune.model": model_name,
+              "tabletune.kind": kind, **dict(tags or {})},
+    )
+    params: dict[str, Any] = {
+        **{f"settings.{k}": v for k, v in settings.items()},
+        "model_name": model_name,
+        "kind": kind,
+        "production_version_at_start": production or "none",
+    }
+    if production is not None:
+        docs = registry.read_version(model_name, production)
+        params["production_fingerprint_key"] = fingerprint_key(docs.profile.fingerprint)
+        if kind == "acceptance":  # the table is built from production's profile
+            params.update(flatten_params("fingerprint", docs.profile.fingerprint))
+            params["fingerprint_key"] = params["production_fingerprint_key"]
+    registry.log_params(run_id, params)
+    if drift.found:
+        registry.set_run_tags(run_id, {"tabletune.registry_drift": "; ".join(drift.describe())})
+    url = registry.run_url(run_id)
+    log.info("MLflow run %s for %s: %s", run_id, run_name, url)
+    return {
+        "mlflow_run_id": run_id,
+        "model_name": model_name,
+        "production_version": production,
+        "run_url": url,
+    }
+
+
+def close_run(registry: Any, *, run_name: str, status: Literal["FINISHED", "FAILED", "KILLED"],
+              outcome: str) -> list[str]:
+    """Close the MLflow run of an Airflow run if it is still open (the DAG's callbacks call this
+    for every ending a task did not record itself: a task killed, a worker lost, an error).
+
+    The callback knows how its own run ended, so it also corrects a run that the next DAG run
+    closed as orphaned in the meantime (callbacks run in the DAG processor, after the scheduler
+    may already have started that next run). Returns the ids of the runs it closed."""
+    from tabletune.adapters.mlflow_registry import OUTCOME_TAG
+
+    closed = []
+    for run in registry.find_runs(run_name=run_name):
+        orphaned = (run.info.status == "KILLED"
+                    and run.data.tags.get(OUTCOME_TAG, "").startswith(ORPHANED_OUTCOME))
+        if run.info.status != "RUNNING" and not orphaned:
+            continue
+        registry.finish_run(run.info.run_id, status, outcome)
+        log.info("closed MLflow run %s of %s as %s: %s", run.info.run_id, run_name, status,
+                 outcome)
+        closed.append(run.info.run_id)
+    return closed
+
+
+def close_orphaned_runs(registry: Any, *, dag_id: str, model_name: str,
+                        current_run_name: str) -> list[str]:
+    """Close as KILLED the open runs of ``dag_id`` for this model other than this one (a DAG
+    allows one active run, so any other open run was left by a DAG run that ended without its
+    callback, e.g. one marked failed as a whole)."""
+    closed = []
+    for run in registry.find_runs(dag_id=dag_id, model_name=model_name, status="RUNNING"):
+        name = run.data.tags.get("tabletune.run_name")
+        if name == current_run_name:
+            continue
+        registry.finish_run(run.info.run_id, "KILLED",
+                            f"{ORPHANED_OUTCOME} its DAG run {name} ended without closing it; "
+                            f"closed by {current_run_name}")
+        log.warning("closed MLflow run %s left open by %s", run.info.run_id, name)
+        closed.append(run.info.run_id)
+    return closed
+
+
+def missed_schedule(*, run_type: str, due: dt.datetime, started: dt.datetime,
+                    grace: dt.timedelta = MISSED_SCHEDULE_GRACE) -> bool:
+    """Whether a scheduled run started so long after its due time that it was due before the
+    DAG was unpaused: such a run is skipped, not caught up (manual runs never are)."""
+    return run_type == "scheduled" and started - due > grace
