@@ -91,8 +91,11 @@ ENV AIRFLOW_HOME=/opt/airflow
 # README.md is the package's long description: copied here, so editing it rebuilds no deps.
 COPY README.md /opt/tabletune/
 COPY tabletune /opt/tabletune/tabletune
+# --reinstall-package: uv keys its cached build of a local project on pyproject.toml alone, so
+# with the cache mount a changed source tree would install the previous build's wheel.
 RUN --mount=type=cache,target=/root/.cache/uv \
-    uv sync --frozen --no-dev --no-editable --extra pipeline --extra distributed
+    uv sync --frozen --no-dev --no-editable --reinstall-package tabletune \
+      --extra pipeline --extra distributed
 COPY dags /opt/airflow/dags
 COPY plugins /opt/airflow/plugins
 COPY infra/docker/airflow-entrypoint.sh /usr/local/bin/airflow-entrypoint
@@ -112,7 +115,8 @@ COPY README.md /opt/tabletune/
 COPY tabletune /opt/tabletune/tabletune
 RUN --mount=type=cache,target=/root/.cache/uv \
     --mount=type=bind,from=wheels,target=/opt/wheels \
-    uv sync --frozen --no-dev --no-editable --extra pipeline --extra distributed --extra engine
+    uv sync --frozen --no-dev --no-editable --reinstall-package tabletune \
+      --extra pipeline --extra distributed --extra engine
 COPY dags /opt/airflow/dags
 COPY plugins /opt/airflow/plugins
 COPY infra/docker/airflow-entrypoint.sh /usr/local/bin/airflow-entrypoint
