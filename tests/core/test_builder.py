@@ -26,7 +26,7 @@ from tabletune.core import (
 )
 from tabletune.core.goodput import goodput
 
-PAPER_RATES = (0.7, 0.5, 0.3)
+from factories import PAPER_RATES, linear_step_times
 
 
 VLLM = vllm_schedule_utils()
@@ -99,24 +99,14 @@ def test_exact_ties_go_to_the_shorter_length():
 # ---------------------------------------------------------------------------- build options
 
 
-def grid(batch_sizes=(1, 2, 4, 8, 16, 32, 64, 128), max_k=3, extra=0.15, per_b=0.0):
-    """Step times: each draft costs ``extra`` of a base step that grows with B, plus ``per_b``
-    ms per request (which is what moves the best length down as B grows)."""
-    return StepTimes({
-        (b, k): (4.0 + 0.1 * b) * (1 + extra * k) + per_b * b * k
-        for b in batch_sizes
-        for k in range(max_k + 1)
-    })
-
-
 def test_lengths_default_to_profiled_lengths_the_rates_cover():
-    assert build_table(grid(), PAPER_RATES).lengths == (0, 1, 2, 3)
-    assert build_table(grid(), PAPER_RATES[:2]).lengths == (0, 1, 2)
-    assert build_table(grid(), ()).chosen == (0,) * 128
+    assert build_table(linear_step_times(), PAPER_RATES).lengths == (0, 1, 2, 3)
+    assert build_table(linear_step_times(), PAPER_RATES[:2]).lengths == (0, 1, 2)
+    assert build_table(linear_step_times(), ()).chosen == (0,) * 128
 
 
 def test_explicit_lengths_and_max_batch_size():
-    result = build_table(grid(), PAPER_RATES, lengths=[3, 0, 1, 1], max_batch_size=300)
+    result = build_table(linear_step_times(), PAPER_RATES, lengths=[3, 0, 1, 1], max_batch_size=300)
     assert result.lengths == (0, 1, 3)
     assert set(result.chosen) <= {0, 1, 3}
     assert result.batch_sizes == tuple(range(1, 301))
@@ -141,7 +131,7 @@ def test_bad_build_arguments(kwargs, message):
     kwargs = {"rates": PAPER_RATES, **kwargs}
     rates = kwargs.pop("rates")
     with pytest.raises(ContractError, match=message):
-        build_table(grid(), rates, **kwargs)
+        build_table(linear_step_times(), rates, **kwargs)
 
 
 def test_rates_that_cover_no_profiled_length():
@@ -150,7 +140,7 @@ def test_rates_that_cover_no_profiled_length():
 
 
 def test_goodput_matrix_matches_goodput_function_on_profiled_cells():
-    step_times = grid()
+    step_times = linear_step_times()
     result = build_table(step_times, PAPER_RATES)
     for b in step_times.batch_sizes:
         for j, k in enumerate(result.lengths):
@@ -161,7 +151,7 @@ def test_goodput_matrix_matches_goodput_function_on_profiled_cells():
 
 
 def test_to_document_round_trips_through_json(tmp_path):
-    result = build_table(grid(), PAPER_RATES)
+    result = build_table(linear_step_times(), PAPER_RATES)
     doc = result.to_document({"profile": "p.json", "acceptance": "a.json"}, meta={"run": "r1"})
     assert isinstance(doc, TableDocument)
     assert doc.num_speculative_tokens == max(result.table.max_k, 1)
@@ -172,7 +162,7 @@ def test_to_document_round_trips_through_json(tmp_path):
     assert again == doc
     assert json.loads((tmp_path / "t.json").read_text())["num_speculative_tokens_per_batch_size"] \
         == result.table.to_vllm()
-    all_zero = build_table(grid(extra=5.0), PAPER_RATES).to_document({})
+    all_zero = build_table(linear_step_times(extra=5.0), PAPER_RATES).to_document({})
     assert all_zero.table.max_k == 0 and all_zero.num_speculative_tokens == 1
 
 
@@ -223,7 +213,7 @@ def test_every_built_table_is_valid_for_vllm_and_matches_its_lookup(inputs):
 
 def test_numpy_inputs_and_a_tables_lengths_are_accepted():
     # The controller holds live rates in numpy and restricts to the starting table's lengths.
-    step_times = grid()
+    step_times = linear_step_times()
     by_list = build_table(step_times, list(PAPER_RATES), lengths=[0, 1, 3])
     by_numpy = build_table(step_times, np.array(PAPER_RATES), lengths=DOCS_TABLE.lengths)
     assert by_numpy.chosen == by_list.chosen and by_numpy.rates == PAPER_RATES

@@ -9,11 +9,12 @@ from hypothesis import strategies as st
 from tabletune.core import ContractError, monotone_rates, tau, validate_rates
 from tabletune.core.goodput import goodput
 
-PAPER_RATES = (0.7, 0.5, 0.3)
 
 rates_strategy = st.lists(st.floats(0.0, 1.0), max_size=8).map(
     lambda xs: tuple(sorted(xs, reverse=True))
 )
+
+from factories import PAPER_RATES
 
 
 def test_paper_example_tau():

@@ -16,24 +16,14 @@ from tabletune.core import (
     table_loss,
 )
 
-PAPER_RATES = (0.7, 0.5, 0.3)
-
-
-def grid(batch_sizes=(1, 2, 4, 8, 16, 32, 64, 128), max_k=3, extra=0.15, per_b=0.0):
-    """Step times: each draft costs ``extra`` of a base step that grows with B, plus ``per_b``
-    ms per request (which is what moves the best length down as B grows)."""
-    return StepTimes({
-        (b, k): (4.0 + 0.1 * b) * (1 + extra * k) + per_b * b * k
-        for b in batch_sizes
-        for k in range(max_k + 1)
-    })
+from factories import PAPER_RATES, linear_step_times
 
 
 # ---------------------------------------------------------------------------- table loss
 
 
 def test_docs_table_loses_above_64_where_k3_is_best_everywhere():
-    step_times = grid(batch_sizes=(1, 8, 32, 64, 96, 128, 256, 512), extra=0.05)
+    step_times = linear_step_times(batch_sizes=(1, 8, 32, 64, 96, 128, 256, 512), extra=0.05)
     assert set(build_table(step_times, PAPER_RATES, tie_margin=0.0).chosen) == {3}
     report = table_loss(DOCS_TABLE, step_times, PAPER_RATES, range(1, 513))
     assert len(report.rows) == 512
@@ -53,7 +43,7 @@ def test_docs_table_loses_above_64_where_k3_is_best_everywhere():
 
 
 def test_table_equal_to_the_best_per_batch_size_has_no_loss():
-    step_times = grid(extra=0.05, per_b=0.08)
+    step_times = linear_step_times(extra=0.05, per_b=0.08)
     result = build_table(step_times, PAPER_RATES, tie_margin=0.0)
     assert [k for _, _, k in result.table.ranges] == [3, 2, 1]
     report = table_loss(result.table, step_times, PAPER_RATES, result.batch_sizes)
@@ -71,7 +61,7 @@ def test_table_loss_rejects_lengths_the_profile_lacks():
 
 
 def test_loss_can_be_measured_against_a_subset_of_lengths():
-    step_times = grid(extra=0.05)
+    step_times = linear_step_times(extra=0.05)
     report = table_loss(DOCS_TABLE, step_times, PAPER_RATES, [1, 100], lengths=[0, 1])
     assert [r.best_k for r in report.rows] == [1, 1]
     assert report.rows[0].loss < 0  # k=3 beats every length it is compared against

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from tabletune.core.contracts import Acceptance, Profile, ProfileCell
+from tabletune.core.step_times import StepTimes
 
 BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
 
@@ -36,3 +37,18 @@ def make_acceptance(rates=(0.8, 0.6, 0.45), *, num_prompts: int = 160) -> Accept
         num_prompts=num_prompts,
         temperature=0.0,
     )
+
+
+# The acceptance rates the paper's examples use.
+PAPER_RATES = (0.7, 0.5, 0.3)
+
+
+def linear_step_times(batch_sizes=(1, 2, 4, 8, 16, 32, 64, 128), max_k=3, extra=0.15,
+                      per_b=0.0) -> StepTimes:
+    """Step times: each draft costs ``extra`` of a base step that grows with B, plus ``per_b``
+    ms per request (which is what moves the best length down as B grows)."""
+    return StepTimes({
+        (b, k): (4.0 + 0.1 * b) * (1 + extra * k) + per_b * b * k
+        for b in batch_sizes
+        for k in range(max_k + 1)
+    })
