@@ -35,8 +35,11 @@ _MAX_MESSAGE = 300
 
 
 def exit_status(exc: BaseException, *,
-                input_errors: tuple[type[BaseException], ...] = ()) -> tuple[int, str]:
-    """(exit status, the text after ``<command>: ``) for ``exc``; see the module's rules."""
+                input_errors: tuple[type[BaseException], ...] = (),
+                peer: str | None = None) -> tuple[int, str]:
+    """(exit status, the text after ``<command>: ``) for ``exc``; see the module's rules.
+    ``peer``: what the command talks to (``registry http://...``), named in the line of a
+    failure that is neither the input's nor a refusal the pipeline words itself."""
     if isinstance(exc, (ValueError, *input_errors)):  # ContractError is a ValueError
         return INPUT_ERROR, f"error: {exc}"
     if isinstance(exc, OSError) and not isinstance(exc, _NETWORK_ERRORS):
@@ -44,4 +47,5 @@ def exit_status(exc: BaseException, *,
     if isinstance(exc, PipelineError):
         return FAILED, str(exc)
     first = (str(exc).strip().splitlines() or [""])[0][:_MAX_MESSAGE]
-    return FAILED, f"error: {type(exc).__name__}: {first}"
+    where = f"{peer}: " if peer else ""
+    return FAILED, f"error: {where}{type(exc).__name__}: {first}"

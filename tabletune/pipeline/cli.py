@@ -164,7 +164,7 @@ def run_registry(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
                          f"letter or digit)")
 
     from tabletune.core.contracts import load_json
-    from tabletune.core.exits import FAILED, exit_status
+    from tabletune.core.exits import exit_status
 
     where = f"tabletune registry {args.registry_command}"
     try:
@@ -179,7 +179,6 @@ def run_registry(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
         return code
 
     from tabletune.adapters.mlflow_registry import MlflowRegistry, apply_mlflow_http_defaults
-    from tabletune.core.pipeline_errors import PipelineError
     from tabletune.pipeline import registry_admin
 
     # A process entry point: bound MLflow's HTTP calls unless the user set MLflow's variables.
@@ -218,9 +217,7 @@ def run_registry(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
     except Exception as exc:
         # A document that is not valid, a registry whose state refuses the move, the MLflow
         # client's own failures: one line, the status every entry point gives it.
-        code, text = exit_status(exc)
-        if code == FAILED and not isinstance(exc, PipelineError):
-            text = text.replace("error: ", f"error: registry {args.tracking_uri}: ", 1)
+        code, text = exit_status(exc, peer=f"registry {args.tracking_uri}")
         print(f"{where}: {text}", file=sys.stderr)
         return code
     print(format_json({"model_name": model_name, **out}))

@@ -46,3 +46,11 @@ def test_an_entry_point_names_its_own_input_errors():
 def test_a_long_client_message_is_cut_to_its_first_line():
     code, line = exit_status(RuntimeError("<html>" + "x" * 5000))
     assert code == FAILED and len(line) < 400
+
+
+def test_a_failure_names_what_the_command_talked_to():
+    assert exit_status(RuntimeError("Exceeded 30 redirects."), peer="registry http://h:5000") == (
+        FAILED, "error: registry http://h:5000: RuntimeError: Exceeded 30 redirects.")
+    # Input errors and the pipeline's own refusals are already worded: no peer added.
+    assert exit_status(ValueError("--x: 1 bad"), peer="registry r")[1] == "error: --x: 1 bad"
+    assert exit_status(PromotionConflict("m: moved"), peer="registry r") == (FAILED, "m: moved")
