@@ -30,20 +30,25 @@ from tabletune.core.atomic import atomic_replace
 __all__ = ["DEFAULT_CAPACITY", "Step", "StepLogReader", "StepLogWriter", "facts_path"]
 
 MAGIC = b"TTSTEPS1"
-# 3: each record's last field is what recording the step before it cost (ns; -1 not timed);
-# 2: the cost tail is (count, cost ns, records costed), the last field 0; 1 (the H200 run of
-# issue 27) kept (count, wall ns, CPU ns, records costed). Records are otherwise the same.
-VERSION = 3
-# magic, version, record size, capacity, then count, the writer's own cost (ns spent recording)
-# and how many records it covers, written together after each record
+# 4: the header's tail holds the count alone (the writer's cost is read from the records, so
+# a step packs one record and one count); 3: the tail also summed the cost; each record's last
+# field is what recording the step before it cost (ns; -1 not timed); 2: the cost tail is
+# (count, cost ns, records costed), the last field 0; 1 (the H200 run of issue 27) kept (count,
+# wall ns, CPU ns, records costed). Records are otherwise the same.
+VERSION = 4
+# magic, version, record size, capacity, then count (and, up to version 3, the writer's own
+# cost and how many records it covers)
 _HEADER = struct.Struct("<8sIIqqqq")
 _COUNT_AT = 24  # offset of count inside the header
 # t_ns, period_ns, requests, new_requests, verifying, k, tokens, verified_drafts, accepted,
 # recording_ns (the previous record's cost)
 _RECORD = struct.Struct("<qqiiiiiiii")
-_TAIL = struct.Struct("<qqq")  # count, cost ns, records costed
+_TAIL = struct.Struct("<qqq")  # count, cost ns, records costed (versions 2 and 3)
+_COUNT = struct.Struct("<q")
 HEADER_SIZE = 64  # _HEADER padded, so records start aligned
 _INT32_MAX = 2**31 - 1
+if (HEADER_SIZE, _RECORD.size, _COUNT_AT) != (64, 48, 24):  # the writer's literals
+    raise ImportError("step_log: the record layout and StepLogWriter.append disagree")
 DEFAULT_CAPACITY = 1 << 16  # 3 MiB; minutes of steps even at 2 ms a step
 
 
@@ -121,7 +126,14 @@ class Step:
 
 
 class StepLogWriter:
-    """The engine's side: ``append`` one record per step (a struct pack into a memory map)."""
+    """The engine's side: ``append`` one record per step (a struct pack into a memory map).
+
+    ``append`` runs once per engine step inside vLLM's loop, right after the GPU's work, when
+    the CPU's caches hold the engine's data rather than this object's: every attribute lookup
+    and object touched costs a cache miss there, so it packs one record and one count through
+    packers bound once, and keeps no running totals (the reader sums the records' costs)."""
+
+    __slots__ = ("path", "capacity", "count", "_file", "_map", "_pack_record", "_pack_count")
 
     def __init__(self, path: str | os.PathLike[str], capacity: int = DEFAULT_CAPACITY) -> None:
         if capacity < 1:
@@ -138,8 +150,8 @@ class StepLogWriter:
         self._map = mmap.mmap(self._file.fileno(), size)
         _HEADER.pack_into(self._map, 0, MAGIC, VERSION, _RECORD.size, capacity, 0, 0, 0)
         self.count = 0
-        self._cost_ns = 0
-        self._costed = 0
+        self._pack_record = _RECORD.pack_into
+        self._pack_count = _COUNT.pack_into
 
     def append(self, t_ns: int, period_ns: int, requests: int, new_requests: int,
                verifying: int, k: int, tokens: int, verified_drafts: int, accepted: int,
@@ -147,15 +159,15 @@ class StepLogWriter:
         """One record; ``cost_ns``: what recording the previous step cost the engine (the
         scheduler times its own hook and hands the figure in with the next record; -1:
         not timed)."""
-        slot = HEADER_SIZE + (self.count % self.capacity) * _RECORD.size
-        _RECORD.pack_into(self._map, slot, t_ns, period_ns, requests, new_requests, verifying,
-                          k, tokens, verified_drafts, accepted, min(cost_ns, _INT32_MAX))
-        self.count += 1
-        if cost_ns >= 0:
-            self._cost_ns += cost_ns
-            self._costed += 1
+        count = self.count
+        # Literals, not the module's names: a global lookup is a cache miss on this path.
+        self._pack_record(self._map, 64 + (count % self.capacity) * 48,  # HEADER_SIZE, size
+                          t_ns, period_ns, requests, new_requests, verifying, k, tokens,
+                          verified_drafts, accepted,
+                          cost_ns if cost_ns < 2147483647 else 2147483647)  # _INT32_MAX
+        self.count = count = count + 1
         # Published after the record: a reader never sees a count whose record is unwritten.
-        _TAIL.pack_into(self._map, _COUNT_AT, self.count, self._cost_ns, self._costed)
+        self._pack_count(self._map, 24, count)  # _COUNT_AT
 
     def close(self) -> None:
         try:
@@ -174,7 +186,7 @@ class StepLogReader:
         if len(self._map) < HEADER_SIZE:
             raise ValueError(f"{self.path}: {len(self._map)} bytes is too short for a step log")
         magic, version, record_size, capacity, *_ = _HEADER.unpack_from(self._map, 0)
-        if magic != MAGIC or version not in (1, 2, VERSION) or record_size != _RECORD.size:
+        if magic != MAGIC or version not in (1, 2, 3, VERSION) or record_size != _RECORD.size:
             raise ValueError(f"{self.path}: not a TableTune step log (magic {magic!r}, "
                              f"version {version})")
         if len(self._map) < HEADER_SIZE + capacity * record_size:
@@ -184,14 +196,18 @@ class StepLogReader:
 
     def position(self) -> int:
         """Records written so far."""
-        return _TAIL.unpack_from(self._map, _COUNT_AT)[0]
+        return _COUNT.unpack_from(self._map, _COUNT_AT)[0]
 
     def recording_cost_us(self) -> tuple[float, int]:
-        """(mean µs the engine spent recording a step, steps timed)."""
+        """(mean µs the engine spent recording a step, steps timed): over the records the
+        ring still holds (version 4), over every record (versions 1-3 kept a running sum)."""
         if self.version == 1:
             total, _cpu, n = struct.unpack_from("<qqq", self._map, _COUNT_AT + 8)
-        else:
+        elif self.version <= 3:
             _, total, n = _TAIL.unpack_from(self._map, _COUNT_AT)
+        else:
+            costs = [s.recording_ns for s in self.since(0)[0] if s.recording_ns >= 0]
+            total, n = sum(costs), len(costs)
         return (total / n / 1e3 if n else 0.0), n
 
     def since(self, position: int) -> tuple[list[Step], int]:

@@ -51,6 +51,8 @@ from vllm.v1.core.sched.scheduler import Scheduler
 
 # Under "vllm." so records go through vLLM's own log handlers in the engine process.
 logger = logging.getLogger("vllm.tabletune.scheduler")
+# Bound once: the step-log hook runs every step with cold caches (step_log.StepLogWriter).
+_perf_counter_ns = time.perf_counter_ns
 
 def engine_facts(vllm_config) -> dict:
     """What the engine was configured with that a step's time depends on: whether it replays
@@ -92,10 +94,7 @@ class TableTuneScheduler(Scheduler):
         self._tabletune_lookup: StepLookup | None = None
         self._tabletune_clock = StepClock()
         self._tabletune_slow_s = 0.0
-        self._tabletune_steps: StepLogWriter | None = None
-        self._tabletune_last_ns = 0
-        self._tabletune_step_cost = -1
-        self._tabletune_spec_stats = None
+        self._tabletune_recorder: StepRecorder | None = None
         try:
             self._install_tabletune()
         except Exception:  # nothing TableTune does may stop the engine from starting
@@ -115,15 +114,15 @@ class TableTuneScheduler(Scheduler):
         try:
             path = envs.STEP_LOG.get()
             if path:
-                self._tabletune_steps = StepLogWriter(path)
+                self._tabletune_recorder = StepRecorder(StepLogWriter(path))
                 logger.info("TableTune step log: %s (%d records)", path,
-                            self._tabletune_steps.capacity)
+                            self._tabletune_recorder.writer.capacity)
         except Exception:
             logger.exception("TableTune step log could not open; running without it")
-            self._tabletune_steps = None
-        if self._tabletune_steps is not None:
+            self._tabletune_recorder = None
+        if self._tabletune_recorder is not None:
             try:  # its own try: facts that cannot be written cost the reader a fact, not the log
-                atomic_write_text(facts_path(self._tabletune_steps.path), json.dumps(
+                atomic_write_text(facts_path(self._tabletune_recorder.writer.path), json.dumps(
                     engine_facts(getattr(self, "vllm_config", None))))
             except Exception:
                 logger.exception("TableTune could not write the engine facts beside the step log")
@@ -189,7 +188,9 @@ class TableTuneScheduler(Scheduler):
     def make_stats(self, *args, **kwargs):
         # Called once per update_from_output with the step's SpecDecodingStats (None: no
         # drafts verified, or stats off): the step log's verified and accepted counts.
-        self._tabletune_spec_stats = kwargs.get("spec_decoding_stats", args[0] if args else None)
+        recorder = self._tabletune_recorder
+        if recorder is not None:
+            recorder.spec = kwargs.get("spec_decoding_stats", args[0] if args else None)
         return super().make_stats(*args, **kwargs)
 
     def update_from_output(self, scheduler_output, model_runner_output):
@@ -200,32 +201,15 @@ class TableTuneScheduler(Scheduler):
                 self._tabletune_time_step(lookup, scheduler_output)
             except Exception:
                 lookup._fail("timing a step")
-        self._tabletune_spec_stats = None
         result = super().update_from_output(scheduler_output, model_runner_output)
-        if self._tabletune_steps is not None:
-            self._tabletune_record_step(now_ns, scheduler_output)
+        recorder = self._tabletune_recorder
+        if recorder is not None:
+            try:
+                recorder.record(now_ns, scheduler_output)
+            except Exception:
+                logger.exception("TableTune step log failed; switched off")
+                self._tabletune_recorder = None
         return result
-
-    def _tabletune_record_step(self, now_ns: int, out) -> None:
-        """One step-log record; O(1) in the batch (the counters vLLM keeps). Its own cost goes
-        in with the next record."""
-        started = time.perf_counter_ns()
-        try:
-            last, self._tabletune_last_ns = self._tabletune_last_ns, now_ns
-            spec = self._tabletune_spec_stats
-            verifying = len(out.scheduled_spec_decode_tokens)
-            if spec is not None:
-                verified, accepted = spec.num_draft_tokens, spec.num_accepted_tokens
-            else:  # nothing verified, or no stats from this vLLM (stats off): unknown
-                verified = accepted = 0 if not verifying else -1
-            self._tabletune_steps.append(
-                now_ns, now_ns - last if last else 0, len(out.num_scheduled_tokens),
-                len(out.scheduled_new_reqs), verifying, out.num_spec_tokens_to_schedule,
-                out.total_num_scheduled_tokens, verified, accepted, self._tabletune_step_cost)
-            self._tabletune_step_cost = time.perf_counter_ns() - started
-        except Exception:
-            logger.exception("TableTune step log failed; switched off")
-            self._tabletune_steps = None
 
     def _tabletune_time_step(self, lookup: StepLookup, out) -> None:
         """Report a steady decode step's period: B requests, each verifying k drafts and
@@ -237,6 +221,41 @@ class TableTuneScheduler(Scheduler):
         timed = self._tabletune_clock.tick(out)
         if timed is not None:
             lookup.controller.observe_step_time(*timed)
+
+
+class StepRecorder:
+    """Writes one step-log record per engine step from vLLM's scheduler output; O(1) in the
+    batch (the counters vLLM keeps, no loop over requests).
+
+    Its state lives here, in slots, rather than on the scheduler: the record is written right
+    after the GPU's work with the CPU's caches cold, and every lookup in the scheduler's large
+    instance dict is another miss. It times itself; the cost goes in with the next record."""
+
+    __slots__ = ("writer", "last_ns", "cost_ns", "spec")
+
+    def __init__(self, writer: StepLogWriter) -> None:
+        self.writer = writer
+        self.last_ns = 0
+        self.cost_ns = -1
+        self.spec = None  # the step's SpecDecodingStats, left here by make_stats
+
+    def record(self, now_ns: int, out) -> None:
+        started = _perf_counter_ns()
+        last = self.last_ns
+        self.last_ns = now_ns
+        spec = self.spec
+        self.spec = None
+        verifying = len(out.scheduled_spec_decode_tokens)
+        if spec is not None:
+            verified = spec.num_draft_tokens
+            accepted = spec.num_accepted_tokens
+        else:  # nothing verified, or no stats from this vLLM (stats off): unknown
+            verified = accepted = 0 if not verifying else -1
+        self.writer.append(now_ns, now_ns - last if last else 0, len(out.num_scheduled_tokens),
+                           len(out.scheduled_new_reqs), verifying,
+                           out.num_spec_tokens_to_schedule, out.total_num_scheduled_tokens,
+                           verified, accepted, self.cost_ns)
+        self.cost_ns = _perf_counter_ns() - started
 
 
 class TableTuneAsyncScheduler(TableTuneScheduler, AsyncScheduler):

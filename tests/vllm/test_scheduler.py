@@ -107,9 +107,9 @@ def test_every_step_is_written_to_the_step_log_with_its_counters(logging_schedul
 
 def test_a_broken_step_log_switches_itself_off_and_the_engine_goes_on(logging_scheduler):
     scheduler, _ = logging_scheduler
-    scheduler._tabletune_steps.close()  # every later append raises
+    scheduler._tabletune_recorder.writer.close()  # every later append raises
     assert scheduler.update_from_output(_output(2, 2, 2), None) == {}
-    assert scheduler._tabletune_steps is None
+    assert scheduler._tabletune_recorder is None
     assert scheduler.update_from_output(_output(2, 2, 2), None) == {}
 
 
