@@ -33,7 +33,7 @@ from tabletune.core.contracts import Profile
 from tabletune.core.errors import check_nonnegative, check_step_ms, fail
 
 __all__ = ["serving_factors", "calibrate_profile", "contested_serving", "off_graphs",
-           "UNTIMED_UNCERTAINTY", "CONTESTED_LOSS"]
+           "UNTIMED_UNCERTAINTY", "CONTESTED_LOSS", "CONTESTED_BAND"]
 
 # (serving step ms, relative uncertainty of that time) per measured (B, k)
 Measured = Mapping[tuple[int, int], tuple[float, float]]
@@ -43,6 +43,11 @@ UNTIMED_UNCERTAINTY = 0.5
 # A batch size is contested where the table's length loses more than this to the best length
 # by the point estimates: the builder kept it because the two cells' uncertainty is larger.
 CONTESTED_LOSS = 0.02
+# At a contested batch size, every length whose goodput is within this share of the best one by
+# the point estimates is timed again too, not only the kept and the best: on the H200 the cold
+# tune of benchmarks/results/h200-s8 re-timed k = 2 and 3 and its final build then chose k = 1,
+# whose serving steps nothing had re-timed (serving cells there are uncertain by 10-20 %).
+CONTESTED_BAND = 0.15
 
 
 def off_graphs(batch_size: int, k: int, graph_tokens: int | None,
@@ -150,15 +155,18 @@ def calibrate_profile(profile: Profile, measured: Measured,
 
 def contested_serving(goodput: Any, lengths: Sequence[int], chosen: Sequence[int],
                       serving_sizes: Sequence[int], grid: Sequence[int], *,
-                      loss: float = CONTESTED_LOSS) -> dict[int, tuple[int, ...]]:
+                      loss: float = CONTESTED_LOSS,
+                      band: float = CONTESTED_BAND) -> dict[int, tuple[int, ...]]:
     """Where more serving time would settle the table: {serving batch size: lengths}.
 
     ``goodput[b - 1, j]`` for B = 1.. and ``lengths[j]`` (a build's goodput grid), ``chosen``
     the table's length per B. A batch size is contested where the chosen length loses more than
     ``loss`` to the best one by the point estimates (the builder held it within the noise). Its
     step times come from the serving sizes that bracket it (the factor is interpolated between
-    them) or from itself when it is one: those are re-measured, at the two lengths in question.
-    A contested stretch with a profiled batch size inside it that is not a serving size adds the
+    them) or from itself when it is one: those are re-measured, at the two lengths in question
+    and at every other length within ``band`` of the best there (so the final build cannot
+    settle on a length whose cells were left as the first loops measured them). A contested
+    stretch with a profiled batch size inside it that is not a serving size adds the
     one nearest its middle (a factor measured there instead of interpolated to it).
     """
     import numpy as np
@@ -169,20 +177,25 @@ def contested_serving(goodput: Any, lengths: Sequence[int], chosen: Sequence[int
     out: dict[int, set[int]] = {}
     stretch: list[int] = []
 
+    def in_question(b: int) -> set[int]:
+        row = g[b - 1]
+        top = row.max()
+        return {chosen[b - 1]} | {lengths[j] for j in range(len(lengths))
+                                  if row[j] >= top * (1.0 - band)}
+
     def close(run: list[int]) -> None:
         inside = [b for b in grid if run[0] <= b <= run[-1] and b not in sizes]
         if inside:
             middle = (run[0] + run[-1]) / 2.0
             b = min(inside, key=lambda x: (abs(x - middle), x))
-            row = g[b - 1]
-            out.setdefault(b, set()).update({chosen[b - 1], lengths[int(row.argmax())]})
+            out.setdefault(b, set()).update(in_question(b))
 
     for b in range(1, len(chosen) + 1):
         row = g[b - 1]
         best = int(row.argmax())
         mine = row[col[chosen[b - 1]]]
         if row[best] > 0 and 1.0 - mine / row[best] > loss:
-            pair = {chosen[b - 1], lengths[best]}
+            pair = in_question(b)
             i = bisect_left(sizes, b)
             bracket = [sizes[i]] if i < len(sizes) and sizes[i] == b else \
                 [x for x in (sizes[i - 1] if i > 0 else None,

@@ -142,3 +142,23 @@ def test_contested_batch_sizes_send_their_bracketing_serving_sizes_back_with_the
     # A contested batch size that is a serving size is re-measured itself only.
     assert contested_serving(g, lengths, [3] * 151 + [2] * 105, [1, 16, 64, 151, 256],
                              [1, 151, 256]) == {151: (2, 3)}
+
+
+def test_a_contested_batch_size_also_retimes_every_length_near_the_best():
+    from tabletune.core.calibration import contested_serving
+
+    # As above, and k = 1 within 10 % of k = 2 beyond B = 150: the pass times it as well, or
+    # the final build could move there on the first loops' cells alone (the H200's cold tune).
+    lengths = [0, 1, 2, 3]
+    g = np.ones((256, 4))
+    g[:, 3] = 2.0
+    g[150:, 2] = 2.2
+    g[150:, 1] = 2.0
+    chosen = [3] * 200 + [2] * 56
+    grid = [1, 2, 4, 8, 16, 32, 64, 96, 128, 192, 256]
+    sizes = [1, 16, 64, 128, 256]
+    assert contested_serving(g, lengths, chosen, sizes, grid) == {
+        128: (1, 2, 3), 192: (1, 2, 3), 256: (1, 2, 3)}
+    # A band of 5 % leaves k = 1 (9 % below k = 2) out; k = 3 stays as the table's length.
+    assert contested_serving(g, lengths, chosen, sizes, grid, band=0.05) == {
+        128: (2, 3), 192: (2, 3), 256: (2, 3)}
