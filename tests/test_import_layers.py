@@ -157,7 +157,7 @@ def test_the_vllm_process_loads_no_pipeline_and_no_mlflow():
 # The estimator and its parts are pure: the core and each other only (the runtime, which checks
 # the prior against the engine's fingerprint, may import the engine).
 PURE_CONTROLLER = ("estimator", "settings", "acceptance_blend", "live_steps", "step_model",
-                   "drift", "hold", "records", "state", "stale", "step_clock")
+                   "drift", "hold", "records", "rebuild", "state", "stale", "step_clock")
 
 
 def test_the_estimator_and_its_parts_import_only_the_core_and_each_other():

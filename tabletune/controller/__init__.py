@@ -1,9 +1,9 @@
 """Online controller: keeps the draft-length table right as live acceptance drifts.
 
 ``Estimator`` (``estimator.py``) is pure (no vLLM import) and coordinates small parts:
-``settings``, ``acceptance_blend``, ``live_steps`` over ``step_model``, ``drift``, ``hold``,
-``records`` and ``state``. ``runtime`` drives it once per step for the vLLM scheduler adapter
-(``tabletune.vllm``).
+``settings``, ``acceptance_blend``, ``live_steps`` over ``step_model``, ``drift``, ``rebuild``
+over ``hold``, ``records`` and ``state``. ``runtime`` drives it once per step for the vLLM
+scheduler adapter (``tabletune.vllm``).
 """
 
 from tabletune.controller.estimator import STATE_SCHEMA, Estimator

@@ -42,7 +42,8 @@ class AcceptanceBlend:
     """Live acceptance counts for positions 1..K and their blend with the prior rates.
 
     ``observe`` / ``observe_many`` count; ``live_counts`` and ``estimate`` read; ``settle``
-    ends a rebuild (decay w, forget old counts, start new histograms).
+    ends a rebuild (decay w, forget old counts, start new histograms); ``state_fields`` is this
+    part of ``state.json``.
     """
 
     def __init__(self, prior: tuple[float, ...], prior_weight: float, *, edge_z: float,
@@ -238,6 +239,21 @@ class AcceptanceBlend:
         self._new_counts()
 
     # ----------------------------------------------------------------------------------- state
+
+    def state_fields(self) -> dict[str, Any]:
+        """This part of an estimator ``state()``: the prior, w for the next rebuild, the live
+        counts a rebuild now would blend and the part of them carried from earlier rebuilds
+        (the rest is new since the last one: a rebuild forgets old counts by as much as new
+        ones arrived)."""
+        drafted, accepted = self.live_counts()
+        return {
+            "prior_rates": list(self._prior),
+            "prior_weight": self._w,
+            "drafted": [float(x) for x in drafted],
+            "accepted": [float(x) for x in accepted],
+            "carried_drafted": [float(x) for x in self._live_d],
+            "carried_accepted": [float(x) for x in self._live_a],
+        }
 
     def restore(self, state: dict[str, Any]) -> None:
         """Continue from an estimator ``state()`` (its prior_weight, drafted, accepted and

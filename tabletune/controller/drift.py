@@ -135,6 +135,15 @@ class DriftWatch:
                                        else float(self._baseline[i])),
         }
 
+    def state_fields(self) -> dict[str, Any]:
+        """This part of an estimator ``state()``: the shared factors' start-up levels, the
+        streak and the stale mark (a copy)."""
+        return {
+            "shared_factor_baseline": self.baseline(),
+            "drift_streak": self._streak,
+            "profile_stale": None if self._stale is None else dict(self._stale),
+        }
+
     def restore(self, state: dict[str, Any]) -> None:
         """Continue from an estimator ``state()`` (the tests' round trip)."""
         for b, level, n in state["shared_factor_baseline"]:

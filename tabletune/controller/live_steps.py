@@ -58,6 +58,11 @@ def _leave_out_stalls(obs: dict[tuple[int, int], list[float]],
     return stalls
 
 
+def _rows(times: StepTimes) -> list[list[float | int]]:
+    """[[B, k, ms]] in (B, k) order: a StepTimes as ``state.json`` lists it."""
+    return [[b, k, ms] for (b, k), ms in sorted(times.to_dict().items())]
+
+
 class LiveStepTimes:
     """Live step samples and the step-time model over the profile ``profile`` for B = 1..max_b."""
 
@@ -243,19 +248,20 @@ class LiveStepTimes:
 
     # ----------------------------------------------------------------------------------- state
 
-    def state(self) -> dict[str, Any]:
-        """The live part of an estimator ``state()``: carried cell sums, steps per batch size,
-        samples not folded yet."""
-        m = self._model
+    def state_fields(self, in_use: StepTimes) -> dict[str, Any]:
+        """This part of an estimator ``state()``: the profile, ``cells`` against ``in_use`` (the
+        T' of the last rebuild, also exported), the model's carried cell sums, steps per batch
+        size, samples not folded yet and the stalls left out."""
         return {
-            "step_time_carried": [[b, k, float(m.steps[i, j]), float(m.ratio_sum[i, j]),
-                                   float(m.ratio_sq[i, j])]
-                                  for i, b in enumerate(self._tb) for k, j in self._tk.items()
-                                  if m.steps[i, j] > 0],
+            "step_times": _rows(self._profile),
+            "step_time_cells": self.cells(in_use),
+            **self._model.state_fields(),
             "batch_size_steps": [[b, float(n)] for b, n in enumerate(self._b_steps, start=1)
                                  if n > 0],
             "step_samples": [[b, k, n, total, total_sq] for (b, k), (n, total, total_sq) in
                              sorted(self._step_obs.items())],
+            "step_times_in_use": _rows(in_use),
+            "step_stalls": self._stalls,
         }
 
     def restore(self, state: dict[str, Any]) -> None:

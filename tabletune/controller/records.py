@@ -1,16 +1,19 @@
-"""What one rebuild did: ``RebuildRecord`` (one ``rebuilds.jsonl`` line) and what moved it.
+"""What one rebuild did: ``RebuildRecord`` (one ``rebuilds.jsonl`` line), what moved it, and
+``RebuildLog``, the records kept and the run's tallies.
 
-Pure (the standard library only). The estimator writes one record per rebuild; the runtime logs
-them and counts ``moved_by`` / ``held_by`` into ``metrics.prom``.
+Pure (the standard library only). The estimator writes one record per rebuild into its log; the
+runtime drains the log into ``rebuilds.jsonl`` and counts ``moved_by`` / ``held_by`` into
+``metrics.prom``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["RebuildRecord", "MOVED_BY", "HELD_BY", "Range", "what_moved"]
+__all__ = ["RebuildRecord", "RebuildLog", "MOVED_BY", "HELD_BY", "Range", "what_moved"]
 
 Range = tuple[int, int, int]
 # RebuildRecord.moved_by values, and the evidence RebuildRecord.held_by counts batch sizes for.
@@ -62,6 +65,69 @@ class RebuildRecord:
             "held_by": {key: self.held_by.get(key, 0) for key in HELD_BY},
         }
 
+
+class RebuildLog:
+    """The most recent ``limit`` rebuild records, and tallies over every rebuild of the run
+    (the records are bounded; the metrics counters are not)."""
+
+    def __init__(self, limit: int) -> None:
+        self._records: deque[RebuildRecord] = deque(maxlen=limit)
+        self._count = 0
+        self._drained = 0
+        self._moved_by = {key: 0 for key in MOVED_BY}
+        self._held_by = {key: 0 for key in HELD_BY}
+
+    @property
+    def count(self) -> int:
+        """Rebuilds so far (the next record's index is one more)."""
+        return self._count
+
+    @property
+    def records(self) -> tuple[RebuildRecord, ...]:
+        """The most recent records, oldest first."""
+        return tuple(self._records)
+
+    @property
+    def moved_by(self) -> dict[str, int]:
+        """Rebuilds so far by what moved the table (MOVED_BY; "nothing": unchanged)."""
+        return dict(self._moved_by)
+
+    @property
+    def held_by(self) -> dict[str, int]:
+        """Batch sizes held back so far, summed over rebuilds, by evidence (HELD_BY)."""
+        return dict(self._held_by)
+
+    def add(self, record: RebuildRecord) -> None:
+        """Keep ``record`` (its index is ``count + 1``: ``drain`` goes by index) and count it."""
+        self._count += 1
+        self._moved_by[record.moved_by] += 1
+        for key, n in record.held_by.items():
+            self._held_by[key] += n
+        self._records.append(record)
+
+    def drain(self) -> list[RebuildRecord]:
+        """Records not returned by an earlier call."""
+        out = [r for r in self._records if r.index > self._drained]
+        self._drained = self._count
+        return out
+
+    def state_fields(self) -> dict[str, Any]:
+        """This part of an estimator ``state()``."""
+        return {
+            "num_rebuilds": self._count,
+            "history": [r.to_dict() for r in self._records],
+            "history_limit": self._records.maxlen or 0,
+            "rebuilds_moved_by": self.moved_by,
+            "held_batch_sizes": self.held_by,
+        }
+
+    def restore(self, state: dict[str, Any], records: Iterable[RebuildRecord]) -> None:
+        """Continue from an estimator ``state()`` whose ``history`` ``records`` holds (the tests'
+        round trip); the restored records count as drained."""
+        self._count = self._drained = state["num_rebuilds"]
+        self._moved_by = dict(state["rebuilds_moved_by"])
+        self._held_by = dict(state["held_batch_sizes"])
+        self._records.extend(records)
 
 
 def what_moved(old: Sequence[int], new: Sequence[int], by_rates: Sequence[int],

@@ -22,8 +22,8 @@ tuner's serving calibration (``tabletune.tuner.serving``) counts every engine st
 loop, so the clock counts a step that carries prefills too (B is every request scheduled in it,
 as vLLM's lookup counts B). What it leaves out is a step whose lengths are mixed: a request that
 verifies another k than the step drafts, or a running request that drafted nothing for a step
-that drafts k > 0 (the step after a change from k = 0). ``steady_decode_k`` is the stricter rule
-(pure decode steps only), kept for callers that want the reject-all profile's kind of step.
+that drafts k > 0 (the step after a change from k = 0). The step log's reader applies the stricter
+rule (pure decode steps only, ``core.step_log.Step.pure_decode_k``) where it wants those.
 """
 
 from __future__ import annotations
@@ -32,27 +32,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["serving_step_k", "steady_decode_k", "StepClock"]
-
-
-def steady_decode_k(out: Any) -> int:
-    """k when step ``out`` is a steady decode step of B requests, each verifying k drafts and
-    drafting k again; -1 otherwise (a prefill, a new request, mixed or changing lengths)."""
-    batch = len(out.num_scheduled_tokens)
-    if not batch or out.scheduled_new_reqs:
-        return -1
-    k = out.num_spec_tokens_to_schedule  # drafted at the end of this step
-    if out.total_num_scheduled_tokens != batch * (1 + k):
-        return -1
-    spec = out.scheduled_spec_decode_tokens  # verified in this step (drafted one step earlier)
-    if not k:
-        return -1 if spec else 0
-    if len(spec) != batch:
-        return -1
-    for drafts in spec.values():
-        if len(drafts) != k:
-            return -1
-    return k
+__all__ = ["serving_step_k", "StepClock"]
 
 
 def serving_step_k(out: Any) -> int:

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -131,8 +132,18 @@ class StepTimeModel:
             for a in (self.steps, self.ratio_sum, self.ratio_sq))
 
     def restore(self, b: int, k: int, steps: float, ratio_sum: float, ratio_sq: float) -> None:
+        """One cell's carried sums from ``state_fields()`` (the tests' round trip)."""
         i, j = self.batch_sizes.index(b), self.columns[k]
         self.steps[i, j], self.ratio_sum[i, j], self.ratio_sq[i, j] = steps, ratio_sum, ratio_sq
+
+    def state_fields(self) -> dict[str, Any]:
+        """This part of an estimator ``state()``: [B, k, n, R, Q] per cell with live steps."""
+        return {
+            "step_time_carried": [[b, k, float(self.steps[i, j]), float(self.ratio_sum[i, j]),
+                                   float(self.ratio_sq[i, j])]
+                                  for i, b in enumerate(self.batch_sizes)
+                                  for k, j in self.columns.items() if self.steps[i, j] > 0],
+        }
 
     # ---------------------------------------------------------------------------- reading
 

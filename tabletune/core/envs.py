@@ -72,10 +72,6 @@ class EnvVar:
         except ValueError as exc:
             raise ValueError(f"{self.name}: {raw!r} {exc}") from None
 
-    def is_set(self) -> bool:
-        """Set to a non-empty text."""
-        return bool(os.environ.get(self.name))
-
 
 # ---------------------------------------------------------------- inside the vLLM engine process
 

@@ -140,10 +140,6 @@ class StepTimes:
         return np.stack([np.interp(b, xs, self._unc[:, c]) for c in cols], axis=1) \
             if cols else np.empty((b.size, 0))
 
-    @property
-    def has_uncertainty(self) -> bool:
-        return bool(self._unc.any())
-
     def to_dict(self) -> dict[tuple[int, int], float]:
         return {
             (b, k): float(self._ms[i, j])

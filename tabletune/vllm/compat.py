@@ -356,10 +356,6 @@ def vllm_version() -> str:
         return "not-installed"
 
 
-def applicable_fixes(version: str) -> list[Fix]:
-    return [f for f in FIXES if version in f.versions]
-
-
 class _AfterImport(importlib.abc.MetaPathFinder):
     """Runs callbacks right after one module has been executed by its own loader."""
 

@@ -121,7 +121,7 @@ def controller_from_env(scheduler) -> ControllerRuntime | None:
 
     engine = engine_fingerprint(getattr(scheduler, "vllm_config", None),
                                 want_gpu="gpu" in prior.profile.fingerprint)
-    from tabletune.vllm.scheduler import engine_facts
+    from tabletune.vllm.engine_facts import engine_facts
 
     runtime = build_runtime(prior, static_lookup=list(scheduler.dynamic_sd_lookup),
                             num_spec_tokens=scheduler.num_spec_tokens,

@@ -45,6 +45,7 @@ from tabletune.core.atomic import atomic_write_text
 from tabletune.core.step_log import StepLogWriter, facts_path
 from tabletune.core.vllm_contract import SLOW_FAULT_ENV
 from tabletune.engine.placement import pin_threads
+from tabletune.vllm.engine_facts import engine_facts
 from tabletune.vllm.lookup import ControlFile, StepLookup
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
@@ -53,25 +54,6 @@ from vllm.v1.core.sched.scheduler import Scheduler
 logger = logging.getLogger("vllm.tabletune.scheduler")
 # Bound once: the step-log hook runs every step with cold caches (step_log.StepLogWriter).
 _perf_counter_ns = time.perf_counter_ns
-
-def engine_facts(vllm_config) -> dict:
-    """What the engine was configured with that a step's time depends on: whether it replays
-    captured CUDA graphs, up to how many tokens (a step past that runs without them), and a
-    step's token budget. Read from the config by attribute, so a version without one says None."""
-    compilation = getattr(vllm_config, "compilation_config", None)
-    model = getattr(vllm_config, "model_config", None)
-    scheduler = getattr(vllm_config, "scheduler_config", None)
-    sizes = sorted(int(x) for x in (getattr(compilation, "cudagraph_capture_sizes", None) or []))
-    mode = getattr(compilation, "cudagraph_mode", None)
-    mode_name = getattr(mode, "name", None) or (None if mode is None else str(mode))
-    graphs = (not getattr(model, "enforce_eager", False) and bool(sizes)
-              and mode_name not in (None, "NONE"))
-    largest = getattr(compilation, "max_cudagraph_capture_size", None) or (
-        sizes[-1] if sizes else None)
-    return {"cudagraphs": graphs, "cudagraph_mode": mode_name,
-            "max_cudagraph_capture_size": int(largest) if graphs and largest else None,
-            "cudagraph_capture_sizes": sizes if graphs else [],
-            "max_num_batched_tokens": getattr(scheduler, "max_num_batched_tokens", None)}
 
 
 def _async_scheduling(args, kwargs) -> bool:

@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-import tabletune.controller.estimator as estimator_module
+import tabletune.controller.rebuild as rebuild_module
 from tabletune.controller import ControllerSettings, Estimator, RebuildRecord
 from tabletune.core.builder import build_table
 from tabletune.core.errors import ContractError
@@ -60,20 +60,17 @@ def restore(state: dict) -> Estimator:
     est = Estimator(DraftTable.from_ranges(s["start_table"]),
                     StepTimes({(b, k): ms for b, k, ms in s["step_times"]}), s["prior_rates"],
                     ControllerSettings.from_dict(s["settings"]), history=s["history_limit"])
-    est.acceptance_blend.restore(s)
-    est.live_steps.restore(s)
-    est.drift.restore(s)
+    est._blend.restore(s)
+    est._live.restore(s)
+    est._drift.restore(s)
+    est._log.restore(s, [record_from_dict(r) for r in s["history"]])
     est._rates = tuple(s["rates"])
     est._steps = s["steps"]
     est._last_rebuild_step = s["last_rebuild_step"]
     est._next_rebuild = est._last_rebuild_step + est._every
-    est._num_rebuilds = est._drained = s["num_rebuilds"]
     est._explorations = s["explorations"]
     est._switches = s["switches"]
-    est._history.extend(record_from_dict(r) for r in s["history"])
     est._last_b = s["last_batch_size"]
-    est._moved_total = dict(s["rebuilds_moved_by"])
-    est._held_total = dict(s["held_batch_sizes"])
     est._probes = s["timing_probes"]
     est._probe_now, est._probe_left = s["timing_probe_run"]
     for b, k in s["timing_probe_plan"]:
@@ -82,6 +79,17 @@ def restore(state: dict) -> Estimator:
     est._install(DraftTable.from_ranges(s["table"]))
     est._held = list(zip(est._lo, est._hi, est._rk)).index(tuple(s["held_range"]))
     return est
+
+
+def live_counts(est: Estimator) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """(drafted, accepted) per position that a rebuild now would blend with the prior."""
+    state = est.state()
+    return tuple(state["drafted"]), tuple(state["accepted"])
+
+
+def step_times_in_use(est: Estimator) -> StepTimes:
+    """T'(B, k) the last rebuild used: the profile blended with live step times."""
+    return StepTimes({(b, k): ms for b, k, ms in est.state()["step_times_in_use"]})
 
 
 # ---------------------------------------------------------------------------- the blend
@@ -103,7 +111,7 @@ def test_paper_example_prior_half_plus_2000_drafts_1200_kept_gives_055():
 def test_a_request_that_drafts_3_and_keeps_2_counts_positions_1_to_3_and_1_to_2():
     est = make()
     est.observe(3, 2)
-    assert est.live_counts == ((1.0, 1.0, 1.0), (1.0, 1.0, 0.0))
+    assert live_counts(est) == ((1.0, 1.0, 1.0), (1.0, 1.0, 0.0))
 
 
 def test_observe_and_observe_many_give_the_same_estimate():
@@ -112,7 +120,8 @@ def test_observe_and_observe_many_give_the_same_estimate():
     for d, a in pairs:
         one.observe(d, a)
     many.observe_many([d for d, _ in pairs], [a for _, a in pairs])
-    assert one.live_counts == many.live_counts == ((2050.0, 2050.0, 50.0), (2000.0, 1200.0, 0.0))
+    assert live_counts(one) == live_counts(many) == ((2050.0, 2050.0, 50.0),
+                                                     (2000.0, 1200.0, 0.0))
     assert one.rebuild().rates == many.rebuild().rates
 
 
@@ -125,7 +134,7 @@ def test_observe_many_takes_mixed_lengths_tuples_and_numpy_arrays():
                               (np.array([1, 3, 2, 3]), np.array([1, 0, 2, 3]))]:
         est = make()
         est.observe_many(drafted, accepted)
-        assert est.live_counts == expected.live_counts
+        assert live_counts(est) == live_counts(expected)
 
 
 def test_live_counts_are_halved_after_each_rebuild():
@@ -133,14 +142,14 @@ def test_live_counts_are_halved_after_each_rebuild():
     feed(est, 2, 2, 1200)
     feed(est, 2, 1, 800)
     est.rebuild()
-    assert est.live_counts == ((1000.0, 1000.0, 0.0), (1000.0, 600.0, 0.0))
+    assert live_counts(est) == ((1000.0, 1000.0, 0.0), (1000.0, 600.0, 0.0))
     feed(est, 2, 2, 1200)
     feed(est, 2, 1, 800)
     record = est.rebuild()
     # Halved old counts plus the new ones: (1000 + 1800) / (2000 + 3000).
     assert record.drafted[1] == 3000.0 and record.accepted[1] == 1800.0
     assert record.rates[1] == pytest.approx(2800 / 5000)
-    assert est.live_counts[0] == (1500.0, 1500.0, 0.0)
+    assert live_counts(est)[0] == (1500.0, 1500.0, 0.0)
 
 
 def test_estimates_stay_monotone_when_a_later_position_has_fewer_samples():
@@ -153,7 +162,7 @@ def test_estimates_stay_monotone_when_a_later_position_has_fewer_samples():
 
 
 def test_rebuild_uses_the_core_builder_with_the_tie_margin():
-    assert estimator_module.build_table is build_table  # one table builder, not a copy
+    assert rebuild_module.build_table is build_table  # one table builder, not a copy
     est = make(tie_margin=0.01, allowed_lengths=(0, 1, 2, 3))
     feed(est, 3, 1, 5000)
     record = est.rebuild()
@@ -173,7 +182,7 @@ def test_on_step_rebuilds_every_n_steps_and_keeps_json_records():
         est.observe_many([3] * 8, [1] * 8)
     assert est.num_rebuilds == 2
     assert [r.step for r in est.history] == [100, 200]
-    record = est.last_rebuild
+    record = est.history[-1]
     assert isinstance(record, RebuildRecord)
     assert record.old_ranges == est.history[0].new_ranges
     assert record_from_dict(json.loads(json.dumps(record.to_dict()))) == record
@@ -213,12 +222,12 @@ def test_exploration_makes_positions_beyond_the_current_k_observable():
 
     plain, plain_ks = run({})
     assert set(plain_ks) == {1}
-    drafted, _ = plain.live_counts
+    drafted, _ = live_counts(plain)
     assert drafted[1] == 0 and drafted[2] == 0  # positions 2-3 never seen
 
     explorer, ks = run({"exploration_every": 50})
     assert [i + 1 for i, k in enumerate(ks) if k == 3] == list(range(50, 501, 50))
-    drafted, accepted = explorer.live_counts
+    drafted, accepted = live_counts(explorer)
     assert drafted[2] == 10 * 64 and accepted[1] == 10 * 64
     assert explorer.explorations == 10
 
@@ -326,7 +335,7 @@ def test_rebuilt_tables_use_only_the_start_tables_lengths_by_default():
     free = make(start=start, allowed_lengths=(0, 1, 2, 3)).rebuild()
     assert {k for _, _, k in free.new_ranges} == {1, 2, 3}  # k=2 wins somewhere
     limited = make(start=start)
-    assert limited.allowed_lengths == (1, 3)
+    assert limited.state()["allowed_lengths"] == [1, 3]
     assert {k for _, _, k in limited.rebuild().new_ranges} <= {1, 3}
     ks = set()
     for b in range(1, 129):
@@ -372,14 +381,14 @@ def test_bad_observations_are_refused_and_leave_counts_untouched():
         est.observe_many([3], [-1])
     with pytest.raises(ContractError, match=r"observe_many.accepted: '1 entries'"):
         est.observe_many([3, 3], [1])
-    assert est.live_counts == ((0.0, 0.0, 0.0), (0.0, 0.0, 0.0))
+    assert live_counts(est) == ((0.0, 0.0, 0.0), (0.0, 0.0, 0.0))
 
 
 def test_drafts_beyond_the_priors_k_count_their_first_k_positions():
     est = make()
     est.observe(5, 4)
     est.observe_many([6], [1])
-    assert est.live_counts == ((2.0, 2.0, 2.0), (2.0, 1.0, 1.0))
+    assert live_counts(est) == ((2.0, 2.0, 2.0), (2.0, 1.0, 1.0))
 
 
 def test_bad_constructor_inputs_name_the_argument():
@@ -447,7 +456,7 @@ def test_counts_beyond_a_float_are_refused_before_they_reach_the_blend():
         est.observe(huge, 1)
     with pytest.raises(ContractError, match=r"^observe_many\.drafted\[1\]: 1000.* is above"):
         est.observe_many([3, huge], [1, 1])
-    assert est.live_counts == ((0.0, 0.0, 0.0), (0.0, 0.0, 0.0))
+    assert live_counts(est) == ((0.0, 0.0, 0.0), (0.0, 0.0, 0.0))
     est.rebuild()  # nothing poisoned the counts: the blend still runs
     with pytest.raises(ContractError, match=r"^settings\.prior_weight: 1000.* is too large"):
         ControllerSettings(prior_weight=huge)
@@ -488,10 +497,11 @@ def test_live_step_times_blend_into_the_profile_as_a_shared_factor_and_a_deviati
     data_precision = 300 / 1e-6  # constant steps: the variance floor
     deviation = (prior_precision + data_precision * 2.0 / shared) / (
         prior_precision + data_precision)
-    assert est.step_times.step_ms(8, 3) == pytest.approx(profiled * shared * deviation)
+    in_use = step_times_in_use(est)
+    assert in_use.step_ms(8, 3) == pytest.approx(profiled * shared * deviation)
     # No live steps of its own: the shared factor alone, not the optimistic profile.
-    assert est.step_times.step_ms(8, 2) == pytest.approx(step_times().step_ms(8, 2) * shared)
-    assert est.step_times.step_ms(16, 2) == step_times().step_ms(16, 2)  # no live data at B=16
+    assert in_use.step_ms(8, 2) == pytest.approx(step_times().step_ms(8, 2) * shared)
+    assert in_use.step_ms(16, 2) == step_times().step_ms(16, 2)  # no live data at B=16
     assert est.profile_step_times.step_ms(8, 3) == profiled  # the profile itself never changes
 
 
@@ -516,20 +526,21 @@ def _slow_rebuilds(est, ratio, rebuilds, steps=100):
 def test_the_profile_is_marked_stale_only_after_drift_rebuilds_in_a_row_beyond_the_bound():
     est = make(drift_bound=1.25, drift_rebuilds=3)
     _slow_rebuilds(est, 1.2, 5)  # within the bound: never stale
-    assert est.profile_stale is None and est.drift_streak == 0
+    assert est.profile_stale is None and est.state()["drift_streak"] == 0
     _slow_rebuilds(est, 3.0, 2)
-    assert est.profile_stale is None and est.drift_streak == 2
+    assert est.profile_stale is None and est.state()["drift_streak"] == 2
     _slow_rebuilds(est, 3.0, 1)
     stale = est.profile_stale
     assert stale["batch_size"] == 1 and stale["k"] == 3 and stale["ratio"] > 1.25
-    assert est.last_rebuild.step_time_ratio == pytest.approx(stale["ratio"])
+    assert est.history[-1].step_time_ratio == pytest.approx(stale["ratio"])
 
 
 def test_a_stall_is_not_a_step_time():
     est = make(drift_min_steps=1)
     est.observe_step_time(1, 3, 100 * step_times().step_ms(1, 3))
     est.rebuild()
-    assert est.step_stalls == 1 and est.step_times.step_ms(1, 3) == step_times().step_ms(1, 3)
+    assert est.step_stalls == 1
+    assert step_times_in_use(est).step_ms(1, 3) == step_times().step_ms(1, 3)
 
 
 def test_bad_step_times_are_refused_naming_the_field():
@@ -615,11 +626,11 @@ def test_edges_still_move_soon_after_a_real_workload_switch():
 
 
 def test_the_noise_rule_uses_only_live_sampling_error():
-    est = make(prior_weight=100.0)
-    assert list(est.rate_errors([0.0, 0.0, 0.0], PRIOR, 100.0)) == [0.0, 0.0, 0.0]
-    se = est.rate_errors([300.0, 0.0, 0.0], PRIOR, 100.0)
+    blend = make(prior_weight=100.0)._blend
+    assert list(blend.rate_errors([0.0, 0.0, 0.0], PRIOR, 100.0)) == [0.0, 0.0, 0.0]
+    se = blend.rate_errors([300.0, 0.0, 0.0], PRIOR, 100.0)
     assert se[0] == pytest.approx(math.sqrt(300 * 0.7 * 0.3) / 400)
-    assert est.rate_errors([300.0, 0, 0], PRIOR, 0.0)[0] == pytest.approx(
+    assert blend.rate_errors([300.0, 0, 0], PRIOR, 0.0)[0] == pytest.approx(
         math.sqrt(0.7 * 0.3 / 300))
 
 
@@ -637,7 +648,7 @@ def test_a_repair_holds_after_the_table_leaves_the_slow_cell():
         est.observe_step_time(1, 3, 3.0 * profiled)
     est.rebuild()
     # Its own 60 steps (constant: the step variance floor) outweigh the deviation's prior.
-    assert est.step_times.step_ms(1, 3) == pytest.approx(3.0 * profiled, rel=1e-4)
+    assert step_times_in_use(est).step_ms(1, 3) == pytest.approx(3.0 * profiled, rel=1e-4)
     assert est.table.k_for(1) < 3
     for _ in range(6):  # traffic at another length only
         for _ in range(60):
@@ -664,11 +675,13 @@ def test_prior_decay_stops_once_the_prior_pulls_a_hat_less_than_the_live_noise()
     assert weights[1] == 1000.0  # it did decay while the pull was large
     w = est.prior_weight
     assert 1.0 < w == weights[-1] == weights[-2]  # and stopped well above 0
-    d = est.live_counts[0][0]
-    live = est.live_counts[1][0] / d
+    d = live_counts(est)[0][0]
+    live = live_counts(est)[1][0] / d
     pull = w * abs(0.75 - live) / (w + d)
     assert pull <= math.sqrt(live * (1 - live) / d)
-    assert abs(est.estimate()[0] - live) <= math.sqrt(live * (1 - live) / d)
+    blend = est._blend
+    a_hat = blend.estimate(*blend.live_counts(), blend.prior_weight)
+    assert abs(a_hat[0] - live) <= math.sqrt(live * (1 - live) / d)
 
 
 def test_a_rebuild_moves_no_batch_size_off_the_captured_graphs_until_that_length_is_timed():

@@ -364,7 +364,7 @@ def test_metrics_prom_has_help_and_type_for_every_metric_and_no_series_churn(tmp
     for _ in range(12):
         runtime.k_for_step(1)
         runtime.observe(3, 2)
-    assert runtime.estimator.last_rebuild.changed  # the table moved (from k = 0 everywhere)
+    assert runtime.estimator.history[-1].changed  # the table moved (from k = 0 everywhere)
     after = (tmp_path / "out" / "metrics.prom").read_text()
     for text in (before, after):
         families = _families(text)  # prometheus_client's own parser accepts the file
@@ -396,7 +396,7 @@ def test_metrics_prom_has_help_and_type_for_every_metric_and_no_series_churn(tmp
             "graph_capacity"}
     moved = by_label(after, "tabletune_rebuilds_moved_by", "cause")
     assert sum(moved.values()) == runtime.estimator.num_rebuilds
-    record = runtime.estimator.last_rebuild
+    record = runtime.estimator.history[-1]
     assert record.moved_by != "nothing" and moved[record.moved_by] >= 1
     held = by_label(after, "tabletune_held_batch_sizes", "evidence")
     assert held == {key: float(n) for key, n in runtime.estimator.held_batch_sizes.items()}
@@ -548,4 +548,4 @@ def test_the_graph_line_comes_from_the_engine_facts_and_the_priors_measured_prom
     assert graph_line(None, calibrated) is None
     runtime = build_runtime(prior, static_lookup=[0] + [2] * 64, num_spec_tokens=3,
                             max_num_seqs=64, engine_facts=facts)
-    assert runtime.estimator.graph_line == (1024, 1.0)
+    assert runtime.estimator.state()["graph_line"] == [1024, 1.0]

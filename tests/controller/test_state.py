@@ -1,10 +1,12 @@
 """The estimator's state export on its own (tabletune.controller.state): the schema, every key
-state.json has always had, and JSON all the way down."""
+state.json has always had, JSON all the way down, and each key from exactly one part."""
 
 import json
 
+import pytest
+
 from tabletune.controller import ControllerSettings, Estimator
-from tabletune.controller.state import STATE_SCHEMA, estimator_state
+from tabletune.controller.state import STATE_KEYS, STATE_SCHEMA, compose_state
 from tabletune.core.step_times import StepTimes
 from tabletune.core.tables import DOCS_TABLE
 
@@ -29,7 +31,19 @@ def test_the_state_has_every_key_in_order_and_survives_json():
         k = est.on_step(4)
         est.observe_many([k] * 4, [min(k, 1)] * 4)
         est.observe_step_time(4, k, 5.2 + 0.5 * k)
-    state = estimator_state(est)
+    state = est.state()
     assert list(state) == KEYS
     assert state["schema"] == STATE_SCHEMA and state["num_rebuilds"] == 2
     assert json.loads(json.dumps(state)) == est.state()
+    assert list(STATE_KEYS) == KEYS
+
+
+def test_a_key_from_two_parts_or_from_none_is_refused():
+    full = {key: None for key in KEYS[1:]}
+    assert list(compose_state(full)) == KEYS
+    with pytest.raises(ValueError, match=r"two parts: \['steps'\]"):
+        compose_state(full, {"steps": 1})
+    with pytest.raises(ValueError, match=r"missing: \['graph_line'\]; not state keys: \[\]"):
+        compose_state({key: None for key in KEYS[1:-1]})
+    with pytest.raises(ValueError, match=r"missing: \[\]; not state keys: \['extra'\]"):
+        compose_state(full, {"extra": 1})

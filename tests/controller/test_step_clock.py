@@ -10,40 +10,7 @@ from __future__ import annotations
 import pytest
 from fake_vllm import scheduler_output as _output
 
-from tabletune.controller.step_clock import StepClock, serving_step_k, steady_decode_k
-
-
-def test_a_step_counts_only_when_it_verifies_the_k_it_drafts_again():
-    assert steady_decode_k(_output(4, 2, 2)) == 2
-    assert steady_decode_k(_output(4, 0, 0)) == 0
-    assert steady_decode_k(_output(1, 3, 3)) == 3
-    # The step after the table moved B = 4 from k = 3 to k = 1: it verifies 3 and drafts 1.
-    # The first version labelled it (4, 3) from the tokens alone.
-    assert steady_decode_k(_output(4, 3, 1)) == -1
-    # The next step verifies the 1 it drafted and drafts 1: steady again.
-    assert steady_decode_k(_output(4, 1, 1)) == 1
-    # Into and out of an exploration step at k = 3 from k = 1.
-    assert steady_decode_k(_output(4, 1, 3)) == -1
-    assert steady_decode_k(_output(4, 3, 1)) == -1
-    # k = 0 around a change: nothing verified, but this step drafts 2 (or the reverse).
-    assert steady_decode_k(_output(4, 0, 2)) == -1
-    assert steady_decode_k(_output(4, 2, 0)) == -1
-
-
-def test_prefills_new_requests_mixed_lengths_and_empty_steps_are_not_profile_steps():
-    assert steady_decode_k(_output(3, 2, 2, new=1)) == -1  # a request joins with its prefill
-    assert steady_decode_k(_output(0, 0, 2)) == -1  # nothing scheduled
-    # Same total as B = 2 at k = 2 (6 tokens) but one request verifies 1 and the other 3.
-    mixed = _output(2, [1, 3], 2)
-    assert mixed.total_num_scheduled_tokens == 2 * (1 + 2)
-    assert steady_decode_k(mixed) == -1
-    # A request whose drafts were cut (near max_model_len) while the others verify k.
-    assert steady_decode_k(_output(3, [2, 2, 1], 2)) == -1
-    # A resumed request whose recomputation makes the step longer than B * (1 + k).
-    resumed = _output(2, 1, 1)
-    resumed.num_scheduled_tokens["r0"] += 30
-    resumed.total_num_scheduled_tokens += 30
-    assert steady_decode_k(resumed) == -1
+from tabletune.controller.step_clock import StepClock, serving_step_k
 
 
 def test_serving_steps_carry_prefills_but_never_two_lengths():

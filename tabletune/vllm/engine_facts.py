@@ -1,0 +1,31 @@
+"""The running engine's facts a step's time depends on (its captured CUDA graphs, a step's
+token budget), read from vLLM's config inside the engine process.
+
+Its own module because both the scheduler (which writes them beside the step log) and the
+controller's setup (which gives them to the capacity rule) need them, and neither imports the
+other for it.
+"""
+
+from __future__ import annotations
+
+__all__ = ["engine_facts"]
+
+
+def engine_facts(vllm_config) -> dict:
+    """What the engine was configured with that a step's time depends on: whether it replays
+    captured CUDA graphs, up to how many tokens (a step past that runs without them), and a
+    step's token budget. Read from the config by attribute, so a version without one says None."""
+    compilation = getattr(vllm_config, "compilation_config", None)
+    model = getattr(vllm_config, "model_config", None)
+    scheduler = getattr(vllm_config, "scheduler_config", None)
+    sizes = sorted(int(x) for x in (getattr(compilation, "cudagraph_capture_sizes", None) or []))
+    mode = getattr(compilation, "cudagraph_mode", None)
+    mode_name = getattr(mode, "name", None) or (None if mode is None else str(mode))
+    graphs = (not getattr(model, "enforce_eager", False) and bool(sizes)
+              and mode_name not in (None, "NONE"))
+    largest = getattr(compilation, "max_cudagraph_capture_size", None) or (
+        sizes[-1] if sizes else None)
+    return {"cudagraphs": graphs, "cudagraph_mode": mode_name,
+            "max_cudagraph_capture_size": int(largest) if graphs and largest else None,
+            "cudagraph_capture_sizes": sizes if graphs else [],
+            "max_num_batched_tokens": getattr(scheduler, "max_num_batched_tokens", None)}
