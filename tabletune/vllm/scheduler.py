@@ -75,7 +75,6 @@ class TableTuneScheduler(Scheduler):
         super().__init__(*args, **kwargs)
         self._tabletune_lookup: StepLookup | None = None
         self._tabletune_clock = StepClock()
-        self._tabletune_slow_s = 0.0
         self._tabletune_recorder: StepRecorder | None = None
         try:
             self._install_tabletune()
@@ -141,7 +140,10 @@ class TableTuneScheduler(Scheduler):
                                      reason=reason or "not started")
             slow = envs.CONTROLLER_FAULT_SLOW_MS_PER_DRAFT.get()
             if controller is not None and slow:
-                self._tabletune_slow_s = float(slow) / 1000.0
+                from tabletune.vllm.faults import DraftSlowdown
+
+                self._tabletune_clock = DraftSlowdown(self._tabletune_clock,
+                                                      float(slow) / 1000.0)
                 logger.warning("TableTune fault injection: every step sleeps %s ms per "
                                "drafted position (%s)", slow, SLOW_FAULT_ENV)
         self._tabletune_lookup = StepLookup(
@@ -196,10 +198,6 @@ class TableTuneScheduler(Scheduler):
     def _tabletune_time_step(self, lookup: StepLookup, out) -> None:
         """Report a steady decode step's period: B requests, each verifying k drafts and
         drafting k again (``tabletune.controller.step_clock`` says why both must agree)."""
-        if self._tabletune_slow_s and out.num_scheduled_tokens:
-            # Test-only fault (SLOW_FAULT_ENV): the drafter's work of this step grows with the
-            # k it drafts, which is the k chosen for this step.
-            time.sleep(self._tabletune_slow_s * out.num_spec_tokens_to_schedule)
         timed = self._tabletune_clock.tick(out)
         if timed is not None:
             lookup.controller.observe_step_time(*timed)

@@ -10,6 +10,7 @@ from fake_vllm import install_fake_schedulers
 from fake_vllm import scheduler_output as _output
 
 from tabletune.controller.step_clock import StepClock
+from tabletune.vllm.faults import DraftSlowdown
 from tabletune.engine.placement import pin_threads
 
 
@@ -47,11 +48,11 @@ def test_the_scheduler_times_steady_steps_and_the_fault_sleeps_per_drafted_posit
     controller = SimpleNamespace(observe_step_time=lambda b, k, ms: heard.append((b, k, ms)))
     scheduler = scheduler_module.TableTuneScheduler(SimpleNamespace())
     scheduler._tabletune_lookup.controller = controller
-    scheduler._tabletune_slow_s = 0.040  # what TABLETUNE_CONTROLLER_FAULT_SLOW_MS_PER_DRAFT=40 sets
     now = iter([1.0, 1.1, 1.2, 1.3, 1.4])
-    scheduler._tabletune_clock = StepClock(clock=lambda: next(now))
     slept = []
-    monkeypatch.setattr(scheduler_module.time, "sleep", slept.append)
+    # What TABLETUNE_CONTROLLER_FAULT_SLOW_MS_PER_DRAFT=40 installs around the step clock.
+    scheduler._tabletune_clock = DraftSlowdown(StepClock(clock=lambda: next(now)), 0.040,
+                                               sleep=slept.append)
     steps = [_output(2, 0, 2, new=2), _output(2, 2, 2), _output(2, 2, 1), _output(2, 1, 1),
              _output(0, 0, 1)]
     for out in steps:
