@@ -157,7 +157,7 @@ def _main(argv: Sequence[str] | None) -> int:
               file=sys.stderr)
         return 1
     args = parser.parse_args(argv)
-    # "registry seed" for a registry command, so its errors name the subcommand as they always did.
+    # "registry seed" for a registry command, so its errors name the subcommand.
     where = getattr(args, "command_path", args.command)
     # SIGTERM and SIGHUP unwind like Ctrl-C: every `with server` and `finally` runs, so no
     # engine (API server, engine core, workers) outlives the command.

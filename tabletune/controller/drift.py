@@ -60,7 +60,7 @@ class DriftWatch:
     def check(self, model: StepTimeModel, step: int) -> float | None:
         """Update the drift streak (see ``ControllerSettings``: a gap that differs between
         lengths, or a shared factor that moved since start-up); returns the live ratio furthest
-        from 1, as the records have always shown."""
+        from 1 (the rebuild record's ``step_time_ratio``)."""
         ratios = model.live_ratios()
         shared = model.live_shared()
         bound = self._bound

@@ -109,7 +109,7 @@ class Estimator:
 
     Per engine step the scheduler calls ``on_step(B)`` for the k of this step, and after the
     step reports what was drafted and kept: ``observe`` per request or ``observe_many`` for a
-    batch (``AcceptanceBlend``'s), and ``observe_step_time`` for a steady decode step
+    batch (``AcceptanceBlend``'s), and ``observe_step_time`` for a step of one length
     (``LiveStepTimes.observe``). Every ``rebuild_every_steps`` calls to ``on_step`` the table is
     rebuilt inside that call and a ``RebuildRecord`` is kept (``history``, ``drain_rebuilds()``).
 

@@ -1,13 +1,13 @@
 """Live step times per batch size 1..max_B: the samples, their fold into the step-time model,
 the T' a rebuild builds from, and which lengths a timing probe should time.
 
-Pure (numpy and the standard library). The scheduler reports each steady decode step's wall
-time (``observe``: O(1), a count, a sum and a sum of squares per (B, k)). At a rebuild ``fold``
-moves the samples into ``StepTimeModel`` (``tabletune.controller.step_model``: a serving factor
-shared by every length at a batch size times each length's own deviation) and counts live steps
-per batch size; ``per_batch_size`` then gives T' = T * s * d at batch sizes with live steps of
-their own and T * s (the profile's ranking) at the others. ``forget`` ends the rebuild: cells
-and batch sizes forget as much as new steps brought, at most half.
+Pure (numpy and the standard library). The scheduler reports the wall time of each step of
+one length (``observe``: O(1), a count, a sum and a sum of squares per (B, k)). At a rebuild
+``fold`` moves the samples into ``StepTimeModel`` (``tabletune.controller.step_model``: a serving
+factor shared by every length at a batch size times each length's own deviation) and counts
+live steps per batch size; ``per_batch_size`` then gives T' = T * s * d at batch sizes with
+live steps of their own and T * s (the profile's ranking) at the others. ``forget`` ends the
+rebuild: cells and batch sizes forget as much as new steps brought, at most half.
 """
 
 from __future__ import annotations
@@ -101,7 +101,8 @@ class LiveStepTimes:
     # ---------------------------------------------------------------------------------- hot path
 
     def observe(self, batch_size: int, k: int, step_ms: float) -> None:
-        """Wall time of one steady decode step: ``batch_size`` requests verifying, drafting ``k``.
+        """Wall time of one step of one length: ``batch_size`` requests (prefills among them),
+        those that verify verifying ``k`` and every one drafting ``k``.
 
         O(1): a count, a sum and a sum of squares per (B, k); the rebuild turns them into ratios
         to the profile.

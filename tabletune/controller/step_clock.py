@@ -13,9 +13,9 @@ scheduler.py`` and ``vllm/v1/worker/gpu_model_runner.py`` in vLLM 0.32):
   and each request is scheduled ``1 + k`` tokens.
 
 So step n's work is verify(B, k_{n-1}) plus draft(B, k_n). A step is attributed to a length only
-when both are the same k. Labelling a step by what it verifies alone (as the first version did)
-puts the step after every change of k in the wrong cell — the one after each table change, and
-two around every exploration step, which the README's settings take one step in 50.
+when both are the same k. Labelling a step by what it verifies alone would put the step after
+every change of k in the wrong cell — the one after each table change, and two around every
+exploration step, which the README's settings take one step in 50.
 
 Which steps count: serving pays for the prefills of arriving requests inside decode steps, and the
 tuner's serving calibration (``tabletune.tuner.serving``) counts every engine step of a closed

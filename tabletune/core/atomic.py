@@ -8,7 +8,7 @@ directory staged next to its final place. This module holds the package's only `
 (``tests/core/test_atomic.py`` checks that), so the rules live in one place.
 
 Pure standard library. Parent directories are not created here: callers that accept a path in
-a missing directory create it themselves, as they always did.
+a missing directory create it themselves.
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ from tabletune.core.errors import (
     fail,
 )
 from tabletune.core.goodput import tau, validate_rates
+from tabletune.core.goodput_block import GoodputBlock
 from tabletune.core.step_times import StepTimes
 from tabletune.core.tables import DraftTable
 
@@ -137,14 +138,20 @@ class BuildResult:
         return self.goodput.max(axis=1)
 
     def to_document(
-        self, provenance: dict[str, Any], meta: dict[str, Any] | None = None
+        self,
+        provenance: dict[str, Any],
+        meta: dict[str, Any] | None = None,
+        *,
+        out_of_sample: dict[str, Any] | None = None,
     ) -> TableDocument:
-        """The table as a TableDocument, with the goodput it was built from (JSON-ready)."""
+        """The table as a TableDocument, with the goodput block it was built from and, where
+        given, the out-of-sample figure (``core.losses.held_out_loss``'s dict)."""
         return TableDocument(
             table=self.table,
             num_speculative_tokens=max(self.table.max_k, 1),
             provenance=dict(provenance),
-            goodput={
+            # Through from_dict, so a built block gets the checks a loaded one gets.
+            goodput=GoodputBlock.from_dict({
                 "unit": "tokens/s",
                 "rates": list(self.rates),
                 "tie_margin": self.tie_margin,
@@ -159,7 +166,8 @@ class BuildResult:
                 "held_by_noise_batch_sizes": list(self.held_by_noise),
                 **({"allowed_lengths": list(self.allowed_lengths)}
                    if self.allowed_lengths is not None else {}),
-            },
+                **({"out_of_sample": out_of_sample} if out_of_sample is not None else {}),
+            }),
             meta={} if meta is None else dict(meta),
         )
 
@@ -238,18 +246,12 @@ def recorded_build_settings(document: TableDocument) -> dict[str, Any]:
     ``{"tie_margin": float, "allowed_lengths": tuple | None}``: whoever rebuilds the table (the
     controller online, the pipeline) starts from these, so a table tuned at a margin of 0.02 is
     not rebuilt at the default. ``allowed_lengths`` is None when the build allowed every
-    profiled length; documents from before these were recorded give the defaults.
+    profiled length; documents from before these were recorded give the defaults. The document's
+    goodput block was checked when it was parsed.
     """
     if not isinstance(document, TableDocument):
         fail("document", document, "is not a TableDocument")
     g = document.goodput
-    tie_margin = check_nonnegative(g.get("tie_margin", DEFAULT_TIE_MARGIN),
-                                   "table.goodput.tie_margin")
-    allowed = g.get("allowed_lengths")
-    if allowed is not None:
-        raw = check_sequence(allowed, "table.goodput.allowed_lengths")
-        if not raw:
-            fail("table.goodput.allowed_lengths", list(raw), "is empty")
-        allowed = tuple(sorted({check_int(k, f"table.goodput.allowed_lengths[{i}]", minimum=0)
-                                for i, k in enumerate(raw)}))
+    tie_margin = DEFAULT_TIE_MARGIN if g.tie_margin is None else g.tie_margin
+    allowed = None if g.allowed_lengths is None else tuple(sorted(set(g.allowed_lengths)))
     return {"tie_margin": tie_margin, "allowed_lengths": allowed}

@@ -3,7 +3,8 @@
 Each document is a frozen dataclass validated on construction, so an invalid profile, acceptance
 or table cannot exist in memory, and ``from_dict`` reports the same field paths a reader of the
 JSON file would use. Unknown keys are rejected (a misspelt optional key would otherwise vanish
-silently); free-form extras belong in ``meta``.
+silently); free-form extras belong in ``meta``. A table's goodput block is a typed
+``GoodputBlock`` (``core.goodput_block``), which keeps the keys it does not know.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from tabletune.core.errors import (
 )
 from tabletune.core.files import MAX_JSON_BYTES, parse_json, read_regular_file
 from tabletune.core.goodput import validate_rates
+from tabletune.core.goodput_block import GoodputBlock
 from tabletune.core.tables import DraftTable
 
 __all__ = [
@@ -40,6 +42,7 @@ __all__ = [
     "ProfileCell",
     "Profile",
     "Acceptance",
+    "GoodputBlock",
     "TableDocument",
     "check_compatible",
     "load_json",
@@ -374,7 +377,7 @@ class TableDocument:
     table: DraftTable
     num_speculative_tokens: int
     provenance: dict[str, Any]
-    goodput: dict[str, Any] = field(default_factory=dict)
+    goodput: GoodputBlock = field(default_factory=GoodputBlock)
     meta: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -386,7 +389,9 @@ class TableDocument:
             fail("table.num_speculative_tokens", k,
                  f"is below the table's largest k = {self.table.max_k}")
         check_dict(self.provenance, "table.provenance")
-        check_dict(self.goodput, "table.goodput")
+        if not isinstance(self.goodput, GoodputBlock):
+            fail("table.goodput", self.goodput,
+                 "is not a GoodputBlock (parse a dict with GoodputBlock.from_dict)")
         check_dict(self.meta, "table.meta")
 
     def to_dict(self) -> dict[str, Any]:
@@ -395,7 +400,7 @@ class TableDocument:
             "num_speculative_tokens": self.num_speculative_tokens,
             "num_speculative_tokens_per_batch_size": self.table.to_vllm(),
             "provenance": self.provenance,
-            "goodput": self.goodput,
+            "goodput": self.goodput.to_dict(),
             "meta": self.meta,
         }
 
@@ -415,7 +420,7 @@ class TableDocument:
             table=table,
             num_speculative_tokens=d["num_speculative_tokens"],
             provenance=d["provenance"],
-            goodput=d.get("goodput", {}),
+            goodput=GoodputBlock.from_dict(d.get("goodput", {}), "table.goodput"),
             meta=d.get("meta", {}),
         )
 

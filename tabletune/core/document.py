@@ -84,7 +84,5 @@ def build_document(
         "profile_drift_events": len(guard.get("drift_events") or []),
         **(provenance or {}),
     }
-    document = result.to_document(recorded)
-    if held_out is not None:
-        document.goodput["out_of_sample"] = held_out
+    document = result.to_document(recorded, out_of_sample=held_out)
     return DocumentBuild(document=document, build=result, loss=loss, step_times=steps)

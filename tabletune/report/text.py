@@ -1,14 +1,17 @@
 """The text reports of a table document and of a tune's serving calibration: what
 ``tabletune show`` prints, ``tabletune build`` and ``tune`` print, and ``tune`` writes to
-summary.txt. Core only; a document field of the wrong shape is named (``table.goodput.chosen[3]
-...``), never a KeyError or a ``nan%``."""
+summary.txt. Core only; the goodput block was checked when the document was parsed, and a
+provenance field of the wrong shape is named (``table.provenance.profile_inconsistent ...``),
+never a KeyError or a ``nan%``."""
 
 from __future__ import annotations
 
 import json
 
-from tabletune.core.contracts import Profile, TableDocument
-from tabletune.core.errors import check_dict, check_int, check_number, check_sequence
+import numpy as np
+
+from tabletune.core.contracts import GoodputBlock, Profile, TableDocument
+from tabletune.core.errors import check_dict, check_int, check_sequence
 from tabletune.core.losses import goodput_loss
 from tabletune.core.tables import DOCS_TABLE
 
@@ -37,8 +40,12 @@ def describe_document(doc: TableDocument) -> str:
     lines.append(f"  --speculative-config '{json.dumps(cfg)}'")
     lines.append("built for: " + _describe_workload(doc.provenance))
     g = doc.goodput
-    if g.get("tokens_per_s"):
-        m, lengths, bs, chosen_k = _goodput_block(g)
+    if g.tokens_per_s:
+        # GoodputBlock.from_dict saw to it that a non-empty matrix comes with its lengths,
+        # batch sizes and chosen lengths, in its shape.
+        m = np.asarray(g.tokens_per_s, dtype=float)
+        lengths, bs = list(g.lengths or ()), list(g.batch_sizes or ())
+        chosen_k = list(g.chosen or ())
 
         def worst(table_ks) -> str:
             return f"{goodput_loss(m, lengths, bs, table_ks).worst_loss:.1%}"
@@ -55,16 +62,14 @@ def describe_document(doc: TableDocument) -> str:
             lines.append(f"  vLLM docs table: {worst(docs)}")
         for k in lengths:
             lines.append(f"  fixed k={k}: {worst([k] * len(bs))}")
-        if g.get("interpolated_batch_sizes"):
+        if g.interpolated_batch_sizes:
             lines.append("  (T(B,k) interpolated linearly between profiled batch sizes)")
-        oos = g.get("out_of_sample")
-        if isinstance(oos, dict) and "worst_loss_mean" in oos:
-            p = "table.goodput.out_of_sample"
-            mean = check_number(oos["worst_loss_mean"], f"{p}.worst_loss_mean")
-            worst_fold = check_number(oos.get("worst_loss_max"), f"{p}.worst_loss_max")
+        oos = g.out_of_sample
+        if oos is not None:
             lines.append(f"  this table, out-of-sample (built from all repeats but one, scored "
-                         f"on the one left out; {oos.get('folds')} folds): worst loss "
-                         f"{mean:.1%} on average, {worst_fold:.1%} in the worst fold")
+                         f"on the one left out; {oos.folds} folds): worst loss "
+                         f"{oos.worst_loss_mean:.1%} on average, {oos.worst_loss_max:.1%} in the "
+                         "worst fold")
     lines += _describe_edges(g) + _describe_profile_trust(doc.provenance)
     return "\n".join(lines)
 
@@ -92,22 +97,17 @@ def _batch_size_runs(batch_sizes: list, interpolated: set) -> list[str]:
             for lo, hi in runs]
 
 
-def _describe_edges(g: dict) -> list[str]:
-    edges = g.get("edges")
-    if not isinstance(edges, list) or not edges:
+def _describe_edges(g: GoodputBlock) -> list[str]:
+    if not g.edges:
         return []
     out = ["edges (the new length's goodput gain over the kept one there, against the two "
            "cells' combined uncertainty):"]
-    for e in edges:
-        try:
-            out.append(f"  B={e['batch_size']}: k {e['from_k']} → {e['to_k']} by "
-                       f"{float(e['gain']):.1%} (uncertainty {float(e['uncertainty']):.1%})")
-        except (KeyError, TypeError, ValueError):
-            out.append(f"  {e!r}")
-    held = check_sequence(g.get("held_by_noise_batch_sizes") or [],
-                          "table.goodput.held_by_noise_batch_sizes")
+    for e in g.edges:
+        out.append(f"  B={e.batch_size}: k {e.from_k} → {e.to_k} by {e.gain:.1%} "
+                   f"(uncertainty {e.uncertainty:.1%})")
+    held = list(g.held_by_noise_batch_sizes or ())
     if held:
-        interpolated = set(g.get("interpolated_batch_sizes") or [])
+        interpolated = set(g.interpolated_batch_sizes or ())
         named = ", ".join(_batch_size_runs(held, interpolated))
         out.append(f"  kept the previous length within the noise at "
                    f"{'B = ' if len(held) == 1 else 'batch sizes '}{named}"
@@ -141,40 +141,3 @@ def _describe_profile_trust(prov: dict) -> list[str]:
                    "see profile.json meta.drift_guard)")
     return out
 
-
-def _goodput_block(g: dict):
-    """The goodput block's matrix, lengths, batch sizes and chosen k, checked for shape."""
-    import numpy as np
-
-    from tabletune.core.errors import check_int, check_nonnegative, check_sequence, fail
-
-    p = "table.goodput"
-    for key in ("tokens_per_s", "lengths", "batch_sizes", "chosen"):
-        if key not in g:
-            fail(f"{p}.{key}", None, "is missing (needed to report the loss)")
-    lengths = [check_int(k, f"{p}.lengths[{j}]", minimum=0)
-               for j, k in enumerate(check_sequence(g["lengths"], f"{p}.lengths"))]
-    bs = [check_int(b, f"{p}.batch_sizes[{i}]", minimum=1)
-          for i, b in enumerate(check_sequence(g["batch_sizes"], f"{p}.batch_sizes"))]
-    chosen = [check_int(k, f"{p}.chosen[{i}]", minimum=0)
-              for i, k in enumerate(check_sequence(g["chosen"], f"{p}.chosen"))]
-    if not lengths or not bs:
-        fail(f"{p}.lengths" if not lengths else f"{p}.batch_sizes", [], "is empty")
-    rows = check_sequence(g["tokens_per_s"], f"{p}.tokens_per_s")
-    if len(rows) != len(bs):
-        fail(f"{p}.tokens_per_s", f"{len(rows)} rows",
-             f"do not match {p}.batch_sizes ({len(bs)} entries)")
-    m = []
-    for i, row in enumerate(rows):
-        row = check_sequence(row, f"{p}.tokens_per_s[{i}]")
-        if len(row) != len(lengths):
-            fail(f"{p}.tokens_per_s[{i}]", f"{len(row)} entries",
-                 f"do not match {p}.lengths ({len(lengths)} entries)")
-        m.append([check_nonnegative(v, f"{p}.tokens_per_s[{i}][{j}]") for j, v in enumerate(row)])
-    if len(chosen) != len(bs):
-        fail(f"{p}.chosen", f"{len(chosen)} entries",
-             f"do not match {p}.batch_sizes ({len(bs)} entries)")
-    for i, k in enumerate(chosen):
-        if k not in lengths:
-            fail(f"{p}.chosen[{i}]", k, f"is not one of {p}.lengths {lengths}")
-    return np.asarray(m, dtype=float), lengths, bs, chosen

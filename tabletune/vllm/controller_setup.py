@@ -127,7 +127,8 @@ def controller_from_env(scheduler) -> ControllerRuntime | None:
                             num_spec_tokens=scheduler.num_spec_tokens,
                             max_num_seqs=scheduler.scheduler_config.max_num_seqs,
                             settings=settings, out_dir=out_dir,
-                            engine=engine, allow_foreign_prior=envs.CONTROLLER_ALLOW_FOREIGN_PRIOR.get(),
+                            engine=engine,
+                            allow_foreign_prior=envs.CONTROLLER_ALLOW_FOREIGN_PRIOR.get(),
                             start_table=start_table,
                             engine_facts=engine_facts(getattr(scheduler, "vllm_config", None)))
     fault = envs.CONTROLLER_FAULT_AFTER_STEPS.get()

@@ -9,10 +9,11 @@ from TableTune's runtime:
 * the online controller (``TABLETUNE_CONTROLLER``) chooses k per step and learns from the
   per-request drafted/accepted counts the scheduler already computes.
 
-The controller also hears each steady decode step's wall time (``update_from_output``: the time
-since the previous output, which is the step period in both the synchronous and the asynchronous
-engine loop) and compares it with the profile. A step drafts the k chosen for it and verifies the
-k chosen one step earlier, so only steps where the two agree are timed (``step_clock``).
+The controller also hears the wall time of each step of one length (``update_from_output``: the
+time since the previous output, which is the step period in both the synchronous and the
+asynchronous engine loop) and compares it with the profile. A step drafts the k chosen for it
+and verifies the k chosen one step earlier, so only steps where the two agree are timed
+(``step_clock``).
 
 With ``TABLETUNE_STEP_LOG`` set, every step is also written to the step log
 (``tabletune.core.step_log``): the period since the previous output, the requests, new requests
@@ -196,8 +197,9 @@ class TableTuneScheduler(Scheduler):
         return result
 
     def _tabletune_time_step(self, lookup: StepLookup, out) -> None:
-        """Report a steady decode step's period: B requests, each verifying k drafts and
-        drafting k again (``tabletune.controller.step_clock`` says why both must agree)."""
+        """Report the period of a step of one length: B requests (prefills among them), those
+        that verify verifying the k they all draft (``tabletune.controller.step_clock`` says
+        why both must agree and why prefills count)."""
         timed = self._tabletune_clock.tick(out)
         if timed is not None:
             lookup.controller.observe_step_time(*timed)

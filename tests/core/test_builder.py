@@ -14,6 +14,7 @@ from tabletune.core import (
     DOCS_TABLE,
     ContractError,
     DraftTable,
+    GoodputBlock,
     Profile,
     ProfileCell,
     StepTimes,
@@ -155,8 +156,8 @@ def test_to_document_round_trips_through_json(tmp_path):
     doc = result.to_document({"profile": "p.json", "acceptance": "a.json"}, meta={"run": "r1"})
     assert isinstance(doc, TableDocument)
     assert doc.num_speculative_tokens == max(result.table.max_k, 1)
-    assert doc.goodput["chosen"] == list(result.chosen)
-    assert doc.goodput["rates"] == list(PAPER_RATES)
+    assert doc.goodput.chosen == result.chosen
+    assert doc.goodput.rates == tuple(PAPER_RATES)
     save_json(tmp_path / "t.json", doc)
     again = load_json(tmp_path / "t.json", "table")
     assert again == doc
@@ -327,6 +328,5 @@ def test_the_document_records_the_build_settings_and_they_read_back():
     # A document from before these were recorded gives the defaults.
     old = TableDocument(DraftTable.from_ranges([[1, 4, 1]]), 1, {})
     assert recorded_build_settings(old) == {"tie_margin": 0.005, "allowed_lengths": None}
-    bad = TableDocument(DraftTable.from_ranges([[1, 4, 1]]), 1, {}, {"tie_margin": -1})
     with pytest.raises(ContractError, match=r"table.goodput.tie_margin: -1 is not a "):
-        recorded_build_settings(bad)
+        GoodputBlock.from_dict({"tie_margin": -1})

@@ -16,6 +16,7 @@ from tabletune.core import (
     Acceptance,
     ContractError,
     DraftTable,
+    GoodputBlock,
     Profile,
     ProfileCell,
     TableDocument,
@@ -411,7 +412,8 @@ def test_save_json_never_leaves_a_partial_file(tmp_path, monkeypatch):
 
     for bad in (
         TableDocument(DOCS_TABLE, 3, {"by": object()}),  # not JSON at all
-        TableDocument(DOCS_TABLE, 3, {"by": "test"}, goodput={"x": math.nan}),  # not strict JSON
+        TableDocument(DOCS_TABLE, 3, {"by": "test"},
+                      goodput=GoodputBlock.from_dict({"x": math.nan})),  # not strict JSON
     ):
         with pytest.raises(ContractError, match=rf"^{path}: cannot encode"):
             save_json(path, bad)

@@ -84,8 +84,7 @@ def test_show_scores_a_document_with_the_same_loss_as_table_loss():
     g = TableDocument.from_dict(json.loads(json.dumps(built.to_document({}).to_dict()))).goodput
     steps = StepTimes.from_profile(profile)
     for ks in (list(built.chosen), [3] * len(built.batch_sizes)):
-        from_block = goodput_loss(np.array(g["tokens_per_s"]), g["lengths"],
-                                  g["batch_sizes"], ks)
+        from_block = goodput_loss(np.array(g.tokens_per_s), g.lengths, g.batch_sizes, ks)
         from_profile = table_loss(DraftTable.from_lookup(ks), steps, acceptance.rates,
                                   built.batch_sizes)
         assert from_block.rows == from_profile.rows

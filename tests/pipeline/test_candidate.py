@@ -60,7 +60,7 @@ def test_rebuild_uses_the_tie_margin_and_lengths_production_was_built_with():
     result = build_candidate(profile, acceptance, provenance={}, production_document=production)
     assert result.build.tie_margin == 0.03 and result.build.lengths == (0, 1)
     assert result.metrics["rebuild_tie_margin"] == 0.03
-    assert result.document.goodput["allowed_lengths"] == [0, 1]
+    assert result.document.goodput.allowed_lengths == (0, 1)
     # An explicit margin wins; without a production document the defaults apply.
     assert build_candidate(profile, acceptance, provenance={}, production_document=production,
                          tie_margin=0.0).build.tie_margin == 0.0

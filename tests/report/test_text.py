@@ -9,7 +9,7 @@ import json
 import pytest
 from factories import make_acceptance, make_profile
 
-from tabletune.core.contracts import TableDocument
+from tabletune.core.contracts import GoodputBlock, TableDocument
 from tabletune.core.document import build_document
 from tabletune.core.errors import ContractError
 from tabletune.report.text import _batch_size_runs, describe_calibration, describe_document
@@ -29,21 +29,22 @@ def test_the_report_gives_the_table_the_vllm_option_and_the_losses(doc):
     assert config == {"num_speculative_tokens": doc.num_speculative_tokens,
                       "num_speculative_tokens_per_batch_size": doc.table.to_vllm()}
     assert "  this table (modelled, in-sample): " in text
-    for k in doc.goodput["lengths"]:
+    for k in doc.goodput.lengths:
         assert f"  fixed k={k}: " in text
     assert "nan" not in text
 
 
 def test_a_goodput_block_of_the_wrong_shape_is_named_not_a_key_error(doc):
-    goodput = {**doc.goodput, "chosen": doc.goodput["chosen"][:-1]}
+    # The block is checked where it is parsed, so no report ever gets one of the wrong shape.
+    goodput = {**doc.goodput.to_dict(), "chosen": list(doc.goodput.chosen[:-1])}
     with pytest.raises(ContractError, match=r"^table\.goodput\.chosen: "):
-        describe_document(dataclasses.replace(doc, goodput=goodput))
+        GoodputBlock.from_dict(goodput)
 
 
 def test_an_all_zero_goodput_block_has_no_loss_to_report(doc):
-    goodput = {**doc.goodput,
-               "tokens_per_s": [[0.0] * len(row) for row in doc.goodput["tokens_per_s"]]}
-    text = describe_document(dataclasses.replace(doc, goodput=goodput))
+    goodput = {**doc.goodput.to_dict(),
+               "tokens_per_s": [[0.0] * len(row) for row in doc.goodput.tokens_per_s]}
+    text = describe_document(dataclasses.replace(doc, goodput=GoodputBlock.from_dict(goodput)))
     assert text.endswith("  none to report: the goodput block is zero at every batch size")
 
 
