@@ -13,14 +13,8 @@ export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
 MODELS=/tmp/tt-models; WORK=/tmp/tt-work; mkdir -p "$WORK"
 GRID=1,2,4,8,16,32,64,96,128,192,256
-engine() {  # $1: KV-cache bytes per server, $2: GPU memory fraction per server
-  echo --model "$MODELS/target" --drafter "$MODELS/eagle3" --method eagle3 --max-k 3 \
-       --device cuda --runner v2 --cache-root /tmp/tt-cache --engine-arg=--load-format=dummy \
-       --engine-arg=--kv-cache-memory-bytes="$1" --engine-arg=--gpu-memory-utilization="$2" \
-       --engine-arg=--max-cudagraph-capture-size=1024 --synthetic-acceptance 0.75,0.55,0.40 \
-       --max-model-len 1024
-}
-tt() { python3 -m tabletune.cli "$@"; }
+# shellcheck source=benchmarks/gpu/h200_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/h200_lib.sh"  # engine, tt, the phases
 tune() {  # $1: folder name, $2: --cpu-affinity (none: the option left out)
   echo "$1 start $(date +%s)"
   # shellcheck disable=SC2046
@@ -39,30 +33,14 @@ job() {
 }
 case "$1" in
   start)
-    meta=/tmp/site/tabletune-0.1.0.dist-info; mkdir -p "$meta"   # vLLM finds plugins by metadata
-    printf 'Metadata-Version: 2.1\nName: tabletune\nVersion: 0.1.0\n' > "$meta/METADATA"
-    printf '[vllm.general_plugins]\ntabletune = tabletune.vllm.plugin:register\n' > "$meta/entry_points.txt"
+    h200_plugin_metadata
     nvidia-smi --query-gpu=index,name,memory.used,driver_version --format=csv
     nproc
     [ -f "$MODELS/eagle3/config.json" ] || python3 benchmarks/gpu/make_models.py "$MODELS" >/dev/null
     export -f job tune engine tt; export MODELS WORK GRID TUNES
     setsid nohup bash -c job > "$WORK/job.out" 2>&1 < /dev/null &
     sleep 5; echo started ;;
-  wait)  # until the job ends or SECONDS have passed; progress every 30 s
-    end=$(( $(date +%s) + ${2:-500} ))
-    while [ "$(date +%s)" -lt "$end" ]; do
-      grep -q "job end" "$WORK/job.out" && break
-      sleep 30
-      echo "--- $(date +%T)"; tail -n 3 "$WORK/job.out" | cut -c1-300
-    done
-    tail -n 60 "$WORK/job.out" | cut -c1-400
-    bash "$0" collect ;;
-  collect)
-    cp "$WORK/job.out" "$OUT/"
-    grep -h "TableTune\|graph trace\|Traceback\|Error" "$WORK"/*/logs/*.log 2>/dev/null \
-      | cut -c1-400 | tail -400 > "$OUT/engine-lines.log"
-    # The tunes' documents, plots and step logs (the engine logs themselves stay behind).
-    tar -C "$WORK" --exclude='*/logs/*.log' -cf - . \
-      | xz -T8 -6 > "$OUT/results.tar.xz" ;;
+  wait) h200_wait "${2:-500}" ;;
+  collect) h200_collect ;;
   *) echo "unknown phase $1" >&2; exit 2 ;;
 esac

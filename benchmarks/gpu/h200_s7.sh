@@ -23,18 +23,13 @@ OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
 MODELS=/tmp/tt-models; WORK=/tmp/tt-work; mkdir -p "$WORK"
 PRIOR="$PWD/benchmarks/results/h200-s6/tune-warm"
 JOB="${JOB:-evaluate convergence}"
-engine() {  # $1: KV-cache bytes per server, $2: GPU memory fraction per server
-  echo --model "$MODELS/target" --drafter "$MODELS/eagle3" --method eagle3 --max-k 3 \
-       --device cuda --runner v2 --cache-root /tmp/tt-cache --engine-arg=--load-format=dummy \
-       --engine-arg=--kv-cache-memory-bytes="$1" --engine-arg=--gpu-memory-utilization="$2" \
-       --engine-arg=--max-cudagraph-capture-size=1024 --synthetic-acceptance 0.75,0.55,0.40 \
-       --max-model-len 1024 --max-num-seqs 256
-}
-tt() { python3 -m tabletune.cli "$@"; }
+# shellcheck source=benchmarks/gpu/h200_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/h200_lib.sh"  # engine, tt, the phases
 evaluate() {
   echo "evaluate start $(date +%s)"
   # shellcheck disable=SC2046
-  tt evaluate $(engine 11500000000 0.15) --concurrency 1,8,32,64,96,128,192,256 \
+  tt evaluate $(engine 11500000000 0.15) --max-num-seqs 256 \
+    --concurrency 1,8,32,64,96,128,192,256 \
     --requests-per-client 1 --window 1,3 --repeats 3 --max-repeats 4 --target-interval 0.02 \
     --level-budget 120 --parallel-startups 6 \
     --arms "fixed:1,fixed:2,fixed:3,docs,table:$PRIOR/table.json,controller:$PRIOR" \
@@ -44,7 +39,8 @@ evaluate() {
 convergence() {
   echo "convergence start $(date +%s)"
   # shellcheck disable=SC2046
-  tt evaluate $(engine 24000000000 0.45) --concurrency "${CONVERGENCE_LEVELS:-64,128,256}" \
+  tt evaluate $(engine 24000000000 0.45) --max-num-seqs 256 \
+    --concurrency "${CONVERGENCE_LEVELS:-64,128,256}" \
     --requests-per-client 1 --window "${CONVERGENCE_WINDOW:-2,60}" \
     --arms "controller:$PRIOR" --controller-start "$PRIOR/table.json" \
     --controller-settings '{"rebuild_every_steps": 200}' \
@@ -54,27 +50,13 @@ convergence() {
 job() { for part in $JOB; do "$part"; done; echo "job end $(date +%s)"; }
 case "$1" in
   start)
-    meta=/tmp/site/tabletune-0.1.0.dist-info; mkdir -p "$meta"   # vLLM finds plugins by metadata
-    printf 'Metadata-Version: 2.1\nName: tabletune\nVersion: 0.1.0\n' > "$meta/METADATA"
-    printf '[vllm.general_plugins]\ntabletune = tabletune.vllm.plugin:register\n' > "$meta/entry_points.txt"
+    h200_plugin_metadata
     nvidia-smi --query-gpu=index,name,memory.used,driver_version --format=csv
     [ -f "$MODELS/eagle3/config.json" ] || python3 benchmarks/gpu/make_models.py "$MODELS" >/dev/null
     export -f job evaluate convergence engine tt; export MODELS WORK PRIOR JOB CONVERGENCE_LEVELS CONVERGENCE_WINDOW
     setsid nohup bash -c job > "$WORK/job.out" 2>&1 < /dev/null &
     sleep 5; echo started ;;
-  wait)  # until the job ends or SECONDS have passed; progress every 30 s
-    end=$(( $(date +%s) + ${2:-500} ))
-    while [ "$(date +%s)" -lt "$end" ]; do
-      grep -q "job end" "$WORK/job.out" && break
-      sleep 30
-      echo "--- $(date +%T)"; tail -n 3 "$WORK/job.out" | cut -c1-300
-    done
-    tail -n 60 "$WORK/job.out" | cut -c1-400
-    bash "$0" collect ;;
-  collect)
-    cp "$WORK/job.out" "$OUT/"
-    grep -h "TableTune\|Traceback\|Error" "$WORK"/*/logs/*.log 2>/dev/null \
-      | cut -c1-400 | tail -400 > "$OUT/engine-lines.log"
-    tar -C "$WORK" --exclude='*/logs/*.log' -cf - . | xz -T8 -6 > "$OUT/results.tar.xz" ;;
+  wait) h200_wait "${2:-500}" ;;
+  collect) h200_collect ;;
   *) echo "unknown phase $1" >&2; exit 2 ;;
 esac

@@ -21,14 +21,8 @@ MODELS=/tmp/tt-models; WORK=/tmp/tt-work; mkdir -p "$WORK"
 GRID=1,2,4,8,16,32,64,96,128,192,256
 JOB="${JOB:-tune_cold tune_warm evaluate}"
 EVAL_LEVELS="${EVAL_LEVELS:-64,128,192,256}"; EVAL_BUDGET="${EVAL_BUDGET:-100}"
-engine() {  # $1: KV-cache bytes per server, $2: GPU memory fraction per server
-  echo --model "$MODELS/target" --drafter "$MODELS/eagle3" --method eagle3 --max-k 3 \
-       --device cuda --runner v2 --cache-root /tmp/tt-cache --engine-arg=--load-format=dummy \
-       --engine-arg=--kv-cache-memory-bytes="$1" --engine-arg=--gpu-memory-utilization="$2" \
-       --engine-arg=--max-cudagraph-capture-size=1024 --synthetic-acceptance 0.75,0.55,0.40 \
-       --max-model-len 1024
-}
-tt() { python3 -m tabletune.cli "$@"; }
+# shellcheck source=benchmarks/gpu/h200_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/h200_lib.sh"  # engine, tt, the phases
 tune() {  # $1: folder name
   echo "$1 start $(date +%s)"
   # shellcheck disable=SC2046
@@ -54,9 +48,7 @@ evaluate() {
 job() { for part in $JOB; do "$part"; done; echo "job end $(date +%s)"; }
 case "$1" in
   start)
-    meta=/tmp/site/tabletune-0.1.0.dist-info; mkdir -p "$meta"   # vLLM finds plugins by metadata
-    printf 'Metadata-Version: 2.1\nName: tabletune\nVersion: 0.1.0\n' > "$meta/METADATA"
-    printf '[vllm.general_plugins]\ntabletune = tabletune.vllm.plugin:register\n' > "$meta/entry_points.txt"
+    h200_plugin_metadata
     nvidia-smi --query-gpu=index,name,memory.used,driver_version --format=csv
     nproc; cat /sys/devices/system/clocksource/clocksource0/current_clocksource
     python3 -c "import time; n=10**6; t=time.perf_counter_ns(); [time.perf_counter_ns() for _ in range(n)]; print('perf_counter_ns', (time.perf_counter_ns()-t)/n, 'ns a call')"
@@ -65,20 +57,7 @@ case "$1" in
     export MODELS WORK GRID JOB EVAL_LEVELS EVAL_BUDGET
     setsid nohup bash -c job > "$WORK/job.out" 2>&1 < /dev/null &
     sleep 5; echo started ;;
-  wait)  # until the job ends or SECONDS have passed; progress every 30 s
-    end=$(( $(date +%s) + ${2:-500} ))
-    while [ "$(date +%s)" -lt "$end" ]; do
-      grep -q "job end" "$WORK/job.out" && break
-      sleep 30
-      echo "--- $(date +%T)"; tail -n 3 "$WORK/job.out" | cut -c1-300
-    done
-    tail -n 60 "$WORK/job.out" | cut -c1-400
-    bash "$0" collect ;;
-  collect)
-    cp "$WORK/job.out" "$OUT/"
-    grep -h "TableTune\|graph trace\|Traceback\|Error" "$WORK"/*/logs/*.log 2>/dev/null \
-      | cut -c1-400 | tail -400 > "$OUT/engine-lines.log"
-    # The documents, plots and step logs (the engine logs themselves stay behind).
-    tar -C "$WORK" --exclude='*/logs/*.log' -cf - . | xz -T8 -6 > "$OUT/results.tar.xz" ;;
+  wait) h200_wait "${2:-500}" ;;
+  collect) h200_collect ;;
   *) echo "unknown phase $1" >&2; exit 2 ;;
 esac

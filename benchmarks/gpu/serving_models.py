@@ -36,6 +36,9 @@ from tabletune.core.contracts import Profile, load_json
 from tabletune.core.step_times import StepTimes
 from tabletune.core.workload import goodput_step_ms, prefill_mix
 
+# Beside this script (its folder is on sys.path when it runs).
+from h200_s6_report import segments
+
 OUTPUT_TOKENS = 256.0
 
 
@@ -92,16 +95,6 @@ def model_steps(profile: Profile, rates, model: str) -> dict[tuple[int, int], tu
         unc = 0.02  # the profile cell's and the prefill cost's, roughly; the same for all
         out[(b, k)] = (goodput_step_ms(serving, output_tokens=OUTPUT_TOKENS,
                                        tokens_per_step=tps), unc)
-    return out
-
-
-def segments(chosen, batch_sizes):
-    out = []
-    for b, k in zip(batch_sizes, chosen):
-        if out and out[-1][2] == k:
-            out[-1][1] = b
-        else:
-            out.append([b, b, k])
     return out
 
 
