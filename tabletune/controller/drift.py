@@ -5,10 +5,17 @@ model and keeps a streak of rebuilds with evidence; at ``drift_rebuilds`` in a r
 profile stale (``stale``, the evidence the runtime writes to ``profile_stale.json``). Evidence
 is a gap a new profile would remove: two lengths at a batch size whose live / profiled ratios
 differ by more than ``drift_bound`` (``length_spread``: a profile times every length, so a gap
-that differs between them is the profile's), or a batch size's shared serving factor moving
-beyond ``drift_bound`` from the level it settled at in its first ``drift_rebuilds`` rebuilds
-(``shared_factor_moved``). A gap common to every length from start-up is what a reject-all
+that differs between them is the profile's), or a batch size's pure decode steps moving beyond
+``drift_bound`` from the level they settled at in their first ``drift_rebuilds`` rebuilds
+(``pure_decode_moved``). A gap common to every length from start-up is what a reject-all
 profile misses; the step-time model carries it and it is never marked.
+
+Only pure decode steps (no prefill in them) are compared with a level: they are what the
+profile's pure decode cells (``reference``) time, whatever the traffic. The shared serving
+factor of all steps is not: it moves with how many prefills join a step, which is the traffic's.
+On the H200 a level that settled while 128 requests decoded in step (no prefills for hundreds
+of steps after a load change) marked the profile stale at 1.10 against 0.86 once prefills
+joined, 40 s later, with nothing changed but the mix (``benchmarks/results/h200-s7``).
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from tabletune.controller.step_model import StepTimeModel
+from tabletune.core.step_times import StepTimes
 
 __all__ = ["DriftWatch"]
 
@@ -27,15 +35,21 @@ class DriftWatch:
     """The drift streak and stale mark over the profiled batch sizes ``batch_sizes``."""
 
     def __init__(self, batch_sizes: Sequence[int], columns: Mapping[int, int], *,
-                 bound: float, rebuilds: int) -> None:
+                 bound: float, rebuilds: int, reference: StepTimes, min_steps: int) -> None:
+        """``reference``: the profile's pure decode step times (a calibrated profile's
+        reject-all cells); ``min_steps``: pure decode steps a batch size needs in one rebuild
+        for its level to count."""
         self._tb = batch_sizes
         self._tk = columns
         self._bound = bound
         self._rebuilds = rebuilds
+        self._reference = reference
+        self._min_steps = min_steps
+        self._log_tb = np.log(np.asarray(batch_sizes, dtype=float))
         self._streak = 0
         self._stale: dict[str, Any] | None = None
-        # Shared factor per profiled batch size as it settled after start-up (nan: not yet),
-        # and how many rebuilds with enough steps it has settled over.
+        # Pure decode level (live / profiled) per profiled batch size as it settled after
+        # start-up (nan: not yet), and how many rebuilds with enough steps it settled over.
         self._baseline = np.full(len(batch_sizes), np.nan)
         self._baseline_sum = np.zeros(len(batch_sizes))
         self._baseline_n = np.zeros(len(batch_sizes), dtype=int)
@@ -52,28 +66,45 @@ class DriftWatch:
         return self._stale
 
     def baseline(self) -> list[list[float | int]]:
-        """[[B, settled shared factor, rebuilds it settled over]] for the rows settling or
+        """[[B, settled pure decode level, rebuilds it settled over]] for the rows settling or
         settled (``state()``'s ``shared_factor_baseline``)."""
         return [[b, float(self._baseline[i]), int(self._baseline_n[i])]
                 for i, b in enumerate(self._tb) if self._baseline_n[i] > 0]
 
-    def check(self, model: StepTimeModel, step: int) -> float | None:
+    def pure_levels(self, pure: Mapping[tuple[int, int], Sequence[float]]) -> np.ndarray:
+        """Per profiled batch size, the median of live / profiled pure decode step time over
+        ``pure`` ({(B, k): ms of pure decode steps}; a live B counts at the profiled batch size
+        nearest it in log B); nan where fewer than ``min_steps`` steps."""
+        ratios: list[list[float]] = [[] for _ in self._tb]
+        for (b, k), values in pure.items():
+            if k not in self._tk or not values:
+                continue
+            i = int(np.argmin(np.abs(self._log_tb - np.log(b))))
+            ref = self._reference.step_ms(b, k)
+            ratios[i].extend(v / ref for v in values)
+        return np.array([float(np.median(r)) if len(r) >= self._min_steps else np.nan
+                         for r in ratios])
+
+    def check(self, model: StepTimeModel, step: int,
+              pure: Mapping[tuple[int, int], Sequence[float]] | None = None) -> float | None:
         """Update the drift streak (see ``ControllerSettings``: a gap that differs between
-        lengths, or a shared factor that moved since start-up); returns the live ratio furthest
-        from 1 (the rebuild record's ``step_time_ratio``)."""
+        lengths, or pure decode steps that moved since start-up; ``pure``: the pure decode
+        steps since the last check, ``pure_levels``); returns the live ratio furthest from 1
+        (the rebuild record's ``step_time_ratio``)."""
         ratios = model.live_ratios()
-        shared = model.live_shared()
+        levels = self.pure_levels(pure or {})
         bound = self._bound
         log_bound = np.log(bound)
         evidence: dict[str, Any] | None = None
         worst_excess = 0.0
         for i, b in enumerate(self._tb):
-            s = shared[i]
+            s = levels[i]
             if np.isnan(s):
-                continue
-            if self._baseline_n[i] < self._rebuilds:
-                # Still settling: the first rebuilds after start-up say what the serving gap
-                # of this profile is (a new profile would show it again).
+                pass  # too few pure decode steps here since the last check: no level
+            elif self._baseline_n[i] < self._rebuilds:
+                # Still settling: the first rebuilds after start-up say where this engine's pure
+                # decode steps stand against the profile's (a new profile would show it again:
+                # the tune's contexts are shorter than serving's, say).
                 self._baseline_sum[i] += s
                 self._baseline_n[i] += 1
                 self._baseline[i] = self._baseline_sum[i] / self._baseline_n[i]
@@ -83,7 +114,7 @@ class DriftWatch:
                     worst_excess = moved
                     # Named after the length with the most live steps: the one the table uses.
                     j = int(np.argmax(model.steps[i]))
-                    evidence = self._evidence(model, step, "shared_factor_moved", i, j, s,
+                    evidence = self._evidence(model, step, "pure_decode_moved", i, j, s,
                                               ref_k=None, ref_ratio=self._baseline[i])
             row = ratios[i]
             seen = ~np.isnan(row)
@@ -115,8 +146,9 @@ class DriftWatch:
                   ratio: float, *, ref_k: int | None, ref_ratio: float) -> dict[str, Any]:
         """The stale mark's evidence: the old fields (batch_size, k, ratio, bound, live_steps,
         rebuilds, step) plus why (``reason``) and what ``ratio`` was judged against: the other
-        length's ratio (``length_spread``) or the shared factor's start-up level
-        (``shared_factor_moved``; reference_k None)."""
+        length's ratio (``length_spread``) or the pure decode steps' start-up level
+        (``pure_decode_moved``; reference_k None); ``shared_factor``: the step-time model's
+        factor of all steps there, for comparison."""
         lengths = {col: k for k, col in self._tk.items()}
         shared = model.live_shared()[i]
         return {
@@ -131,13 +163,14 @@ class DriftWatch:
             "reference_k": None if ref_k is None else int(lengths[ref_k]),
             "reference_ratio": float(ref_ratio),
             "shared_factor": float(shared),
-            "baseline_shared_factor": (None if np.isnan(self._baseline[i])
-                                       else float(self._baseline[i])),
+            "baseline_pure_decode": (None if np.isnan(self._baseline[i])
+                                     else float(self._baseline[i])),
         }
 
     def state_fields(self) -> dict[str, Any]:
-        """This part of an estimator ``state()``: the shared factors' start-up levels, the
-        streak and the stale mark (a copy)."""
+        """This part of an estimator ``state()``: the pure decode steps' start-up levels
+        (``shared_factor_baseline``, the state's key), the streak and the stale mark (a
+        copy)."""
         return {
             "shared_factor_baseline": self.baseline(),
             "drift_streak": self._streak,

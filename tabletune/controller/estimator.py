@@ -125,10 +125,13 @@ class Estimator:
         *,
         history: int = 64,
         graph_line: tuple[int, float] | None = None,
+        pure_decode: StepTimes | None = None,
     ) -> None:
         """``graph_line``: (the largest captured CUDA graph in tokens, the prefill tokens a
         serving step carries): a rebuild never moves a batch size onto a length whose steps
-        pass that graph unless live steps timed it there (``hold.hold_off_graphs``)."""
+        pass that graph unless live steps timed it there (``hold.hold_off_graphs``).
+        ``pure_decode``: the profile's pure decode step times (a calibrated profile's
+        reject-all cells), the drift watch's reference; None: ``step_times`` are those."""
         settings, prior, history, allowed = _checked(start_table, step_times, prior_rates,
                                                      settings, history, graph_line)
         max_b = settings.max_batch_size or step_times.max_batch_size
@@ -151,7 +154,9 @@ class Estimator:
                                    prior_share=settings.deviation_prior_share,
                                    min_steps=settings.drift_min_steps)
         self._drift = DriftWatch(step_times.batch_sizes, self._live.model.columns,
-                                 bound=settings.drift_bound, rebuilds=settings.drift_rebuilds)
+                                 bound=settings.drift_bound, rebuilds=settings.drift_rebuilds,
+                                 reference=pure_decode or step_times,
+                                 min_steps=settings.drift_min_steps)
         self._rule = TableRebuild(step_times, settings, allowed, max_b, graph_line)
         self._log = RebuildLog(history)
         # The hot path goes straight to the part that counts: no extra call per request.
@@ -232,8 +237,9 @@ class Estimator:
         drafted, accepted = blend.live_counts()
         w = blend.prior_weight
         rates = blend.estimate(drafted, accepted, w)
+        pure = live.take_pure()
         fresh = live.fold()
-        worst_ratio = self._drift.check(live.model, self._steps)
+        worst_ratio = self._drift.check(live.model, self._steps, pure)
         timing, observed = live.per_batch_size()
         new = Evidence(rates, drafted, accepted, w, blend.rate_errors(drafted, rates, w), timing,
                        observed, worst_ratio)

@@ -82,6 +82,8 @@ class LiveStepTimes:
         self._step_values: dict[tuple[int, int], list[float]] = {}
         # Live steps per batch size 1..max_B (carried, forgotten like the cells), and the new
         # ones of the rebuild in progress.
+        # Pure decode steps since the last rebuild per (B, k) (``take_pure``: the drift watch's).
+        self._pure_values: dict[tuple[int, int], list[float]] = {}
         self._b_steps = np.zeros(max_batch_size)
         self._b_new = np.zeros(max_batch_size)
         self._stalls = 0
@@ -100,9 +102,10 @@ class LiveStepTimes:
 
     # ---------------------------------------------------------------------------------- hot path
 
-    def observe(self, batch_size: int, k: int, step_ms: float) -> None:
+    def observe(self, batch_size: int, k: int, step_ms: float, pure: bool = False) -> None:
         """Wall time of one step of one length: ``batch_size`` requests (prefills among them),
-        those that verify verifying ``k`` and every one drafting ``k``.
+        those that verify verifying ``k`` and every one drafting ``k``; ``pure``: a pure decode
+        step (no prefill in it), kept apart as well for the drift watch.
 
         O(1): a count, a sum and a sum of squares per (B, k); the rebuild turns them into ratios
         to the profile.
@@ -116,9 +119,16 @@ class LiveStepTimes:
         if not 0.0 < step_ms < 1e9:  # also refuses nan
             fail("observe_step_time.step_ms", step_ms, "is not a positive number of ms")
         self._step_values.setdefault((batch_size, k), []).append(step_ms)
+        if pure:
+            self._pure_values.setdefault((batch_size, k), []).append(step_ms)
         cell[0] += 1
         cell[1] += step_ms
         cell[2] += step_ms * step_ms  # for each cell's standard error
+
+    def take_pure(self) -> dict[tuple[int, int], list[float]]:
+        """The pure decode steps since the last call per (B, k), ms (a rebuild takes them)."""
+        pure, self._pure_values = self._pure_values, {}
+        return pure
 
     def fold(self) -> np.ndarray:
         """Move live step samples into the step-time model (a rebuild's first act); returns

@@ -113,9 +113,9 @@ class ControllerRuntime:
         if reason == "length_spread":
             why = (f"against {evidence['reference_ratio']:.2f}x at k={evidence['reference_k']} "
                    "(the lengths' gaps differ: a re-profile would remove it)")
-        elif reason == "shared_factor_moved":
-            why = (f"while every length's serving gap there settled at "
-                   f"{evidence['baseline_shared_factor']:.2f}x after start-up (it moved since)")
+        elif reason == "pure_decode_moved":
+            why = (f"in pure decode steps, which settled at {evidence['reference_ratio']:.2f}x "
+                   "the profile's after start-up (they moved since, whatever the traffic)")
         else:
             why = "(beyond the bound)"
         logger.warning("TableTune controller: live step times at B=%d, k=%d are %.2fx the "
@@ -323,9 +323,14 @@ def build_runtime(prior: Prior, *, static_lookup: list[int], num_spec_tokens: in
     base = settings or ControllerSettings(**recorded_build_settings(prior.table))
     if base.max_batch_size is None:
         base = ControllerSettings.from_dict({**base.to_dict(), "max_batch_size": max_num_seqs})
+    # The drift watch compares pure decode steps with the profile's pure decode cells: a
+    # calibrated profile keeps them beside its serving step times (``reject_all_ms``).
+    pure_decode = StepTimes.from_dict({(c.batch_size, c.k): c.reject_all_ms or c.step_ms
+                                       for c in prior.profile.cells})
     estimator = Estimator(start, StepTimes.from_profile(prior.profile),
                           prior.acceptance.rates[:num_spec_tokens], base,
-                          graph_line=graph_line(engine_facts, prior.profile))
+                          graph_line=graph_line(engine_facts, prior.profile),
+                          pure_decode=pure_decode)
     return ControllerRuntime(estimator, out_dir=out_dir, source=prior.source,
                              profile_digest=profile_digest(prior.profile),
                              metrics_every_s=metrics_every_s)

@@ -101,8 +101,9 @@ class ControllerSettings:
       gap a new profile would remove, at ``drift_rebuilds`` rebuilds in a row: two lengths at a
       batch size, each with ``drift_min_steps`` live steps, whose live / profiled ratios differ
       by more than ``drift_bound`` (a profile times every length; a gap that differs between
-      them is the profile's), or a batch size's shared serving factor moving beyond
-      ``drift_bound`` from the level it settled at in its first ``drift_rebuilds`` rebuilds. A
+      them is the profile's), or a batch size's pure decode steps (``drift_min_steps`` of them
+      in a rebuild) moving beyond ``drift_bound`` against the profile's pure decode cells from
+      the level they settled at in their first ``drift_rebuilds`` rebuilds. A
       gap common to every length and present from start-up (what a reject-all profile misses)
       is modelled, never marked: a re-profile would show it again.
     - ``deviation_prior_share``: f, the prior standard deviation of a length's own deviation

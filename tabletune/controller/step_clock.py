@@ -67,12 +67,17 @@ class StepClock:
         self._clock = clock
         self._last = 0.0
 
-    def tick(self, out: Any) -> tuple[int, int, float] | None:
-        """(B, k, ms) for a step of one length (``serving_step_k``), None for any other (the
-        clock restarts)."""
+    def tick(self, out: Any) -> tuple[int, int, float, bool] | None:
+        """(B, k, ms, pure) for a step of one length (``serving_step_k``), None for any other
+        (the clock restarts). ``pure``: no request joined and the step scheduled exactly
+        B (1 + k) tokens, the kind of step the profile's pure decode cells time (the drift
+        watch compares those alone: how many prefills join a step is the traffic's, not the
+        profile's)."""
         k = serving_step_k(out)
         now = self._clock()
         last, self._last = self._last, now
         if k < 0 or not last:
             return None
-        return len(out.num_scheduled_tokens), k, (now - last) * 1000.0
+        batch = len(out.num_scheduled_tokens)
+        pure = not out.scheduled_new_reqs and out.total_num_scheduled_tokens == batch * (1 + k)
+        return batch, k, (now - last) * 1000.0, pure

@@ -26,7 +26,7 @@ class DraftSlowdown:
         self._seconds = seconds_per_draft
         self._sleep = sleep
 
-    def tick(self, out: Any) -> tuple[int, int, float] | None:
+    def tick(self, out: Any) -> tuple[int, int, float, bool] | None:
         if out.num_scheduled_tokens:
             self._sleep(self._seconds * out.num_spec_tokens_to_schedule)
         return self._clock.tick(out)

@@ -519,7 +519,7 @@ def test_a_batch_size_between_profiled_ones_is_shared_between_them_as_t_interpol
 def _slow_rebuilds(est, ratio, rebuilds, steps=100):
     for _ in range(rebuilds):
         for _ in range(steps):
-            est.observe_step_time(1, 3, ratio * step_times().step_ms(1, 3))
+            est.observe_step_time(1, 3, ratio * step_times().step_ms(1, 3), True)  # pure decode
         est.rebuild()
 
 
@@ -532,7 +532,21 @@ def test_the_profile_is_marked_stale_only_after_drift_rebuilds_in_a_row_beyond_t
     _slow_rebuilds(est, 3.0, 1)
     stale = est.profile_stale
     assert stale["batch_size"] == 1 and stale["k"] == 3 and stale["ratio"] > 1.25
-    assert est.history[-1].step_time_ratio == pytest.approx(stale["ratio"])
+    assert stale["reason"] == "pure_decode_moved"
+    assert stale["ratio"] == pytest.approx(3.0)  # the pure steps' median this rebuild
+    # The record keeps the step-time model's live ratio (samples carried over rebuilds).
+    assert 1.25 < est.history[-1].step_time_ratio <= 3.0
+
+
+def test_serving_steps_with_prefills_that_slow_alike_mark_nothing_when_pure_steps_hold():
+    est = make(drift_bound=1.25, drift_rebuilds=3)
+    ms = step_times().step_ms(1, 3)
+    for ratio in (1.0, 1.0, 1.0, 3.0, 3.0, 3.0, 3.0):
+        for _ in range(100):
+            est.observe_step_time(1, 3, ratio * ms)  # steps that carry prefills
+            est.observe_step_time(1, 3, ms, True)  # pure decode steps, as profiled
+        est.rebuild()
+    assert est.profile_stale is None and est.state()["drift_streak"] == 0
 
 
 def test_a_stall_is_not_a_step_time():

@@ -51,3 +51,16 @@ def test_the_clock_times_each_step_from_the_previous_output_and_restarts_on_ever
 def test_the_first_steady_step_ever_has_no_period_to_report():
     clock = StepClock(clock=lambda: 5.0)
     assert clock.tick(_output(2, 1, 1)) is None
+
+
+def test_a_step_is_pure_only_without_prefills_or_extra_tokens():
+    now = iter([1.0, 1.01, 1.02, 1.03, 1.04])
+    clock = StepClock(clock=lambda: next(now))
+    clock.tick(_output(4, 2, 2))  # starts the clock
+    assert clock.tick(_output(4, 2, 2))[3] is True
+    assert clock.tick(_output(3, 2, 2, new=1))[3] is False  # a request joins with its prefill
+    resumed = _output(2, 1, 1)
+    resumed.num_scheduled_tokens["r0"] += 30
+    resumed.total_num_scheduled_tokens += 30
+    assert clock.tick(resumed)[3] is False  # a recomputation beside the decodes
+    assert clock.tick(_output(4, 0, 0))[3] is True

@@ -45,7 +45,8 @@ def scheduler_module(monkeypatch):
 def test_the_scheduler_times_steady_steps_and_the_fault_sleeps_per_drafted_position(
         scheduler_module, monkeypatch):
     heard = []
-    controller = SimpleNamespace(observe_step_time=lambda b, k, ms: heard.append((b, k, ms)))
+    controller = SimpleNamespace(
+        observe_step_time=lambda b, k, ms, pure: heard.append((b, k, ms, pure)))
     scheduler = scheduler_module.TableTuneScheduler(SimpleNamespace())
     scheduler._tabletune_lookup.controller = controller
     now = iter([1.0, 1.1, 1.2, 1.3, 1.4])
@@ -59,8 +60,8 @@ def test_the_scheduler_times_steady_steps_and_the_fault_sleeps_per_drafted_posit
         assert scheduler.update_from_output(out, None) == {}
     # The fault follows the k each step drafts; an empty step drafts nothing and sleeps nothing.
     assert slept == pytest.approx([0.080, 0.080, 0.040, 0.040])
-    assert [(b, k) for b, k, _ in heard] == [(2, 2), (2, 1)]
-    assert [ms for _, _, ms in heard] == pytest.approx([100.0, 100.0])
+    assert [(b, k, pure) for b, k, _, pure in heard] == [(2, 2, True), (2, 1, True)]
+    assert [ms for _, _, ms, _ in heard] == pytest.approx([100.0, 100.0])
 
 
 @pytest.fixture
