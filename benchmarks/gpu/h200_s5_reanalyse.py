@@ -53,7 +53,7 @@ def uncalibrated(profile: Profile) -> Profile:
     for c in profile.cells:
         f = c.serving_factor or 1.0
         cells.append(ProfileCell(
-            batch_size=c.batch_size, k=c.k, step_ms=c.reject_all_ms or c.step_ms,
+            batch_size=c.batch_size, k=c.k, step_ms=c.profiled_ms,
             samples_ms=tuple(s / f for s in c.samples_ms), spread=c.spread, source=c.source,
             flagged=c.flagged, engine_step_ms=c.engine_step_ms, client_step_ms=c.client_step_ms,
             flags=c.flags, steps=c.steps, interval_ms=c.interval_ms))

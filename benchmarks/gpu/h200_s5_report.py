@@ -69,8 +69,8 @@ def main(cold_dir: str, warm_dir: str) -> None:
     diffs_raw, diffs_cal = [], []
     for c in prof["cold"].cells:
         w = prof["warm"].cell(c.batch_size, c.k)
-        raw_c = c.reject_all_ms or c.step_ms
-        raw_w = w.reject_all_ms or w.step_ms
+        raw_c = c.profiled_ms
+        raw_w = w.profiled_ms
         d_raw = raw_w / raw_c - 1
         d_cal = w.step_ms / c.step_ms - 1
         diffs_raw.append(abs(d_raw))

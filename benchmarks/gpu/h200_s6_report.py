@@ -115,7 +115,7 @@ def main(folders: list[str]) -> None:
         raw, cal = [], []
         for x in prof[a].cells:
             y = prof[b].cell(x.batch_size, x.k)
-            raw.append(abs((y.reject_all_ms or y.step_ms) / (x.reject_all_ms or x.step_ms) - 1))
+            raw.append(abs(y.profiled_ms / x.profiled_ms - 1))
             cal.append(abs(y.step_ms / x.step_ms - 1))
         print(f"| {a} / {b} | {statistics.median(raw):.1%} / {max(raw):.1%}, "
               f"{sum(d > 0.03 for d in raw)} of {len(raw)} | {statistics.median(cal):.1%} / "

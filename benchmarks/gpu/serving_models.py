@@ -51,7 +51,7 @@ def windows(profile: Profile) -> dict[tuple[int, int], dict]:
 
 def uncalibrated(profile: Profile) -> Profile:
     cells = [dataclasses.replace(
-        c, step_ms=c.reject_all_ms or c.step_ms,
+        c, step_ms=c.profiled_ms,
         samples_ms=tuple(r / (c.serving_factor or 1.0) for r in c.samples_ms),
         interval_ms=(None if c.interval_ms is None else
                      tuple(x / (c.serving_factor or 1.0) for x in c.interval_ms)),
@@ -83,7 +83,7 @@ def model_steps(profile: Profile, rates, model: str) -> dict[tuple[int, int], tu
     out = {}
     for (b, k), w in ws.items():
         cell = profile.cell(b, k)
-        decode = cell.reject_all_ms or cell.step_ms
+        decode = cell.profiled_ms
         tps = 1.0 + sum(rates[:k])
         q, n = prefill_mix(b, OUTPUT_TOKENS, tps)
         e = extra.get((b, k))
@@ -121,7 +121,7 @@ def main(folders: list[str]) -> None:
             dec, mix = log.get("decode"), log.get("mixed")
             cell = prof[n].cell(*key)
             part = (lambda p: f"{p['median_ms']:.2f} ({p['steps']})" if p else "-")
-            print(f"| {key[0]}, {key[1]} | {n} | {cell.reject_all_ms or cell.step_ms:.2f} | "
+            print(f"| {key[0]}, {key[1]} | {n} | {cell.profiled_ms:.2f} | "
                   f"{part(dec)} | {part(mix)} | {log.get('prefills_per_mixed_step', 0):.2f} |")
     for model in ("built", "profile-decode", "pooled"):
         goodput, chosen = {}, {}

@@ -324,8 +324,8 @@ def build_runtime(prior: Prior, *, static_lookup: list[int], num_spec_tokens: in
     if base.max_batch_size is None:
         base = ControllerSettings.from_dict({**base.to_dict(), "max_batch_size": max_num_seqs})
     # The drift watch compares pure decode steps with the profile's pure decode cells: a
-    # calibrated profile keeps them beside its serving step times (``reject_all_ms``).
-    pure_decode = StepTimes.from_dict({(c.batch_size, c.k): c.reject_all_ms or c.step_ms
+    # calibrated profile keeps them beside its serving step times.
+    pure_decode = StepTimes.from_dict({(c.batch_size, c.k): c.profiled_ms
                                        for c in prior.profile.cells})
     estimator = Estimator(start, StepTimes.from_profile(prior.profile),
                           prior.acceptance.rates[:num_spec_tokens], base,

@@ -128,6 +128,12 @@ class ProfileCell:
     interval_ms: tuple[float, float] | None = None
 
     @property
+    def profiled_ms(self) -> float:
+        """The profile's own step time for the cell, before any serving calibration: the
+        pure decode steps the profiler timed (``reject_all_ms`` of a calibrated cell)."""
+        return self.reject_all_ms or self.step_ms
+
+    @property
     def uncertainty(self) -> float:
         """Relative standard error of the step time: where the cell is a median of single steps
         its 90 % bootstrap interval's (half-width / 1.645), else its repeats' (0 with fewer
@@ -139,7 +145,7 @@ class ProfileCell:
         own = 0.0
         if self.interval_ms is not None:
             # The interval resamples the repeats and the steps in them (two-level bootstrap).
-            base = self.reject_all_ms or self.step_ms
+            base = self.profiled_ms
             low, high = self.interval_ms
             own = (high - low) / 2.0 / 1.6449 / base if base > 0 else 0.0
         elif len(self.samples_ms) >= 2 and self.step_ms > 0:
