@@ -34,6 +34,8 @@ from tabletune.evaluation.arms import (WORKLOAD_OUTPUT_SPREAD, Arm, controller_e
 from tabletune.evaluation.results import (RESULTS_SCHEMA, ArmResult, format_losses, level_stats,
                                           loss_table, unresolved)
 from tabletune.prompt_args import add_prompt_args, prompts_from_args
+from tabletune.tuner.profile_settings import DEFAULT_STARTUP_TIMEOUT_S
+
 
 def run_arms(spec: EngineSpec, arms: Sequence[Arm], *, concurrency: Sequence[int],
              prompts: Sequence[str], max_tokens: int, requests_per_client: int,
@@ -46,7 +48,7 @@ def run_arms(spec: EngineSpec, arms: Sequence[Arm], *, concurrency: Sequence[int
              repeats: int = 1, window: tuple[float, float] | None = None,
              target_spread: float | None = None, max_repeats: int | None = None,
              target_interval: float | None = None, level_budget_s: float | None = None,
-             ) -> list[ArmResult]:
+             step_log: bool = True) -> list[ArmResult]:
     """Load-test each arm at each concurrency level.
 
     ``one_server``: every arm that serves through a table (``table``, ``fixed-table``) runs on
@@ -70,7 +72,10 @@ def run_arms(spec: EngineSpec, arms: Sequence[Arm], *, concurrency: Sequence[int
     spread wider than ``target_spread`` or its median's 90 % bootstrap interval is wider than
     ``target_interval`` (relative half-width; ``core.arm_stats``). ``window=(warm_up_s,
     length_s)`` measures each repeat over a steady window of the engine's own counters
-    (``run_load``).
+    (``run_load``). ``step_log``: every server keeps TableTune's step log (its scheduler class
+    on the arms that serve without a table too, where it only records), and each window's
+    steps are summed up by kind (``ArmResult.steps``): a round that ran slower at the same
+    tokens a step is then traced to its pure decode steps or to the steps carrying a prefill.
     """
     max_c = max(concurrency)
     run_spec = spec.with_(max_num_seqs=max(spec.max_num_seqs, max_c))
@@ -85,7 +90,7 @@ def run_arms(spec: EngineSpec, arms: Sequence[Arm], *, concurrency: Sequence[int
         ctl_env = controller_env(controllers[0], start_table=start, settings=settings,
                                  out_dir=log_dir.parent / "controller")
     groups = _server_groups(run_spec, arms, max_c, log_dir, one_server, startup_timeout_s,
-                            ctl_env)
+                            ctl_env, step_log)
     results: list[ArmResult] = []
     for first in range(0, len(groups), max(1, parallel_startups)):
         batch = groups[first:first + max(1, parallel_startups)]
@@ -134,7 +139,8 @@ def _in_arm_order(results, arms, concurrency) -> list[ArmResult]:
                                           r.repeat))
 
 
-def _server_groups(spec, arms, max_c, log_dir, one_server, startup_timeout_s, ctl_env):
+def _server_groups(spec, arms, max_c, log_dir, one_server, startup_timeout_s, ctl_env,
+                   step_log=False):
     """[(server, control file or None, arms it serves)] in the order of ``arms``."""
     from tabletune.core.vllm_contract import CONTROL_FILE_ENV, SCHEDULER_CLS, write_control
     from tabletune.tuner.grid import table_with_every_length
@@ -158,7 +164,7 @@ def _server_groups(spec, arms, max_c, log_dir, one_server, startup_timeout_s, ct
                         shared_spec, table_with_every_length(top, max_c)),
                     log_path=log_dir / "shared-table-server.log",
                     startup_timeout_s=startup_timeout_s, extra_env=env,
-                    extra_args=("--scheduler-cls", SCHEDULER_CLS))
+                    extra_args=("--scheduler-cls", SCHEDULER_CLS), step_log=step_log)
                 shared = (server, control, [])
                 groups.append(shared)
             shared[2].append(arm)
@@ -168,11 +174,15 @@ def _server_groups(spec, arms, max_c, log_dir, one_server, startup_timeout_s, ct
                                 log_path=log_dir / f"arm{i}.log",
                                 extra_env={**dict(arm.env), **ctl_env},
                                 startup_timeout_s=startup_timeout_s,
-                                extra_args=("--scheduler-cls", SCHEDULER_CLS))
+                                extra_args=("--scheduler-cls", SCHEDULER_CLS),
+                                step_log=step_log)
         else:
+            # The step log needs TableTune's scheduler class; without a table it only records.
             server = VllmServer(spec, speculative=arm.speculative(spec, max_c),
                                 log_path=log_dir / f"arm{i}.log", extra_env=dict(arm.env),
-                                startup_timeout_s=startup_timeout_s)
+                                startup_timeout_s=startup_timeout_s,
+                                extra_args=("--scheduler-cls", SCHEDULER_CLS) if step_log
+                                else (), step_log=step_log)
         groups.append((server, None, [arm]))
     return groups
 
@@ -199,8 +209,11 @@ def _warm_up(server, spec, prompts, max_c) -> None:
 
 def _measure_level(server, spec, arm, c, prompts, max_tokens, requests_per_client,
                    temperature, min_seconds, repeat=0, window=None) -> ArmResult:
-    from tabletune.engine.window import serving_window
+    from tabletune.core.step_stats import window_step_summary
+    from tabletune.engine.window import serving_window, window_steps
 
+    reader = server.step_log()
+    position = reader.position() if reader is not None else 0
     started_at = time.time()
     r = server.guarded(run_load, server.base_url, spec.served_model_name,
                        prompts, concurrency=c, requests_per_worker=requests_per_client,
@@ -214,9 +227,28 @@ def _measure_level(server, spec, arm, c, prompts, max_tokens, requests_per_clien
     rate = steady.tokens_per_s if steady is not None else r.tokens_per_s
     detail = (f"{steady.step_ms:.2f} ms a step, {steady.tokens_per_step:.1f} tokens a step"
               if steady is not None else f"{r.requests} requests, {r.wall_s:.1f} s")
+    # The window's steps, or without a window every step of the load but its first (whose
+    # period spans the idle time before the load).
+    seen = (window_steps(reader, position, r) if window is not None
+            else reader.since(position)[0][1:] if reader is not None else None)
+    steps = window_step_summary(seen or [])
+    if steps is not None:
+        detail += "; " + _steps_detail(steps)
     print(f"  {arm.name:>22}  c={c:<4} {rate:9.1f} tok/s  ({detail})", flush=True)
     return ArmResult(arm.name, c, rate, r.requests, r.output_tokens, r.wall_s, repeat,
-                     steady.to_dict() if steady is not None else None, round(started_at, 3))
+                     steady.to_dict() if steady is not None else None, round(started_at, 3),
+                     steps)
+
+
+def _steps_detail(steps: dict) -> str:
+    """``pure decode 5.21 ms x 12 %, with prefill 9.80 ms x 85 %`` (median step, share of the
+    window's steps)."""
+    parts = []
+    for name, label in (("pure_decode", "pure decode"), ("with_prefill", "with prefill")):
+        kind = steps.get(name)
+        if kind is not None:
+            parts.append(f"{label} {kind['median_ms']:.2f} ms x {kind['share_of_steps']:.0%}")
+    return ", ".join(parts) or f"{steps['steps']} steps"
 
 
 def _write_results(out_dir: Path, kind: str, spec: EngineSpec, results, losses, extra,
@@ -324,7 +356,8 @@ def cmd_evaluate(args) -> int:
                 "repeats": args.repeats, "window": args.window,
                 "target_spread": args.target_spread, "max_repeats": args.max_repeats,
                 "target_interval": args.target_interval, "level_budget_s": args.level_budget,
-                "one_server": args.one_server, "startup_s": startups,
+                "one_server": args.one_server, "step_log": args.step_log,
+                "startup_s": startups,
                 **({"controller": {"prior": controllers[0].prior,
                                    "start_table": controller_start.to_vllm(),
                                    "settings": controller_settings}} if controllers else {})}
@@ -345,7 +378,8 @@ def cmd_evaluate(args) -> int:
                        on_level=lambda partial: save(partial, False),
                        repeats=args.repeats, window=window, target_spread=args.target_spread,
                        max_repeats=args.max_repeats, target_interval=args.target_interval,
-                       level_budget_s=args.level_budget)
+                       level_budget_s=args.level_budget, step_log=args.step_log,
+                       startup_timeout_s=args.startup_timeout)
     path, losses = save(results, True)
     if losses is not None:
         print("\n".join(format_losses(losses)))
@@ -418,6 +452,14 @@ def add_evaluate_parsers(sub) -> None:
                    help="JSON ControllerSettings for the controller arm; allowed_lengths "
                         "defaults to every length 0..K (default: %(default)s)")
     p.add_argument("--table", help="a table.json to evaluate (adds arm table:PATH)")
+    p.add_argument("--startup-timeout", type=number(positive=True),
+                   default=DEFAULT_STARTUP_TIMEOUT_S,
+                   help="seconds a vLLM server may take to become healthy (servers started "
+                        "side by side on empty compile caches take longer than one)")
+    p.add_argument("--no-step-log", dest="step_log", action="store_false",
+                   help="no step log on the servers (default: every server keeps one, with "
+                        "TableTune's scheduler class, and each window's steps are summed up "
+                        "by kind in evaluate.json)")
     p.add_argument("--one-server", action="store_true",
                    help="serve every table and fixed-table arm from one server, switching "
                         "through TableTune's control file (check with doctor that a table "

@@ -16,7 +16,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["StepEstimate", "estimate_step_ms", "noise_summary", "DEFAULT_CONFIDENCE"]
+from tabletune.core.step_log import Step
+
+__all__ = ["StepEstimate", "estimate_step_ms", "noise_summary", "window_step_summary",
+           "DEFAULT_CONFIDENCE"]
 
 DEFAULT_CONFIDENCE = 0.90
 DEFAULT_RESAMPLES = 400
@@ -123,3 +126,51 @@ def noise_summary(blocks: Sequence[Sequence[float]]) -> dict:
         "block_mean_cv": (float(np.std([a.mean() for a in arrays]) /
                                 np.mean([a.mean() for a in arrays])) if len(arrays) > 1 else 0.0),
     }
+
+
+def window_step_summary(steps: Sequence[Step]) -> dict | None:
+    """What one serving window's steps were, split by kind, so that a window that ran slower
+    than another at the same tokens a step can be traced to its steps: the pure decode steps
+    (every request decodes, the profile's kind of step: GPU-bound on captured graphs), the
+    steps that carry a prefill (vLLM runs them off the full graphs: host-bound) and the rest
+    (mixed lengths, the step after a change of length). Each kind: how many, its share of the
+    window's steps and of its time, its median step. ``pauses``: steps over ``PAUSE_FACTOR`` x
+    the window's median. None for a window without timed steps."""
+    timed = [st for st in steps if st.period_ns > 0 and st.requests > 0]
+    if not timed:
+        return None
+    periods = np.array([st.period_ns / 1e6 for st in timed])
+    total_ms = float(periods.sum())
+    median = float(np.median(periods))
+    kinds: dict[str, list[int]] = {"pure_decode": [], "with_prefill": [], "other": []}
+    for i, st in enumerate(timed):
+        if st.pure_decode_k() >= 0:
+            kinds["pure_decode"].append(i)
+        elif st.carries_prefill():
+            kinds["with_prefill"].append(i)
+        else:
+            kinds["other"].append(i)
+
+    def part(idx: list[int]) -> dict | None:
+        if not idx:
+            return None
+        p = periods[idx]
+        return {"steps": len(idx), "share_of_steps": len(idx) / len(timed),
+                "share_of_time": float(p.sum()) / total_ms if total_ms > 0 else 0.0,
+                "median_ms": float(np.median(p)),
+                "median_requests": float(np.median([timed[i].requests for i in idx])),
+                "median_tokens": float(np.median([timed[i].tokens for i in idx]))}
+
+    out = {"steps": len(timed), "median_ms": median, "mean_ms": total_ms / len(timed),
+           "scheduled_tokens_per_step": float(np.mean([st.tokens for st in timed])),
+           "pauses": int((periods > PAUSE_FACTOR * median).sum()),
+           **{name: part(idx) for name, idx in kinds.items()}}
+    pure = out["pure_decode"]
+    if pure is not None:
+        ks = [timed[i].k for i in kinds["pure_decode"]]
+        pure["k"] = max(set(ks), key=ks.count)  # the length most of them drafted
+    prefill = out["with_prefill"]
+    if prefill is not None:
+        prefill["median_prefill_tokens"] = float(np.median(
+            [timed[i].prefill_tokens for i in kinds["with_prefill"]]))
+    return out

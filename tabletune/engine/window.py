@@ -10,12 +10,14 @@ grows with accepted tokens are all in it, as they are in production.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
+from tabletune.core.step_log import Step, StepLogReader
 from tabletune.engine.client import LoadResult
 from tabletune.engine.metrics import EngineCounters, parse_metrics
 
-__all__ = ["ServingWindow", "serving_window"]
+__all__ = ["ServingWindow", "serving_window", "window_steps"]
 
 
 @dataclass(frozen=True)
@@ -85,3 +87,18 @@ def serving_window(result: LoadResult, max_k: int) -> ServingWindow | None:
         seconds=t2 - t0, steps=whole.steps, generation_tokens=whole.generation_tokens,
         drafts=whole.spec.num_drafts, accepted_per_position=whole.spec.accepted_per_position,
         half_step_ms=(1000.0 * (t1 - t0) / first.steps, 1000.0 * (t2 - t1) / second.steps))
+
+
+def window_steps(reader: StepLogReader | None, position: int,
+                 result: LoadResult) -> list[Step] | None:
+    """The step-log records of a window: after ``position`` (the reader's position before the
+    load started), between the window's first and last /metrics reading (the step log's clock
+    and the client's are both the system's monotonic clock). None without a step log or a
+    window."""
+    if reader is None or len(result.snapshots) != 3:
+        return None
+    offset_ns = time.monotonic_ns() - time.perf_counter_ns()
+    opened = int(result.snapshots[0].t * 1e9) + offset_ns
+    closed = int(result.snapshots[-1].t * 1e9) + offset_ns
+    records, _lost = reader.since(position)
+    return [s for s in records if opened <= s.t_ns <= closed]

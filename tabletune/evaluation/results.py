@@ -36,6 +36,9 @@ class ArmResult:
     repeat: int = 0
     window: dict | None = None
     started_at: float | None = None  # time.time() when the level's clients started
+    # The window's steps by kind (``core.step_stats.window_step_summary``): None without a
+    # step log.
+    steps: dict | None = None
 
 
 def unresolved(level: Sequence[ArmResult], target_spread: float | None,

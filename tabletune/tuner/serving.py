@@ -35,7 +35,7 @@ from tabletune.engine.client import run_batch, run_load
 from tabletune.engine.server import EngineError, VllmServer
 from tabletune.engine.spec import EngineSpec
 from tabletune.engine.vllm_args import speculative_config
-from tabletune.engine.window import ServingWindow
+from tabletune.engine.window import ServingWindow, window_steps
 
 log = logging.getLogger("tabletune.serving")
 
@@ -164,19 +164,6 @@ def merge_cells(cells: Sequence[ServingCell], more: Sequence[ServingCell]) -> li
         by[key] = ServingCell(m.batch_size, m.k, window,
                               StepMix.from_blocks(blocks, m.batch_size, m.k), blocks)
     return sorted(by.values(), key=lambda c: (c.k, c.batch_size))
-
-
-def _window_steps(server: VllmServer, position: int, result) -> list[Step] | None:
-    """The step-log records of a window: after ``position``, between the window's first and
-    last /metrics reading (both clocks are the system's monotonic clock)."""
-    reader = server.step_log()
-    if reader is None or len(result.snapshots) != 3:
-        return None
-    offset_ns = time.monotonic_ns() - time.perf_counter_ns()
-    opened = int(result.snapshots[0].t * 1e9) + offset_ns
-    closed = int(result.snapshots[-1].t * 1e9) + offset_ns
-    records, _lost = reader.since(position)
-    return [s for s in records if opened <= s.t_ns <= closed]
 
 
 def launch_tune_server(spec: EngineSpec, *, max_batch_size: int, log_dir: Path,
@@ -313,7 +300,7 @@ def measure_serving(server: VllmServer, control: Path, prompts: Sequence[str], *
                     concurrency=b, requests_per_worker=1, max_tokens=(low, high),
                     temperature=temperature, window=(warm_up_s, window_s * len(lengths)),
                     cut_tail=True, seed=seed + b)
-            by_length = length_blocks(_window_steps(server, position, result) or [])
+            by_length = length_blocks(window_steps(server.step_log(), position, result) or [])
             if all(window_from_steps([st for blk in by_length.get(k, []) for st in blk])
                    is not None for k in lengths):
                 break

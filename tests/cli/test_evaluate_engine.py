@@ -54,6 +54,13 @@ def test_evaluate_counts_every_token_and_switches_arms_on_one_server(tmp_path, c
         assert r["requests"] == r["concurrency"] * 2
         assert r["output_tokens"] == r["requests"] * 12
         assert r["tokens_per_s"] > 0
+        # The step log's account of the same load: every request's first step carries its
+        # prefill, and the steps are split by kind.
+        steps = r["steps"]
+        assert steps["with_prefill"]["steps"] >= 1, steps
+        assert steps["steps"] == sum(steps[kind]["steps"] for kind in
+                                     ("pure_decode", "with_prefill", "other") if steps[kind])
+    assert doc["step_log"] is True
     # Level by level: every arm ran at c=1 before any arm ran at c=3.
     measured = [re.search(r" c=(\d+) ", line).group(1) for line in out.splitlines()
                 if " tok/s " in line]

@@ -65,6 +65,9 @@ class _StandIn:
     def guarded(self, fn, *args, **kwargs):
         return fn(*args, **kwargs)
 
+    def step_log(self):  # a server that keeps no step log
+        return None
+
 
 def test_a_windowed_level_reports_the_engines_rate_and_counts(engine_url):  # noqa: F811
     server = _StandIn(engine_url)
@@ -75,6 +78,7 @@ def test_a_windowed_level_reports_the_engines_rate_and_counts(engine_url):  # no
     assert r.window["step_ms"] == pytest.approx(STEP_S * 1000, rel=0.1)
     assert r.window["rates"] == pytest.approx([0.75])
     assert r.repeat == 1
+    assert r.steps is None  # no step log, no account of the steps
     stats = level_stats([r])[("fixed k=1", 3)]
     assert stats["rates"] == pytest.approx([0.75]) and stats["median_step_ms"] > 0
     assert stats["median_tokens_per_step"] == pytest.approx(2.5, rel=0.1)

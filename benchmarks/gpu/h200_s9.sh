@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# TableTune on the lent H200 (vLLM 0.26.0 bundle in /tmp/site, V2 runner, EAGLE-3, synthetic
+# acceptance 0.75/0.55/0.40): issue 28's evaluation at the eight levels it asks for, and issue
+# 27's question of where the host's step-time drift comes from, in one detached job (setsid, so
+# it outlives a device call):
+#  - evaluate: the six arms a user would compare (fixed K = 1, 2, 3 without a table, the docs
+#    table, the tuned table of benchmarks/results/h200-s8/tune-warm, the controller started from
+#    that table with that tune as its prior), each on a server of its own, six side by side,
+#    at EVAL_LEVELS (the most telling first, so a run cut short keeps them: evaluate.json is
+#    written after every level), rotating order, steady windows of 1 s warm-up + 2 s, 3 rounds
+#    and a 4th while an arm's 90 % interval is wider than +-2 % and the level has used under
+#    EVAL_BUDGET s. Every server keeps TableTune's step log, so each window's steps are split
+#    into pure decode steps and steps that carry a prefill (evaluate.json "steps").
+#  - beside it, host_sampler.py: the host's CPU time by kind (steal included), the cores'
+#    clock, the busiest processes, the GPU's SM clock, power and throttle reasons, once a
+#    second ($WORK/host-samples.jsonl), to set each window beside the machine's state.
+# usage (device, repo root): benchmarks/gpu/h200_s9.sh start | wait SECONDS | collect
+set -uo pipefail
+export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
+OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
+MODELS=/tmp/tt-models; WORK=/tmp/tt-work; mkdir -p "$WORK"
+PRIOR="$PWD/benchmarks/results/h200-s8/tune-warm"
+EVAL_LEVELS="${EVAL_LEVELS:-64,128,256,192,96,32,8,1}"; EVAL_BUDGET="${EVAL_BUDGET:-75}"
+SAMPLER="$PWD/benchmarks/gpu/host_sampler.py"
+# shellcheck source=benchmarks/gpu/h200_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/h200_lib.sh"  # engine, tt, the phases
+job() {
+  python3 "$SAMPLER" "$WORK/host-samples.jsonl" & local sampler=$!
+  echo "evaluate start $(date +%s)"
+  # shellcheck disable=SC2046
+  tt evaluate $(engine 11500000000 0.15) --max-num-seqs 256 --concurrency "$EVAL_LEVELS" \
+    --requests-per-client 1 --window 1,2 --repeats 3 --max-repeats 4 --target-interval 0.02 \
+    --level-budget "$EVAL_BUDGET" --parallel-startups 6 --startup-timeout 1200 \
+    --arms "fixed:1,fixed:2,fixed:3,docs,table:$PRIOR/table.json,controller:$PRIOR" \
+    --controller-start "$PRIOR/table.json" --out-dir "$WORK/evaluate" 2>&1 | grep -v "Iteration("
+  echo "evaluate end $(date +%s)"
+  kill "$sampler"; wait "$sampler"
+  echo "job end $(date +%s)"
+}
+case "$1" in
+  start)
+    h200_plugin_metadata
+    nvidia-smi --query-gpu=index,name,memory.used,driver_version,clocks.max.sm,power.limit \
+      --format=csv
+    nproc; lscpu | grep -i "model name\|mhz\|thread\|socket\|numa\|hypervisor" || true
+    [ -f "$MODELS/eagle3/config.json" ] || python3 benchmarks/gpu/make_models.py "$MODELS" >/dev/null
+    export -f job engine tt; export MODELS WORK PRIOR EVAL_LEVELS EVAL_BUDGET SAMPLER
+    setsid nohup bash -c job > "$WORK/job.out" 2>&1 < /dev/null &
+    sleep 5; echo started ;;
+  wait) h200_wait "${2:-500}" ;;
+  collect) h200_collect ;;
+  *) echo "unknown phase $1" >&2; exit 2 ;;
+esac

@@ -1,0 +1,240 @@
+"""Report of an H200 evaluation run with step logs and host samples (``h200_s9.sh``): the arms'
+throughput with intervals and losses, and where the variation between rounds comes from.
+
+Each repeat of an arm at a level is set against the median of that arm-level's repeats (its
+relative step time: 1.10 = 10 % slower than the arm's median there). Tokens a step barely move
+between rounds, so a repeat's throughput moves with its step time; the step log splits that
+step time into the pure decode steps' and the prefill-carrying steps' medians and their shares,
+and the host samples (joined by wall time) give the GPU's SM clock, its power, the host's CPU
+steal and busy cores during the repeat. The report prints, over every repeat, how each of these
+relative quantities moves with the relative step time (Pearson r, and the spread of each).
+
+usage: python benchmarks/gpu/h200_s9_report.py RUN_DIR   (RUN_DIR holds evaluate/ and
+host-samples.jsonl; prints Markdown)
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+
+def load_samples(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _float(value) -> float | None:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def host_during(samples: list[dict], start: float, end: float) -> dict | None:
+    """Means of the samples taken in [start, end] (wall time)."""
+    inside = [s for s in samples if start <= s["t"] <= end]
+    if not inside:
+        return None
+    out = {"samples": len(inside),
+           "steal": statistics.mean(s["cpu"]["steal"] for s in inside),
+           "cores_busy": statistics.mean(s["cores_busy"] for s in inside),
+           "mhz": statistics.mean(statistics.median(s["mhz"]) for s in inside if s["mhz"])}
+    gpu = [s["gpu"] for s in inside if s.get("gpu")]
+    for key, name in (("clocks.sm", "sm_mhz"), ("power.draw", "power_w"),
+                      ("utilization.gpu", "gpu_util"), ("temperature.gpu", "temp_c")):
+        values = [v for v in (_float(g.get(key)) for g in gpu) if v is not None]
+        out[name] = statistics.mean(values) if values else None
+    reasons = {g.get("clocks_event_reasons.active", g.get("clocks_throttle_reasons.active"))
+               for g in gpu}
+    out["clock_reasons"] = sorted(r for r in reasons if r)
+    return out
+
+
+def repeats_table(doc: dict, samples: list[dict]) -> list[dict]:
+    """One row per repeat with its relative quantities (None where a part is missing)."""
+    by = defaultdict(list)
+    for r in doc["results"]:
+        if r.get("window"):
+            by[(r["arm"], r["concurrency"])].append(r)
+    rows = []
+    for (arm, c), rs in by.items():
+        if len(rs) < 3:
+            continue
+
+        def part(r, kind, key):
+            s = r.get("steps") or {}
+            return (s.get(kind) or {}).get(key)
+
+        hosts = [host_during(samples, r["started_at"], r["started_at"] + r["wall_s"])
+                 for r in rs]
+        getters = {
+            "step": lambda r, h: r["window"]["step_ms"],
+            "tokens_per_step": lambda r, h: r["window"]["generation_tokens"] / r["window"]["steps"],
+            "pure_ms": lambda r, h: part(r, "pure_decode", "median_ms"),
+            "prefill_ms": lambda r, h: part(r, "with_prefill", "median_ms"),
+            "prefill_share": lambda r, h: part(r, "with_prefill", "share_of_steps"),
+            "sm_mhz": lambda r, h: h and h.get("sm_mhz"),
+            "power_w": lambda r, h: h and h.get("power_w"),
+            "steal": lambda r, h: h and h.get("steal"),
+            "cores_busy": lambda r, h: h and h.get("cores_busy"),
+            "cpu_mhz": lambda r, h: h and h.get("mhz"),
+        }
+        medians = {}
+        for k, g in getters.items():
+            values = [g(r, h) for r, h in zip(rs, hosts)]
+            values = [v for v in values if v is not None]
+            medians[k] = statistics.median(values) if values else None
+        for r, h in zip(rs, hosts):
+            row = {"arm": arm, "c": c, "repeat": r["repeat"], "started_at": r["started_at"],
+                   "reasons": (h or {}).get("clock_reasons", [])}
+            for k, g in getters.items():
+                v = g(r, h)
+                m = medians[k]
+                row[k] = v
+                row["rel_" + k] = (v / m if v is not None and m not in (None, 0) else None)
+            rows.append(row)
+    return rows
+
+
+def fmt_int(x) -> str:
+    return f"{x:,.0f}".replace(",", " ")
+
+
+def arms_table(doc: dict) -> list[str]:
+    levels = sorted({lv["concurrency"] for lv in doc["levels"]})
+    stats = {(lv["arm"], lv["concurrency"]): lv for lv in doc["levels"]}
+    losses = (doc.get("losses") or {}).get("arms", {})
+    best = (doc.get("losses") or {}).get("best_fixed_tokens_per_s", {})
+    out = ["| arm | " + " | ".join(f"c = {c}" for c in levels)
+           + " | worst-load loss [90 % interval] |",
+           "|---|" + "---|" * len(levels) + "---|"]
+    for arm in doc["arms"]:
+        cells = []
+        for c in levels:
+            lv = stats.get((arm, c))
+            if lv is None:
+                cells.append("—")
+                continue
+            iv = lv.get("interval_tokens_per_s")
+            text = fmt_int(lv["median_tokens_per_s"])
+            if best.get(str(c)) and abs(lv["median_tokens_per_s"] - best[str(c)]) < 1e-6 \
+                    and arm.startswith("fixed"):
+                text = f"**{text}**"
+            if iv:
+                text += f" [{fmt_int(iv[0])}, {fmt_int(iv[1])}]"
+            text += (f" n={lv['repeats']} ({lv['median_step_ms']:.1f} ms, "
+                     f"{lv['median_tokens_per_step']:.0f})" if lv.get("median_step_ms") else
+                     f" n={lv['repeats']}")
+            cells.append(text)
+        loss = losses.get(arm)
+        if loss:
+            iv = loss.get("worst_loss_interval") or [None, None]
+            lt = f"{100 * loss['worst_loss']:.1f} % at {loss['worst_concurrency']}"
+            if iv[0] is not None:
+                lt += f" [{100 * iv[0]:.1f}, {100 * iv[1]:.1f}]"
+        else:
+            lt = "—"
+        out.append(f"| {arm} | " + " | ".join(cells) + f" | {lt} |")
+    return out
+
+
+def loss_by_level(doc: dict) -> list[str]:
+    levels = sorted({lv["concurrency"] for lv in doc["levels"]})
+    losses = (doc.get("losses") or {}).get("arms", {})
+    out = ["| arm | " + " | ".join(f"c = {c}" for c in levels) + " |",
+           "|---|" + "---|" * len(levels)]
+    for arm, loss in losses.items():
+        cells = []
+        for c in levels:
+            v = loss["loss_by_concurrency"].get(str(c))
+            iv = loss["loss_interval_by_concurrency"].get(str(c))
+            if v is None:
+                cells.append("—")
+                continue
+            text = f"{100 * v:.1f} %"
+            if iv:
+                text += f" [{100 * iv[0]:.1f}, {100 * iv[1]:.1f}]"
+            cells.append(text)
+        out.append(f"| {arm} | " + " | ".join(cells) + " |")
+    return out
+
+
+def variation(rows: list[dict]) -> list[str]:
+    keys = [("tokens_per_step", "tokens a step"), ("pure_ms", "pure decode step (median)"),
+            ("prefill_ms", "prefill-carrying step (median)"),
+            ("prefill_share", "share of steps carrying a prefill"),
+            ("sm_mhz", "GPU SM clock"), ("power_w", "GPU power"),
+            ("steal", "host CPU steal (share)"), ("cores_busy", "host cores busy"),
+            ("cpu_mhz", "host cores' clock (median core)")]
+    out = [f"Over {len(rows)} repeats (arm-levels with 3 or more): each quantity relative to "
+           "its arm-level's median; spread = the 10-90 % range of those ratios; r = Pearson "
+           "correlation with the repeat's relative step time.", "",
+           "| quantity | repeats | spread 10-90 % | r with step time |", "|---|---|---|---|"]
+    step = [r["rel_step"] for r in rows]
+    lo, hi = np.quantile(step, [0.1, 0.9])
+    out.append(f"| window step time (what throughput follows) | {len(step)} | "
+               f"{lo:.3f}-{hi:.3f} | 1 |")
+    for key, label in keys:
+        pairs = [(r["rel_step"], r["rel_" + key]) for r in rows
+                 if r.get("rel_" + key) is not None]
+        if len(pairs) < 3:
+            out.append(f"| {label} | {len(pairs)} | — | — |")
+            continue
+        a, b = np.array(pairs).T
+        lo, hi = np.quantile(b, [0.1, 0.9])
+        rr = float(np.corrcoef(a, b)[0, 1]) if b.std() > 0 and a.std() > 0 else float("nan")
+        out.append(f"| {label} | {len(pairs)} | {lo:.3f}-{hi:.3f} | {rr:+.2f} |")
+    return out
+
+
+def drift_over_time(rows: list[dict]) -> list[str]:
+    """The repeats in time order, in 60-s bins: median relative step time of all arms."""
+    if not rows:
+        return []
+    t0 = min(r["started_at"] for r in rows)
+    bins = defaultdict(list)
+    for r in rows:
+        bins[int((r["started_at"] - t0) // 60)].append(r)
+    out = ["| minute | repeats | relative step time (median of the repeats) | pure decode "
+           "| prefill-carrying | SM clock MHz | host cores busy |", "|---|---|---|---|---|---|---|"]
+    for b in sorted(bins):
+        rs = bins[b]
+
+        def med(key):
+            v = [r[key] for r in rs if r.get(key) is not None]
+            return statistics.median(v) if v else None
+
+        def f(x, spec):
+            return format(x, spec) if x is not None else "—"
+
+        out.append(f"| {b} | {len(rs)} | {f(med('rel_step'), '.3f')} | "
+                   f"{f(med('rel_pure_ms'), '.3f')} | {f(med('rel_prefill_ms'), '.3f')} | "
+                   f"{f(med('sm_mhz'), '.0f')} | {f(med('cores_busy'), '.1f')} |")
+    return out
+
+
+def main(argv: list[str]) -> int:
+    run = Path(argv[1])
+    doc = json.loads((run / "evaluate" / "evaluate.json").read_text())
+    samples = load_samples(run / "host-samples.jsonl")
+    rows = repeats_table(doc, samples)
+    reasons = sorted({x for r in rows for x in r["reasons"]})
+    lines = ["## Throughput (output tokens/s: median of the rounds [90 % bootstrap interval], "
+             "n rounds, median step, tokens a step)", "", *arms_table(doc), "",
+             "## Loss against the level's best fixed-K server [90 % interval]", "",
+             *loss_by_level(doc), "", "## Where the variation between rounds is", "",
+             *variation(rows), "", f"GPU clock reasons seen during repeats: {reasons or 'none'}",
+             "", "## Over time", "", *drift_over_time(rows)]
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv))

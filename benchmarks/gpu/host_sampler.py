@@ -1,0 +1,147 @@
+"""What the lent machine did, once a second, while a job measured on it: the host's CPU time by
+kind (steal, interrupts, iowait included), the cores' clock, the busiest processes, and the GPU's
+SM clock, power, temperature, utilization and the reasons the driver gives for holding the clock
+down. A serving window that ran slower than its neighbours at the same tokens a step can then be
+set beside the machine's state during it (``h200_s9_report.py`` joins them by wall time).
+
+Standard library only (it runs beside the job with the system's python3). One JSON line a
+sample, until SIGTERM or SIGINT.
+
+usage: python3 host_sampler.py OUT.jsonl [--every 1.0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+
+CPU_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+# Newer drivers call the reasons "clocks_event_reasons"; older ones "clocks_throttle_reasons".
+GPU_FIELDS = ("clocks.sm", "clocks.mem", "power.draw", "temperature.gpu", "utilization.gpu",
+              "clocks_event_reasons.active")
+GPU_FIELDS_OLD = GPU_FIELDS[:-1] + ("clocks_throttle_reasons.active",)
+TOP_PROCESSES = 8
+
+
+def cpu_ticks() -> list[int]:
+    with open("/proc/stat") as f:
+        return [int(x) for x in f.readline().split()[1:1 + len(CPU_FIELDS)]]
+
+
+def core_mhz() -> list[float]:
+    out = []
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("cpu MHz"):
+                out.append(float(line.split(":")[1]))
+    return out
+
+
+def process_ticks() -> dict[int, tuple[str, int]]:
+    """pid -> (name, user + system ticks) for every process that can be read."""
+    out = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                text = f.read()
+        except OSError:
+            continue
+        comm = text[text.index("(") + 1:text.rindex(")")]
+        fields = text[text.rindex(")") + 2:].split()
+        out[int(name)] = (comm, int(fields[11]) + int(fields[12]))
+    return out
+
+
+def command_line(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")[:300]
+    except OSError:
+        return ""
+
+
+class GpuReader:
+    """``nvidia-smi --query-gpu ... -lms`` in the background; ``latest`` is its newest line."""
+
+    def __init__(self, every_ms: int) -> None:
+        self.latest: dict | None = None
+        self.proc = None
+        for fields in (GPU_FIELDS, GPU_FIELDS_OLD):
+            try:
+                proc = subprocess.Popen(
+                    ["nvidia-smi", f"--query-gpu={','.join(fields)}",
+                     "--format=csv,noheader,nounits", f"-lms={every_ms}"],
+                    stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+            except OSError:  # no driver here: the host's side only
+                return
+            first = proc.stdout.readline()
+            if first and "Field" not in first and "nvalid" not in first:
+                self.fields, self.proc = fields, proc
+                self._parse(first)
+                threading.Thread(target=self._read, daemon=True).start()
+                return
+            proc.kill()
+
+    def _parse(self, line: str) -> None:
+        values = [v.strip() for v in line.split(",")]
+        if len(values) == len(self.fields):
+            self.latest = {"t": time.time(), **dict(zip(self.fields, values))}
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self._parse(line)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("--every", type=float, default=1.0)
+    args = ap.parse_args()
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    hz = os.sysconf("SC_CLK_TCK")
+    cores = os.cpu_count() or 1
+    gpu = GpuReader(int(args.every * 1000))
+    named: set[int] = set()
+    before_cpu, before_procs, before_t = cpu_ticks(), process_ticks(), time.monotonic()
+    with open(args.out, "a") as out:
+        while not stop.wait(args.every):
+            now_cpu, now_procs, now_t = cpu_ticks(), process_ticks(), time.monotonic()
+            dt = now_t - before_t
+            deltas = [a - b for a, b in zip(now_cpu, before_cpu)]
+            total = sum(deltas) or 1
+            busy = [(pid, comm, (ticks - before_procs[pid][1]) / hz / dt)
+                    for pid, (comm, ticks) in now_procs.items() if pid in before_procs]
+            busy.sort(key=lambda p: -p[2])
+            top = [[pid, comm, round(share, 3)] for pid, comm, share in busy[:TOP_PROCESSES]
+                   if share > 0.01]
+            sample = {"t": round(time.time(), 3), "mono": round(now_t, 3),
+                      "cpu": {f: round(d / total, 4) for f, d in zip(CPU_FIELDS, deltas)},
+                      "cores_busy": round((1 - deltas[3] / total) * cores, 2),
+                      "mhz": sorted(core_mhz()), "load1": os.getloadavg()[0], "top": top,
+                      "gpu": gpu.latest}
+            new = {pid: command_line(pid) for pid, _, _ in top if pid not in named}
+            if new:
+                named.update(new)
+                sample["commands"] = new
+            out.write(json.dumps(sample) + "\n")
+            out.flush()
+            before_cpu, before_procs, before_t = now_cpu, now_procs, now_t
+    gpu.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
