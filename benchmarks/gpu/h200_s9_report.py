@@ -16,6 +16,7 @@ host-samples.jsonl; prints Markdown)
 from __future__ import annotations
 
 import json
+import lzma
 import statistics
 import sys
 from collections import defaultdict
@@ -24,10 +25,16 @@ from pathlib import Path
 import numpy as np
 
 
-def load_samples(path: Path) -> list[dict]:
-    if not path.exists():
+def load_samples(run: Path) -> list[dict]:
+    """host-samples.jsonl, or its xz-compressed copy (as committed); none without either."""
+    plain, packed = run / "host-samples.jsonl", run / "host-samples.jsonl.xz"
+    if plain.exists():
+        text = plain.read_text()
+    elif packed.exists():
+        text = lzma.decompress(packed.read_bytes()).decode()
+    else:
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
 def _float(value) -> float | None:
@@ -220,10 +227,61 @@ def drift_over_time(rows: list[dict]) -> list[str]:
     return out
 
 
+def read_step_log(path: Path):
+    """The steps of a step log, plain or xz-compressed (as committed)."""
+    import tempfile
+
+    from tabletune.core.step_log import StepLogReader
+
+    if path.suffix != ".xz":
+        return StepLogReader(path).since(0)[0]
+    with tempfile.NamedTemporaryFile(suffix=".steps") as tmp:
+        tmp.write(lzma.decompress(path.read_bytes()))
+        tmp.flush()
+        return StepLogReader(tmp.name).since(0)[0]
+
+
+def turnover_stalls(run: Path, doc: dict) -> list[str]:
+    """The long steps of each fixed-K server at each level: steps over 2.5 x the level's median
+    step, their share of the steps and of the time, and how many of them hold fewer requests
+    than the level's clients while the next step brings a new request (a request turnover).
+    A level's steps are those with 90-100 % of its clients' requests (whole loads: warm-up and
+    tail included, not only the windows)."""
+    levels = sorted({r["concurrency"] for r in doc["results"]})
+    out = ["| arm | c | steps | median step ms | long steps (> 2.5 x median) | their share of "
+           "the time | of them at a turnover |", "|---|---|---|---|---|---|---|"]
+    for i, arm in enumerate(doc["arms"]):
+        if not arm.startswith("fixed"):
+            continue
+        path = run / "evaluate" / "logs" / f"arm{i}.steps.xz"
+        if not path.exists():
+            path = path.with_suffix("")
+        if not path.exists():
+            continue
+        steps = read_step_log(path)
+        for c in levels:
+            if c < 8:
+                continue
+            idx = [j for j, st in enumerate(steps[:-1])
+                   if 0.9 * c <= st.requests <= c and st.period_ns > 0]
+            if len(idx) < 50:
+                continue
+            per = np.array([steps[j].period_ns / 1e6 for j in idx])
+            median = float(np.median(per))
+            long = [j for j, p in zip(idx, per) if p > 2.5 * median]
+            turnover = [j for j in long
+                        if steps[j].requests < c and steps[j + 1].new_requests > 0]
+            share_time = sum(steps[j].period_ns for j in long) / 1e6 / float(per.sum())
+            out.append(f"| {arm} | {c} | {len(idx)} | {median:.2f} | {len(long)} "
+                       f"({len(long) / len(idx):.0%}) | {share_time:.0%} | "
+                       f"{len(turnover)} ({len(turnover) / max(1, len(long)):.0%}) |")
+    return out
+
+
 def main(argv: list[str]) -> int:
     run = Path(argv[1])
     doc = json.loads((run / "evaluate" / "evaluate.json").read_text())
-    samples = load_samples(run / "host-samples.jsonl")
+    samples = load_samples(run)
     rows = repeats_table(doc, samples)
     reasons = sorted({x for r in rows for x in r["reasons"]})
     lines = ["## Throughput (output tokens/s: median of the rounds [90 % bootstrap interval], "
@@ -231,7 +289,8 @@ def main(argv: list[str]) -> int:
              "## Loss against the level's best fixed-K server [90 % interval]", "",
              *loss_by_level(doc), "", "## Where the variation between rounds is", "",
              *variation(rows), "", f"GPU clock reasons seen during repeats: {reasons or 'none'}",
-             "", "## Over time", "", *drift_over_time(rows)]
+             "", "## Over time", "", *drift_over_time(rows),
+             "", "## Long steps", "", *turnover_stalls(run, doc)]
     print("\n".join(lines))
     return 0
 

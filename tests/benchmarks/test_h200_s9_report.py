@@ -1,0 +1,72 @@
+"""benchmarks/gpu/h200_s9_report.py: joining an evaluation's repeats with the host samples taken
+beside them, and finding the long steps of a request turnover in a step log."""
+
+from __future__ import annotations
+
+import importlib.util
+import lzma
+import sys
+from pathlib import Path
+
+import pytest
+
+from tabletune.core.step_log import StepLogWriter
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu" / "h200_s9_report.py"
+spec = importlib.util.spec_from_file_location("h200_s9_report", SCRIPT)
+report = importlib.util.module_from_spec(spec)
+sys.modules.setdefault("h200_s9_report", report)
+spec.loader.exec_module(report)
+
+
+def _sample(t, steal, sm, power):
+    return {"t": t, "cpu": {"steal": steal}, "cores_busy": 1.5, "mhz": [2100.0],
+            "gpu": {"clocks.sm": str(sm), "power.draw": str(power), "utilization.gpu": "60",
+                    "temperature.gpu": "55", "clocks_event_reasons.active": "0x4"}}
+
+
+def test_a_repeat_is_set_beside_the_samples_taken_during_it_and_its_arm_level_median():
+    samples = [_sample(100.0 + i, 0.0, 1980, 600) for i in range(5)] + \
+              [_sample(200.0 + i, 0.01, 1900, 400) for i in range(5)]
+    host = report.host_during(samples, 101.0, 103.0)
+    assert host["samples"] == 3 and host["sm_mhz"] == 1980 and host["power_w"] == 600
+    assert host["clock_reasons"] == ["0x4"]
+    assert report.host_during(samples, 150.0, 160.0) is None
+
+    def result(repeat, started, step_ms):
+        return {"arm": "fixed k=1", "concurrency": 8, "repeat": repeat, "started_at": started,
+                "wall_s": 3.0, "window": {"step_ms": step_ms, "generation_tokens": 100.0,
+                                          "steps": 50.0},
+                "steps": {"pure_decode": {"median_ms": step_ms * 0.8},
+                          "with_prefill": {"median_ms": step_ms, "share_of_steps": 0.2}}}
+
+    doc = {"results": [result(0, 100.0, 4.0), result(1, 200.0, 5.0), result(2, 300.0, 4.0)]}
+    rows = report.repeats_table(doc, samples)
+    assert [r["rel_step"] for r in rows] == [1.0, 1.25, 1.0]
+    assert rows[1]["rel_pure_ms"] == pytest.approx(1.25)
+    assert rows[1]["power_w"] == 400 and rows[2]["power_w"] is None  # no sample then
+    # fewer than three repeats: no median to set a repeat against
+    assert report.repeats_table({"results": doc["results"][:2]}, samples) == []
+
+
+def test_the_long_steps_of_a_request_turnover_are_counted_from_an_xz_step_log(tmp_path):
+    log = tmp_path / "evaluate" / "logs" / "arm0.steps"
+    log.parent.mkdir(parents=True)
+    writer = StepLogWriter(log, capacity=256)
+    t = 0
+    for i in range(120):
+        turnover = i % 10 == 5  # a request finished: 31 of 32 requests, the next step admits
+        admits = i % 10 == 6
+        period = 14_000_000 if turnover else 4_000_000
+        t += period
+        requests = 31 if turnover else 32
+        writer.append(t, period, requests, 1 if admits else 0, requests - (1 if admits else 0),
+                      1, 2 * requests + (28 if admits else 0), requests, requests // 2)
+    writer.close()
+    (log.parent / "arm0.steps.xz").write_bytes(lzma.compress(log.read_bytes()))
+    log.unlink()
+    doc = {"arms": ["fixed k=1"], "results": [{"concurrency": 32}]}
+    [header, rule, row] = report.turnover_stalls(tmp_path, doc)
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[:4] == ["fixed k=1", "32", "119", "4.00"]  # the last step has no next one
+    assert cells[4] == "12 (10%)" and cells[6] == "12 (100%)"
