@@ -31,6 +31,7 @@ from tabletune.engine.spec import EngineSpec
 from tabletune.engine_args import add_engine_args, engine_spec_from_args
 from tabletune.evaluation.arms import (WORKLOAD_OUTPUT_SPREAD, Arm, controller_env,
                                        controller_start_table, parse_arm, traffic)
+from tabletune.evaluation.paired import arm_length, check_paired_arms, run_paired
 from tabletune.evaluation.results import (RESULTS_SCHEMA, ArmResult, format_losses, level_stats,
                                           loss_table, unresolved)
 from tabletune.prompt_args import add_prompt_args, prompts_from_args
@@ -306,6 +307,11 @@ def cmd_evaluate(args) -> int:
         ["none"] + [f"fixed:{k}" for k in range(1, spec.max_k + 1)] + ["docs"]
         + ([f"table:{args.table}"] if args.table else []))
     arms = [parse_arm(t.strip(), spec.max_k) for t in arm_texts]
+    if args.paired_lengths:
+        if args.one_server:
+            raise ContractError("--paired-lengths: runs its own one server (every length, "
+                                "pinned in turn); leave out --one-server")
+        check_paired_arms(arms, spec.max_k)
     window = _window(args)
     if args.output_spread is not None and not 0 <= args.output_spread < 1:
         raise ContractError(f"--output-spread: {args.output_spread!r} is not in [0, 1)")
@@ -344,7 +350,7 @@ def cmd_evaluate(args) -> int:
     # The per-load best fixed length: no speculation and fixed lengths; on one server also the
     # lengths pinned there (same launch, same serving path as the tables they are compared to).
     fixed = [a.name for a in arms if a.kind in ("none", "fixed")
-             or (args.one_server and a.kind == "fixed-table")]
+             or ((args.one_server or args.paired_lengths) and a.kind == "fixed-table")]
     controllers = [a for a in arms if a.kind == "controller"]
 
     def extra() -> dict:
@@ -357,6 +363,10 @@ def cmd_evaluate(args) -> int:
                 "target_spread": args.target_spread, "max_repeats": args.max_repeats,
                 "target_interval": args.target_interval, "level_budget_s": args.level_budget,
                 "one_server": args.one_server, "step_log": args.step_log,
+                **({"paired_lengths": {
+                    "window_s": args.paired_window, "rounds": args.paired_rounds,
+                    "length_at": {str(c): {a.name: arm_length(a, c) for a in arms}
+                                  for c in concurrency}}} if args.paired_lengths else {}),
                 "startup_s": startups,
                 **({"controller": {"prior": controllers[0].prior,
                                    "start_table": controller_start.to_vllm(),
@@ -368,18 +378,16 @@ def cmd_evaluate(args) -> int:
         return _write_results(out, "evaluate", spec, results, losses, extra(),
                               complete=complete), losses
 
-    results = run_arms(spec, arms, concurrency=concurrency, prompts=prompts,
-                       max_tokens=lengths, requests_per_client=args.requests_per_client,
-                       log_dir=out / "logs", temperature=args.temperature,
-                       min_seconds=args.min_seconds, one_server=args.one_server,
-                       parallel_startups=args.parallel_startups, startup_log=startups,
-                       controller_start=controller_start,
-                       controller_settings=controller_settings,
-                       on_level=lambda partial: save(partial, False),
-                       repeats=args.repeats, window=window, target_spread=args.target_spread,
-                       max_repeats=args.max_repeats, target_interval=args.target_interval,
-                       level_budget_s=args.level_budget, step_log=args.step_log,
-                       startup_timeout_s=args.startup_timeout)
+    if args.paired_lengths:
+        results = run_paired(
+            spec, arms, concurrency=concurrency, prompts=prompts, output_tokens=max_tokens,
+            output_range=lengths if isinstance(lengths, tuple) else (lengths, lengths),
+            log_dir=out / "logs", temperature=args.temperature, window_s=args.paired_window,
+            rounds=args.paired_rounds, startup_timeout_s=args.startup_timeout,
+            startup_log=startups, on_level=lambda partial: save(partial, False))
+    else:
+        results = _run_separate(args, spec, arms, concurrency, prompts, lengths, out, window,
+                                startups, controller_start, controller_settings, save)
     path, losses = save(results, True)
     if losses is not None:
         print("\n".join(format_losses(losses)))
@@ -387,6 +395,23 @@ def cmd_evaluate(args) -> int:
         print("no none/fixed:K arm: throughput only, no losses")
     print(f"results → {path}")
     return 0
+
+
+def _run_separate(args, spec, arms, concurrency, prompts, lengths, out, window, startups,
+                  controller_start, controller_settings, save) -> list[ArmResult]:
+    """Each arm (or each server's group of arms) on a server of its own (``run_arms``)."""
+    return run_arms(spec, arms, concurrency=concurrency, prompts=prompts,
+                    max_tokens=lengths, requests_per_client=args.requests_per_client,
+                    log_dir=out / "logs", temperature=args.temperature,
+                    min_seconds=args.min_seconds, one_server=args.one_server,
+                    parallel_startups=args.parallel_startups, startup_log=startups,
+                    controller_start=controller_start,
+                    controller_settings=controller_settings,
+                    on_level=lambda partial: save(partial, False),
+                    repeats=args.repeats, window=window, target_spread=args.target_spread,
+                    max_repeats=args.max_repeats, target_interval=args.target_interval,
+                    level_budget_s=args.level_budget, step_log=args.step_log,
+                    startup_timeout_s=args.startup_timeout)
 
 
 def add_evaluate_parsers(sub) -> None:
@@ -456,6 +481,19 @@ def add_evaluate_parsers(sub) -> None:
                    default=DEFAULT_STARTUP_TIMEOUT_S,
                    help="seconds a vLLM server may take to become healthy (servers started "
                         "side by side on empty compile caches take longer than one)")
+    p.add_argument("--paired-lengths", action="store_true",
+                   help="compare the arms within the second: one server holds every length, "
+                        "one closed loop per level pins the lengths in turn (--paired-window "
+                        "/ --paired-rounds) and each arm is scored by the length it serves at "
+                        "the level, turn by turn (no controller arm; --repeats, --window and "
+                        "--parallel-startups do not apply)")
+    p.add_argument("--paired-window", type=number(positive=True), default=8.0,
+                   metavar="SECONDS",
+                   help="with --paired-lengths: each length's time in a level's loop, in all "
+                        "(default: %(default)s)")
+    p.add_argument("--paired-rounds", type=integer(3, 1000), default=16,
+                   help="with --paired-lengths: turns each length takes in a level's loop "
+                        "(default: %(default)s; %(default)s turns of 8 s: half a second each)")
     p.add_argument("--no-step-log", dest="step_log", action="store_false",
                    help="no step log on the servers (default: every server keeps one, with "
                         "TableTune's scheduler class, and each window's steps are summed up "

@@ -14,6 +14,12 @@
 #  - beside it, host_sampler.py: the host's CPU time by kind (steal included), the cores'
 #    clock, the busiest processes, the GPU's SM clock, power and throttle reasons, once a
 #    second ($WORK/host-samples.jsonl), to set each window beside the machine's state.
+#  JOB names the parts, run in that order (default "evaluate", what ran in h200-s9); the others:
+#  - paired: `evaluate --paired-lengths` with the same arms but the controller, one server,
+#    every length pinned in turn (16 turns of 0.5 s each per length and level) at EVAL_LEVELS:
+#    the arms compared within the second (README "--paired-lengths").
+#  - convergence: the controller alone under steady load at c = 64, 128, 256 (one 60-s window
+#    each), its rebuilds in $WORK/convergence/controller/rebuilds.jsonl (issue 28 item 3).
 # usage (device, repo root): benchmarks/gpu/h200_s9.sh start | wait SECONDS | collect
 set -uo pipefail
 export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
@@ -24,8 +30,8 @@ EVAL_LEVELS="${EVAL_LEVELS:-64,128,256,192,96,32,8,1}"; EVAL_BUDGET="${EVAL_BUDG
 SAMPLER="$PWD/benchmarks/gpu/host_sampler.py"
 # shellcheck source=benchmarks/gpu/h200_lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/h200_lib.sh"  # engine, tt, the phases
-job() {
-  python3 "$SAMPLER" "$WORK/host-samples.jsonl" & local sampler=$!
+JOB="${JOB:-evaluate}"
+evaluate() {
   echo "evaluate start $(date +%s)"
   # shellcheck disable=SC2046
   tt evaluate $(engine 11500000000 0.15) --max-num-seqs 256 --concurrency "$EVAL_LEVELS" \
@@ -34,6 +40,28 @@ job() {
     --arms "fixed:1,fixed:2,fixed:3,docs,table:$PRIOR/table.json,controller:$PRIOR" \
     --controller-start "$PRIOR/table.json" --out-dir "$WORK/evaluate" 2>&1 | grep -v "Iteration("
   echo "evaluate end $(date +%s)"
+}
+paired() {
+  echo "paired start $(date +%s)"
+  # shellcheck disable=SC2046
+  tt evaluate $(engine 24000000000 0.45) --max-num-seqs 256 --concurrency "$EVAL_LEVELS" \
+    --paired-lengths --paired-window 8 --paired-rounds 16 --startup-timeout 1200 \
+    --arms "none,fixed:1,fixed:2,fixed:3,docs,table:$PRIOR/table.json" \
+    --out-dir "$WORK/paired" 2>&1 | grep -v "Iteration("
+  echo "paired end $(date +%s)"
+}
+convergence() {
+  echo "convergence start $(date +%s)"
+  # shellcheck disable=SC2046
+  tt evaluate $(engine 24000000000 0.45) --max-num-seqs 256 --concurrency 64,128,256 \
+    --requests-per-client 1 --window 2,60 --arms "controller:$PRIOR" \
+    --controller-start "$PRIOR/table.json" --startup-timeout 1200 \
+    --out-dir "$WORK/convergence" 2>&1 | grep -v "Iteration("
+  echo "convergence end $(date +%s)"
+}
+job() {
+  python3 "$SAMPLER" "$WORK/host-samples.jsonl" & local sampler=$!
+  for part in $JOB; do "$part"; done
   kill "$sampler"; wait "$sampler"
   echo "job end $(date +%s)"
 }
@@ -44,7 +72,8 @@ case "$1" in
       --format=csv
     nproc; lscpu | grep -i "model name\|mhz\|thread\|socket\|numa\|hypervisor" || true
     [ -f "$MODELS/eagle3/config.json" ] || python3 benchmarks/gpu/make_models.py "$MODELS" >/dev/null
-    export -f job engine tt; export MODELS WORK PRIOR EVAL_LEVELS EVAL_BUDGET SAMPLER
+    export -f job evaluate paired convergence engine tt
+    export MODELS WORK PRIOR EVAL_LEVELS EVAL_BUDGET SAMPLER JOB
     setsid nohup bash -c job > "$WORK/job.out" 2>&1 < /dev/null &
     sleep 5; echo started ;;
   wait) h200_wait "${2:-500}" ;;

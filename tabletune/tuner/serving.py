@@ -267,13 +267,16 @@ def measure_serving(server: VllmServer, control: Path, prompts: Sequence[str], *
                     temperature: float = 0.0, warm_up_s: float = DEFAULT_SERVING_WARM_UP_S,
                     window_s: float = DEFAULT_SERVING_WINDOW_S,
                     rounds: int = DEFAULT_SERVING_ROUNDS, seed: int = 1,
-                    progress: Callable[[int, int], None] | None = None) -> list[ServingCell]:
+                    progress: Callable[[int, int], None] | None = None,
+                    output_range: tuple[int, int] | None = None) -> list[ServingCell]:
     """One closed loop per B (B requests in flight), every length timed inside it: k is pinned
     in turn for ``window_s / rounds`` seconds at a time, ``rounds`` times each, so a slow
     second of the machine lands on one block of one length and the lengths of one B see the
     same machine. The step log splits the loop's steady window by the length each step
-    drafted (``length_blocks``); each length's blocks make its ``StepMix``."""
-    low, high = max(1, output_tokens // 2), max(1, output_tokens + output_tokens // 2)
+    drafted (``length_blocks``); each length's blocks make its ``StepMix``. Requests are
+    ``output_tokens`` x (1 +- 0.5) long, or ``output_range`` (low, high) when given."""
+    low, high = output_range or (max(1, output_tokens // 2),
+                                 max(1, output_tokens + output_tokens // 2))
     lengths = list(lengths)
     switch_s = window_s / rounds
     cells: list[ServingCell] = []

@@ -86,6 +86,34 @@ def test_evaluate_counts_every_token_and_switches_arms_on_one_server(tmp_path, c
     assert sorted(p.name for p in system_tmp.iterdir()) == []
 
 
+def test_paired_lengths_scores_each_arm_by_its_length_turn_by_turn_in_one_loop(
+        tmp_path, capsys, system_tmp):
+    rc = main(["evaluate", "--max-k", "2", "--paired-lengths",
+               "--arms", f"fixed:1,fixed:2,table:{CPU_TABLE}", "--concurrency", "2,8",
+               "--paired-window", "2", "--paired-rounds", "3", "--max-tokens", "24",
+               "--num-prompts", "16", "--out-dir", str(tmp_path)])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    doc = json.loads((tmp_path / "evaluate.json").read_text())
+    assert doc["complete"] is True and list(doc["startup_s"]) == ["paired.log"]
+    # The CPU table serves k = 2 up to B = 7 and k = 1 from B = 8.
+    assert doc["paired_lengths"]["length_at"] == {
+        "2": {"fixed k=1": 1, "fixed k=2": 2, "table table.json": 2},
+        "8": {"fixed k=1": 1, "fixed k=2": 2, "table table.json": 1}}
+    by = {(r["arm"], r["concurrency"], r["repeat"]): r for r in doc["results"]}
+    for c, twin in ((2, "fixed k=2"), (8, "fixed k=1")):
+        turns = sorted(rep for (arm, cc, rep) in by if arm == twin and cc == c)
+        assert len(turns) >= 2, turns  # every turn gave each length a block
+        for rep in turns:
+            table, fixed = by[("table table.json", c, rep)], by[(twin, c, rep)]
+            # the same length in the same turn: the same measurement
+            assert table["tokens_per_s"] == fixed["tokens_per_s"] > 0
+            assert table["steps"]["steps"] >= 2 and table["window"]["step_ms"] > 0
+    assert "(k=1, median of" in out and "(k=2, median of" in out
+    assert not _live_vllm_children()
+    assert sorted(p.name for p in system_tmp.iterdir()) == []
+
+
 def _live_vllm_children() -> list[int]:
     from tabletune.engine.server import _LIVE_SERVERS
 

@@ -1,0 +1,87 @@
+"""`tabletune evaluate --paired-lengths`: arms scored by the length they serve, turn by turn, from
+one loop's step-log blocks (no engine here; tests/cli/test_evaluate_engine.py runs it on one)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tabletune.cli import main
+from tabletune.core.step_log import Step
+from tabletune.core.tables import DraftTable
+from tabletune.evaluation.arms import Arm, parse_arm
+from tabletune.evaluation.paired import arm_length, check_paired_arms, paired_results
+from tabletune.evaluation.results import loss_table
+
+CPU_TABLE = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "cpu" / "table.json"
+
+
+def _block(t0_ns: int, step_ms: float, k: int, batch: int = 8, steps: int = 10,
+           accepted: int = 4) -> list[Step]:
+    period = int(step_ms * 1e6)
+    return [Step(t_ns=t0_ns + i * period, period_ns=period, requests=batch, new_requests=0,
+                 verifying=batch if k else 0, k=k, tokens=batch * (1 + k),
+                 verified_drafts=batch * k, accepted=accepted if k else 0)
+            for i in range(steps)]
+
+
+def test_an_arm_is_the_length_it_serves_at_the_level():
+    table = Arm("table t", "table", table=DraftTable.from_ranges([[1, 4, 3], [5, 64, 1]]))
+    assert [arm_length(table, c) for c in (1, 4, 5, 200)] == [3, 3, 1, 1]
+    assert arm_length(parse_arm("fixed:2", 3), 64) == 2
+    assert arm_length(parse_arm("none", 3), 64) == 0
+    check_paired_arms([table, parse_arm("fixed:3", 3)], max_k=3)
+    with pytest.raises(Exception, match="above --max-k 2"):
+        check_paired_arms([table], max_k=2)
+
+
+def test_each_turn_scores_every_arm_by_its_length_s_block_of_that_turn():
+    # Turn 1 ran on a slow second: every length's block is 30 % slower in it.
+    blocks = {k: [_block(10**9 * turn, ms * (1.3 if turn == 1 else 1.0), k)
+                  for turn in range(3)]
+              for k, ms in ((1, 4.0), (2, 5.0), (3, 6.0))}
+    blocks[3].append(_block(10**10, 6.0, 3))  # a fourth block of one length: no full turn
+    table = Arm("table t", "table", table=DraftTable.from_ranges([[1, 4, 3], [5, 64, 2]]))
+    arms = [parse_arm("fixed:1", 3), parse_arm("fixed:2", 3), parse_arm("fixed:3", 3), table]
+    results = paired_results(arms, 8, blocks, wall_offset_s=100.0)
+    assert sorted({(r.arm, r.repeat) for r in results}) == sorted(
+        (a.name, turn) for a in arms for turn in range(3))
+    by = {(r.arm, r.repeat): r for r in results}
+    # The table serves k = 2 at B = 8: its numbers are fixed k=2's, turn for turn.
+    assert all(by[("table t", j)].tokens_per_s == by[("fixed k=2", j)].tokens_per_s
+               for j in range(3))
+    # tokens a step: 8 requests + 4 accepted drafts = 12 over 5 ms (k = 2)
+    assert by[("fixed k=2", 0)].tokens_per_s == pytest.approx(12 / 0.005)
+    assert by[("fixed k=2", 0)].started_at == pytest.approx(100.0)
+    assert by[("fixed k=2", 0)].steps["pure_decode"]["k"] == 2
+    # The slow turn moves every length alike, so the losses are the same in every turn and
+    # their interval has no width.
+    losses = loss_table(results, ["fixed k=1", "fixed k=2", "fixed k=3"])["arms"]
+    assert losses["fixed k=1"]["worst_loss"] == pytest.approx(0.0)  # 12/4 ms beats 12/5, 12/6
+    assert losses["fixed k=3"]["loss_interval_by_concurrency"][8] == pytest.approx(
+        [1 - 4 / 6, 1 - 4 / 6])
+
+
+def test_paired_lengths_refuses_the_controller_and_one_server_before_any_engine(
+        tmp_path, capsys, monkeypatch):
+    from tabletune import evaluate
+
+    monkeypatch.setattr(evaluate, "run_paired",
+                        lambda *a, **k: pytest.fail("engine work started"))
+    prior = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "cpu"
+    out = tmp_path / "eval"
+    for extra, message in (
+            (["--arms", f"fixed:1,controller:{prior}"],
+             "--arms: 'controller': --paired-lengths scores arms by the length they serve"),
+            (["--arms", "fixed:1,docs", "--one-server"], "--paired-lengths: runs its own one "
+                                                         "server"),
+            (["--arms", f"fixed:1,table:{CPU_TABLE}", "--max-k", "1"], "above --max-k 1"),
+            (["--paired-rounds", "2"], "--paired-rounds: 2")):
+        argv = ["evaluate", "--max-k", "3", "--paired-lengths", "--out-dir", str(out), *extra]
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "Traceback" not in err, err
+        assert message in err, err
+    assert not out.exists()
