@@ -63,20 +63,25 @@ def paired_results(arms: Sequence[Arm], concurrency: int,
                    wall_offset_s: float = 0.0) -> list[ArmResult]:
     """Each arm's result per turn at one level, from ``blocks[k]``: the step-log blocks of
     length k in the loop, in time order (block j of every length belongs to turn j). Turns
-    that some arm's length lacks are left out for every arm, so every round is complete.
+    that some arm's length lacks, or in which its block has fewer than two timed steps, are
+    left out for every arm, so every round is complete.
     ``wall_offset_s`` turns the step log's monotonic clock into wall time (``started_at``)."""
     from tabletune.tuner.serving import window_from_steps
 
     lengths = {arm.name: arm_length(arm, concurrency) for arm in arms}
-    turns = min(len(blocks.get(k, ())) for k in lengths.values())
+    needed = set(lengths.values())
+    turns = min(len(blocks.get(k, ())) for k in needed)
+    windows = {(k, turn): window_from_steps(list(blocks[k][turn]))
+               for k in needed for turn in range(turns)}
+    # A turn in which some length ran fewer than two timed steps (a slow second, a slot too
+    # short for the step time) is left out for every arm: a round is complete or absent.
+    complete = [t for t in range(turns) if all(windows[(k, t)] is not None for k in needed)]
     out: list[ArmResult] = []
     for arm in arms:
         k = lengths[arm.name]
-        for turn in range(turns):
+        for turn in complete:
             block = list(blocks[k][turn])
-            window = window_from_steps(block)
-            if window is None:  # a block of fewer than two timed steps
-                continue
+            window = windows[(k, turn)]
             out.append(ArmResult(
                 arm.name, concurrency, window.tokens_per_s,
                 requests=sum(st.new_requests for st in block),  # admitted in the block

@@ -233,8 +233,8 @@ def window_from_steps(steps: Sequence[Step]) -> ServingWindow | None:
 
 
 class _Rotation:
-    """Pins the lengths in turn, ``switch_s`` each, the order shifted by one every full turn,
-    until stopped (a thread beside the closed loop)."""
+    """Pins the lengths in turn, ``switch_s`` each, the order shifted by one every full turn
+    (two lengths simply alternate), until stopped (a thread beside the closed loop)."""
 
     def __init__(self, control: Path, lengths: Sequence[int], switch_s: float) -> None:
         import threading
@@ -245,13 +245,16 @@ class _Rotation:
 
     def _run(self) -> None:
         turn = 0
+        n = len(self.lengths)
+        # Shifting two lengths would put the same one at the end of a turn and the start of
+        # the next (a, b | b, a): one block where the step log should see two.
+        shift = 1 if n > 2 else 0
         while not self._stop.is_set():
-            n = len(self.lengths)
             for i in range(n):
                 write_control(self.control, force_k=self.lengths[(i + turn) % n])
                 if self._stop.wait(self.switch_s):
                     return
-            turn += 1
+            turn += shift
 
     def __enter__(self) -> _Rotation:
         self._thread.start()

@@ -90,7 +90,8 @@ def test_paired_lengths_scores_each_arm_by_its_length_turn_by_turn_in_one_loop(
         tmp_path, capsys, system_tmp):
     rc = main(["evaluate", "--max-k", "2", "--paired-lengths",
                "--arms", f"fixed:1,fixed:2,table:{CPU_TABLE}", "--concurrency", "2,8",
-               "--paired-window", "2", "--paired-rounds", "3", "--max-tokens", "24",
+               # 2-s turns: several steps a turn even when another engine shares the cores
+               "--paired-window", "6", "--paired-rounds", "3", "--max-tokens", "24",
                "--num-prompts", "16", "--out-dir", str(tmp_path)])
     out, err = capsys.readouterr()
     assert rc == 0, err

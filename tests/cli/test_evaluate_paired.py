@@ -43,6 +43,7 @@ def test_each_turn_scores_every_arm_by_its_length_s_block_of_that_turn():
                   for turn in range(3)]
               for k, ms in ((1, 4.0), (2, 5.0), (3, 6.0))}
     blocks[3].append(_block(10**10, 6.0, 3))  # a fourth block of one length: no full turn
+    blocks[1].append(_block(10**10, 4.0, 1))
     table = Arm("table t", "table", table=DraftTable.from_ranges([[1, 4, 3], [5, 64, 2]]))
     arms = [parse_arm("fixed:1", 3), parse_arm("fixed:2", 3), parse_arm("fixed:3", 3), table]
     results = paired_results(arms, 8, blocks, wall_offset_s=100.0)
@@ -56,6 +57,11 @@ def test_each_turn_scores_every_arm_by_its_length_s_block_of_that_turn():
     assert by[("fixed k=2", 0)].tokens_per_s == pytest.approx(12 / 0.005)
     assert by[("fixed k=2", 0)].started_at == pytest.approx(100.0)
     assert by[("fixed k=2", 0)].steps["pure_decode"]["k"] == 2
+    # A turn whose block of one length is a single step is left out for every arm.
+    blocks[2][1] = blocks[2][1][:1]
+    short = paired_results(arms, 8, blocks)
+    assert sorted({r.repeat for r in short}) == [0, 2]
+    assert len(short) == len(arms) * 2
     # The slow turn moves every length alike, so the losses are the same in every turn and
     # their interval has no width.
     losses = loss_table(results, ["fixed k=1", "fixed k=2", "fixed k=3"])["arms"]

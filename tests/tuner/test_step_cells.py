@@ -182,6 +182,14 @@ def test_the_rotation_pins_every_length_in_turn_and_stops(tmp_path, monkeypatch)
     # every length in turn, the order shifted by one every full turn: 0 1 2 | 1 2 0 | ...
     assert pinned[:6] == [0, 1, 2, 1, 2, 0]
 
+    # Two lengths alternate: shifted, the end of one turn would meet the start of the next
+    # (0 1 | 1 0) and the step log would see one block of 1 where two turns timed it.
+    pinned.clear()
+    six.clear()
+    with serving._Rotation(tmp_path / "control.json", [0, 1], 0.001):
+        assert six.wait(30)
+    assert pinned[:6] == [0, 1, 0, 1, 0, 1]
+
 
 def test_a_contested_cell_timed_again_pools_both_loops_and_the_rest_stay_as_they_were():
     from tabletune.tuner.serving import merge_cells
