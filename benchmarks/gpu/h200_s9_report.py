@@ -9,8 +9,9 @@ and the host samples (joined by wall time) give the GPU's SM clock, its power, t
 steal and busy cores during the repeat. The report prints, over every repeat, how each of these
 relative quantities moves with the relative step time (Pearson r, and the spread of each).
 
-usage: python benchmarks/gpu/h200_s9_report.py RUN_DIR   (RUN_DIR holds evaluate/ and
-host-samples.jsonl; prints Markdown)
+usage: python benchmarks/gpu/h200_s9_report.py RUN_DIR [PART]   (RUN_DIR holds PART/, default
+evaluate/, and host-samples.jsonl; PART paired: an `evaluate --paired-lengths` run; prints
+Markdown)
 """
 
 from __future__ import annotations
@@ -132,7 +133,7 @@ def arms_table(doc: dict) -> list[str]:
             iv = lv.get("interval_tokens_per_s")
             text = fmt_int(lv["median_tokens_per_s"])
             if best.get(str(c)) and abs(lv["median_tokens_per_s"] - best[str(c)]) < 1e-6 \
-                    and arm.startswith("fixed"):
+                    and (arm.startswith("fixed") or arm == "no speculation"):
                 text = f"**{text}**"
             if iv:
                 text += f" [{fmt_int(iv[0])}, {fmt_int(iv[1])}]"
@@ -241,7 +242,7 @@ def read_step_log(path: Path):
         return StepLogReader(tmp.name).since(0)[0]
 
 
-def turnover_stalls(run: Path, doc: dict) -> list[str]:
+def turnover_stalls(run: Path, doc: dict, part: str = "evaluate") -> list[str]:
     """The long steps of each fixed-K server at each level: steps over 2.5 x the level's median
     step, their share of the steps and of the time, and how many of them hold fewer requests
     than the level's clients while the next step brings a new request (a request turnover).
@@ -253,7 +254,7 @@ def turnover_stalls(run: Path, doc: dict) -> list[str]:
     for i, arm in enumerate(doc["arms"]):
         if not arm.startswith("fixed"):
             continue
-        path = run / "evaluate" / "logs" / f"arm{i}.steps.xz"
+        path = run / part / "logs" / f"arm{i}.steps.xz"
         if not path.exists():
             path = path.with_suffix("")
         if not path.exists():
@@ -280,7 +281,8 @@ def turnover_stalls(run: Path, doc: dict) -> list[str]:
 
 def main(argv: list[str]) -> int:
     run = Path(argv[1])
-    doc = json.loads((run / "evaluate" / "evaluate.json").read_text())
+    part = argv[2] if len(argv) > 2 else "evaluate"
+    doc = json.loads((run / part / "evaluate.json").read_text())
     samples = load_samples(run)
     rows = repeats_table(doc, samples)
     reasons = sorted({x for r in rows for x in r["reasons"]})
@@ -290,7 +292,8 @@ def main(argv: list[str]) -> int:
              *loss_by_level(doc), "", "## Where the variation between rounds is", "",
              *variation(rows), "", f"GPU clock reasons seen during repeats: {reasons or 'none'}",
              "", "## Over time", "", *drift_over_time(rows),
-             "", "## Long steps", "", *turnover_stalls(run, doc)]
+             "", "## Long steps (servers of their own only)", "",
+             *turnover_stalls(run, doc, part)]
     print("\n".join(lines))
     return 0
 
