@@ -386,8 +386,19 @@ def cmd_evaluate(args) -> int:
             rounds=args.paired_rounds, startup_timeout_s=args.startup_timeout,
             startup_log=startups, on_level=lambda partial: save(partial, False))
     else:
-        results = _run_separate(args, spec, arms, concurrency, prompts, lengths, out, window,
-                                startups, controller_start, controller_settings, save)
+        results = run_arms(spec, arms, concurrency=concurrency, prompts=prompts,
+                           max_tokens=lengths, requests_per_client=args.requests_per_client,
+                           log_dir=out / "logs", temperature=args.temperature,
+                           min_seconds=args.min_seconds, one_server=args.one_server,
+                           parallel_startups=args.parallel_startups, startup_log=startups,
+                           controller_start=controller_start,
+                           controller_settings=controller_settings,
+                           on_level=lambda partial: save(partial, False),
+                           repeats=args.repeats, window=window,
+                           target_spread=args.target_spread, max_repeats=args.max_repeats,
+                           target_interval=args.target_interval,
+                           level_budget_s=args.level_budget, step_log=args.step_log,
+                           startup_timeout_s=args.startup_timeout)
     path, losses = save(results, True)
     if losses is not None:
         print("\n".join(format_losses(losses)))
@@ -395,23 +406,6 @@ def cmd_evaluate(args) -> int:
         print("no none/fixed:K arm: throughput only, no losses")
     print(f"results → {path}")
     return 0
-
-
-def _run_separate(args, spec, arms, concurrency, prompts, lengths, out, window, startups,
-                  controller_start, controller_settings, save) -> list[ArmResult]:
-    """Each arm (or each server's group of arms) on a server of its own (``run_arms``)."""
-    return run_arms(spec, arms, concurrency=concurrency, prompts=prompts,
-                    max_tokens=lengths, requests_per_client=args.requests_per_client,
-                    log_dir=out / "logs", temperature=args.temperature,
-                    min_seconds=args.min_seconds, one_server=args.one_server,
-                    parallel_startups=args.parallel_startups, startup_log=startups,
-                    controller_start=controller_start,
-                    controller_settings=controller_settings,
-                    on_level=lambda partial: save(partial, False),
-                    repeats=args.repeats, window=window, target_spread=args.target_spread,
-                    max_repeats=args.max_repeats, target_interval=args.target_interval,
-                    level_budget_s=args.level_budget, step_log=args.step_log,
-                    startup_timeout_s=args.startup_timeout)
 
 
 def add_evaluate_parsers(sub) -> None:

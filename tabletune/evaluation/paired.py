@@ -4,9 +4,9 @@ On a host whose speed wanders by +-10 % over seconds (the H200's vCPU: a serving
 host-bound), arms measured one after another, even on servers started side by side, differ by
 the moment each was measured as much as by what each serves. Here one server holds every
 length and one closed loop of ``c`` clients runs per level while the lengths take turns, a
-fraction of a second each, the order shifted every turn (the tune's serving loop,
-``tuner.serving.measure_serving``); the step log splits the loop by the length each step
-drafted. Every turn gives each length one block of steps, and the blocks of one turn saw the
+fraction of a second each, the order shifted every turn when there are more than two (the
+tune's serving loop, ``tuner.serving.measure_serving``); the step log splits the loop by the
+length each step drafted. Every turn gives each length one block of steps, and the blocks of one turn saw the
 same second of the machine. An arm is then the length it serves at ``c`` (a table's k at
 B = c; a fixed arm's K; no speculation k = 0), and its result in turn j is its length's block
 j: the rounds the statistics resample (``core.arm_stats``) are these turns, so a loss is a
