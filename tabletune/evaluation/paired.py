@@ -6,11 +6,11 @@ the moment each was measured as much as by what each serves. Here one server hol
 length and one closed loop of ``c`` clients runs per level while the lengths take turns, a
 fraction of a second each, the order shifted every turn when there are more than two (the
 tune's serving loop, ``tuner.serving.measure_serving``); the step log splits the loop by the
-length each step drafted. Every turn gives each length one block of steps, and the blocks of one turn saw the
-same second of the machine. An arm is then the length it serves at ``c`` (a table's k at
-B = c; a fixed arm's K; no speculation k = 0), and its result in turn j is its length's block
-j: the rounds the statistics resample (``core.arm_stats``) are these turns, so a loss is a
-ratio within the same second.
+length each step drafted. An arm is then the length it serves at ``c`` (a table's k at
+B = c; a fixed arm's K; no speculation k = 0), and a turn is one block of each length some arm
+serves, the blocks next to each other in time (``paired_turns``), so they saw the same second
+of the machine: the rounds the statistics resample (``core.arm_stats``) are these turns, so a
+loss is a ratio within the same second.
 
 What this does not measure, and says so: arms serving the same length at ``c`` have the same
 numbers (they are the same measurement); a table's cost of its own (the table path against a
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
 from tabletune.core.errors import ContractError
@@ -32,7 +32,7 @@ from tabletune.core.step_stats import window_step_summary
 from tabletune.evaluation.arms import Arm
 from tabletune.evaluation.results import ArmResult
 
-__all__ = ["arm_length", "check_paired_arms", "paired_results", "run_paired"]
+__all__ = ["arm_length", "check_paired_arms", "paired_results", "paired_turns", "run_paired"]
 
 
 def arm_length(arm: Arm, concurrency: int) -> int:
@@ -58,35 +58,56 @@ def check_paired_arms(arms: Sequence[Arm], max_k: int) -> None:
                                 f"{max_k}: the paired loop has lengths 0..{max_k}")
 
 
+def paired_turns(blocks: Mapping[int, Sequence[Sequence[Step]]],
+                 needed: Iterable[int]) -> list[dict[int, list[Step]]]:
+    """The turns of a loop for the ``needed`` lengths: runs of blocks next to each other in
+    time (the needed lengths' blocks only) that hold each needed length once, each block
+    with at least two timed steps; taken from the earliest, without overlap.
+
+    Found in time rather than by counting blocks: the steady window starts and ends inside
+    some length's slot, so its first and last blocks are cut short (or missing), and the
+    j-th block of one length and of another need not be neighbours."""
+    from tabletune.tuner.serving import window_from_steps
+
+    needed = sorted(set(needed))
+    sequence = sorted(((blk[0].t_ns, k, list(blk)) for k in needed
+                       for blk in blocks.get(k, ()) if blk), key=lambda item: item[:2])
+    usable = [window_from_steps(blk) is not None for _, _, blk in sequence]
+    turns: list[dict[int, list[Step]]] = []
+    i, n = 0, len(needed)
+    while i + n <= len(sequence):
+        run = range(i, i + n)
+        if len({sequence[j][1] for j in run}) == n and all(usable[j] for j in run):
+            turns.append({sequence[j][1]: sequence[j][2] for j in run})
+            i += n
+        else:
+            i += 1
+    return turns
+
+
 def paired_results(arms: Sequence[Arm], concurrency: int,
                    blocks: Mapping[int, Sequence[Sequence[Step]]],
                    wall_offset_s: float = 0.0) -> list[ArmResult]:
     """Each arm's result per turn at one level, from ``blocks[k]``: the step-log blocks of
-    length k in the loop, in time order (block j of every length belongs to turn j). Turns
-    that some arm's length lacks, or in which its block has fewer than two timed steps, are
-    left out for every arm, so every round is complete.
+    length k in the loop. A turn (``paired_turns``) holds one block of every length some arm
+    serves, next to each other in time; a length's block too short to time leaves its
+    neighbours out of any turn, so every round is complete for every arm.
     ``wall_offset_s`` turns the step log's monotonic clock into wall time (``started_at``)."""
     from tabletune.tuner.serving import window_from_steps
 
     lengths = {arm.name: arm_length(arm, concurrency) for arm in arms}
-    needed = set(lengths.values())
-    turns = min(len(blocks.get(k, ())) for k in needed)
-    windows = {(k, turn): window_from_steps(list(blocks[k][turn]))
-               for k in needed for turn in range(turns)}
-    # A turn in which some length ran fewer than two timed steps (a slow second, a slot too
-    # short for the step time) is left out for every arm: a round is complete or absent.
-    complete = [t for t in range(turns) if all(windows[(k, t)] is not None for k in needed)]
+    turns = paired_turns(blocks, lengths.values())
     out: list[ArmResult] = []
     for arm in arms:
         k = lengths[arm.name]
-        for turn in complete:
-            block = list(blocks[k][turn])
-            window = windows[(k, turn)]
+        for number, turn in enumerate(turns):
+            block = turn[k]
+            window = window_from_steps(block)
             out.append(ArmResult(
                 arm.name, concurrency, window.tokens_per_s,
                 requests=sum(st.new_requests for st in block),  # admitted in the block
                 output_tokens=int(window.generation_tokens), wall_s=window.seconds,
-                repeat=turn, window=window.to_dict(),
+                repeat=number, window=window.to_dict(),
                 started_at=round(block[0].t_ns / 1e9 + wall_offset_s, 3),
                 steps=window_step_summary(block)))
     return out

@@ -90,8 +90,8 @@ def test_paired_lengths_scores_each_arm_by_its_length_turn_by_turn_in_one_loop(
         tmp_path, capsys, system_tmp):
     rc = main(["evaluate", "--max-k", "2", "--paired-lengths",
                "--arms", f"fixed:1,fixed:2,table:{CPU_TABLE}", "--concurrency", "2,8",
-               # 2-s turns: several steps a turn even when another engine shares the cores
-               "--paired-window", "6", "--paired-rounds", "3", "--max-tokens", "24",
+               # 2-s slots: several steps a block even when another engine shares the cores
+               "--paired-window", "8", "--paired-rounds", "4", "--max-tokens", "24",
                "--num-prompts", "16", "--out-dir", str(tmp_path)])
     out, err = capsys.readouterr()
     assert rc == 0, err
@@ -104,7 +104,8 @@ def test_paired_lengths_scores_each_arm_by_its_length_turn_by_turn_in_one_loop(
     by = {(r["arm"], r["concurrency"], r["repeat"]): r for r in doc["results"]}
     for c, twin in ((2, "fixed k=2"), (8, "fixed k=1")):
         turns = sorted(rep for (arm, cc, rep) in by if arm == twin and cc == c)
-        assert len(turns) >= 2, turns  # every turn gave each length a block
+        # Four turns of the rotation; the window's edges cut a block or two short.
+        assert len(turns) >= 2, turns
         for rep in turns:
             table, fixed = by[("table table.json", c, rep)], by[(twin, c, rep)]
             # the same length in the same turn: the same measurement

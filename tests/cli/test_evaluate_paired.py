@@ -12,7 +12,8 @@ from tabletune.cli import main
 from tabletune.core.step_log import Step
 from tabletune.core.tables import DraftTable
 from tabletune.evaluation.arms import Arm, parse_arm
-from tabletune.evaluation.paired import arm_length, check_paired_arms, paired_results
+from tabletune.evaluation.paired import (arm_length, check_paired_arms, paired_results,
+                                         paired_turns)
 from tabletune.evaluation.results import loss_table
 
 CPU_TABLE = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "cpu" / "table.json"
@@ -38,12 +39,12 @@ def test_an_arm_is_the_length_it_serves_at_the_level():
 
 
 def test_each_turn_scores_every_arm_by_its_length_s_block_of_that_turn():
-    # Turn 1 ran on a slow second: every length's block is 30 % slower in it.
-    blocks = {k: [_block(10**9 * turn, ms * (1.3 if turn == 1 else 1.0), k)
+    # Lengths 1, 2, 3 take 0.1-s slots in turn; turn 1 ran on a slow second: every length's
+    # block is 30 % slower in it.
+    blocks = {k: [_block(10**9 * turn + 10**8 * k, ms * (1.3 if turn == 1 else 1.0), k)
                   for turn in range(3)]
               for k, ms in ((1, 4.0), (2, 5.0), (3, 6.0))}
-    blocks[3].append(_block(10**10, 6.0, 3))  # a fourth block of one length: no full turn
-    blocks[1].append(_block(10**10, 4.0, 1))
+    blocks[1].append(_block(10**10, 4.0, 1))  # the window ends inside the next turn
     table = Arm("table t", "table", table=DraftTable.from_ranges([[1, 4, 3], [5, 64, 2]]))
     arms = [parse_arm("fixed:1", 3), parse_arm("fixed:2", 3), parse_arm("fixed:3", 3), table]
     results = paired_results(arms, 8, blocks, wall_offset_s=100.0)
@@ -55,13 +56,21 @@ def test_each_turn_scores_every_arm_by_its_length_s_block_of_that_turn():
                for j in range(3))
     # tokens a step: 8 requests + 4 accepted drafts = 12 over 5 ms (k = 2)
     assert by[("fixed k=2", 0)].tokens_per_s == pytest.approx(12 / 0.005)
-    assert by[("fixed k=2", 0)].started_at == pytest.approx(100.0)
+    assert by[("fixed k=2", 0)].started_at == pytest.approx(100.2)
     assert by[("fixed k=2", 0)].steps["pure_decode"]["k"] == 2
-    # A turn whose block of one length is a single step is left out for every arm.
-    blocks[2][1] = blocks[2][1][:1]
+    # The steady window began inside turn 0's slot of length 2 (its block cut to one step)
+    # and ended in turn 2's: turns are found in time, so the neighbours that do hold every
+    # length still make rounds, each of blocks next to each other.
+    blocks[2][0] = blocks[2][0][-1:]
+    del blocks[3][2]
+    cut = paired_turns(blocks, [1, 2, 3])
+    assert [[blk[0].t_ns for blk in sorted(turn.values(), key=lambda b: b[0].t_ns)]
+            for turn in cut] == [[3 * 10**8, 11 * 10**8, 12 * 10**8],
+                                 [13 * 10**8, 21 * 10**8, 22 * 10**8]]
     short = paired_results(arms, 8, blocks)
-    assert sorted({r.repeat for r in short}) == [0, 2]
-    assert len(short) == len(arms) * 2
+    assert sorted({r.repeat for r in short}) == [0, 1] and len(short) == len(arms) * 2
+    # Two arms of one length need that length alone: every usable block is a round.
+    assert len(paired_turns(blocks, [1])) == 4
     # The slow turn moves every length alike, so the losses are the same in every turn and
     # their interval has no width.
     losses = loss_table(results, ["fixed k=1", "fixed k=2", "fixed k=3"])["arms"]
