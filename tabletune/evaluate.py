@@ -29,11 +29,12 @@ from tabletune.engine.server import EngineError, VllmServer
 from tabletune.engine.vllm_args import speculative_config
 from tabletune.engine.spec import EngineSpec
 from tabletune.engine_args import add_engine_args, engine_spec_from_args
-from tabletune.evaluation.arms import (WORKLOAD_OUTPUT_SPREAD, Arm, controller_env,
+from tabletune.evaluation.arms import (ADAPTIVE_KINDS, WORKLOAD_OUTPUT_SPREAD, Arm,
+                                       check_adaptive_arms, controller_env,
                                        controller_start_table, parse_arm, traffic)
 from tabletune.evaluation.paired import arm_length, check_paired_arms, run_paired
-from tabletune.evaluation.results import (RESULTS_SCHEMA, ArmResult, format_losses, level_stats,
-                                          loss_table, unresolved)
+from tabletune.evaluation.results import (RESULTS_SCHEMA, ArmResult, format_losses,
+                                          format_versus, level_stats, loss_table, unresolved)
 from tabletune.prompt_args import add_prompt_args, prompts_from_args
 from tabletune.tuner.profile_settings import DEFAULT_STARTUP_TIMEOUT_S
 
@@ -307,6 +308,10 @@ def cmd_evaluate(args) -> int:
         ["none"] + [f"fixed:{k}" for k in range(1, spec.max_k + 1)] + ["docs"]
         + ([f"table:{args.table}"] if args.table else []))
     arms = [parse_arm(t.strip(), spec.max_k) for t in arm_texts]
+    if any(a.kind in ADAPTIVE_KINDS for a in arms):
+        from tabletune.engine.fingerprint import engine_version
+
+        check_adaptive_arms(arms, spec, engine_version()[1])
     if args.paired_lengths:
         if args.one_server:
             raise ContractError("--paired-lengths: runs its own one server (every length, "
@@ -352,6 +357,17 @@ def cmd_evaluate(args) -> int:
     fixed = [a.name for a in arms if a.kind in ("none", "fixed")
              or ((args.one_server or args.paired_lengths) and a.kind == "fixed-table")]
     controllers = [a for a in arms if a.kind == "controller"]
+    # vLLM's adaptive verification is what a user on vLLM >= 0.28 could switch on instead of a
+    # table: every arm is also set against each adaptive arm, level by level.
+    adaptive = [a.name for a in arms if a.kind in ADAPTIVE_KINDS]
+
+    def versus(results) -> dict:
+        out = {}
+        for name in adaptive:
+            levels = {r.concurrency for r in results if r.arm == name}
+            if levels:  # the levels it was measured at (a run cut short may lack some)
+                out[name] = loss_table([r for r in results if r.concurrency in levels], [name])
+        return out
 
     def extra() -> dict:
         return {"arms": [a.name for a in arms], "wall_s": round(time.time() - started, 1),
@@ -375,8 +391,9 @@ def cmd_evaluate(args) -> int:
     def save(results, complete):
         # Losses need a baseline (no speculation or a fixed length); else throughput only.
         losses = loss_table(results, fixed) if fixed and results else None
-        return _write_results(out, "evaluate", spec, results, losses, extra(),
-                              complete=complete), losses
+        against = {"against_adaptive": versus(results)} if adaptive else {}
+        return _write_results(out, "evaluate", spec, results, losses,
+                              {**extra(), **against}, complete=complete), losses
 
     if args.paired_lengths:
         results = run_paired(
@@ -404,6 +421,8 @@ def cmd_evaluate(args) -> int:
         print("\n".join(format_losses(losses)))
     else:
         print("no none/fixed:K arm: throughput only, no losses")
+    for name, table in versus(results).items():
+        print("\n".join(format_versus(table, name)))
     print(f"results → {path}")
     return 0
 
@@ -462,7 +481,10 @@ def add_evaluate_parsers(sub) -> None:
                            f"arm was built for, else {DEFAULT_MAX_TOKENS})")
     p.add_argument("--arms", help="comma-separated: none, fixed:K, fixed-table:K, docs, "
                    "table:PATH, controller:DIR (a prior folder: table.json, profile.json, "
-                   "acceptance.json) (default: none, fixed:1..K, docs, and --table if given)")
+                   "acceptance.json), adaptive:K and adaptive-table:PATH (vLLM's adaptive "
+                   "verification, vLLM >= 0.28 on CUDA with the V2 runner, alone or under a "
+                   "table; every arm is also set against it) (default: none, fixed:1..K, docs, "
+                   "and --table if given)")
     p.add_argument("--controller-start", default="docs-quarter",
                    help="table the controller arm starts from: docs, docs-quarter (the docs "
                         "table with every range shrunk to a quarter), a table.json or JSON "

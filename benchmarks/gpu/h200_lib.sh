@@ -16,8 +16,9 @@ tt() { python3 -m tabletune.cli "$@"; }
 
 # vLLM finds its general plugins by installed metadata: TableTune runs from the source tree, so
 # write the metadata into the bundle's site folder.
+# $1: the site folder (default /tmp/site, the 0.26 bundle's).
 h200_plugin_metadata() {
-  local meta=/tmp/site/tabletune-0.1.0.dist-info
+  local meta="${1:-/tmp/site}/tabletune-0.1.0.dist-info"
   mkdir -p "$meta"
   printf 'Metadata-Version: 2.1\nName: tabletune\nVersion: 0.1.0\n' > "$meta/METADATA"
   printf '[vllm.general_plugins]\ntabletune = tabletune.vllm.plugin:register\n' \
@@ -43,4 +44,29 @@ h200_collect() {
   grep -h "TableTune\|graph trace\|Traceback\|Error" "$WORK"/*/logs/*.log 2>/dev/null \
     | cut -c1-400 | tail -400 > "$OUT/engine-lines.log"
   tar -C "$WORK" --exclude='*/logs/*.log' -cf - . | xz -T8 -6 > "$OUT/results.tar.xz"
+}
+
+# The H200 verdict's evaluation (issue 28) into $WORK/evaluate: the arms $4, each on a server
+# of its own, $3 started side by side with $1 bytes of KV cache and $2 of the GPU each, at
+# EVAL_LEVELS, 3 rounds of 1 s + 2 s steady windows and a 4th while an arm's 90 % interval is
+# wider than +-2 % and the level has used under EVAL_BUDGET s; the controller arm starts from
+# the table in the prior folder $5.
+h200_evaluate() {
+  echo "evaluate start $(date +%s)"
+  # shellcheck disable=SC2046
+  tt evaluate $(engine "$1" "$2") --max-num-seqs 256 --concurrency "$EVAL_LEVELS" \
+    --requests-per-client 1 --window 1,2 --repeats 3 --max-repeats 4 --target-interval 0.02 \
+    --level-budget "$EVAL_BUDGET" --parallel-startups "$3" --startup-timeout 1200 \
+    --arms "$4" --controller-start "$5/table.json" --out-dir "$WORK/evaluate" 2>&1 \
+    | grep -v "Iteration("
+  echo "evaluate end $(date +%s)"
+}
+
+# Every part JOB names, in order, with host_sampler.py ($SAMPLER) writing the host's state once
+# a second beside them ($WORK/host-samples.jsonl).
+h200_job_sampled() {
+  python3 "$SAMPLER" "$WORK/host-samples.jsonl" & local sampler=$!
+  for part in $JOB; do "$part"; done
+  kill "$sampler"; wait "$sampler"
+  echo "job end $(date +%s)"
 }

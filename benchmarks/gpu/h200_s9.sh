@@ -32,14 +32,8 @@ SAMPLER="$PWD/benchmarks/gpu/host_sampler.py"
 source "$(dirname "${BASH_SOURCE[0]}")/h200_lib.sh"  # engine, tt, the phases
 JOB="${JOB:-evaluate}"
 evaluate() {
-  echo "evaluate start $(date +%s)"
-  # shellcheck disable=SC2046
-  tt evaluate $(engine 11500000000 0.15) --max-num-seqs 256 --concurrency "$EVAL_LEVELS" \
-    --requests-per-client 1 --window 1,2 --repeats 3 --max-repeats 4 --target-interval 0.02 \
-    --level-budget "$EVAL_BUDGET" --parallel-startups 6 --startup-timeout 1200 \
-    --arms "fixed:1,fixed:2,fixed:3,docs,table:$PRIOR/table.json,controller:$PRIOR" \
-    --controller-start "$PRIOR/table.json" --out-dir "$WORK/evaluate" 2>&1 | grep -v "Iteration("
-  echo "evaluate end $(date +%s)"
+  h200_evaluate 11500000000 0.15 6 \
+    "fixed:1,fixed:2,fixed:3,docs,table:$PRIOR/table.json,controller:$PRIOR" "$PRIOR"
 }
 paired() {
   echo "paired start $(date +%s)"
@@ -59,12 +53,7 @@ convergence() {
     --out-dir "$WORK/convergence" 2>&1 | grep -v "Iteration("
   echo "convergence end $(date +%s)"
 }
-job() {
-  python3 "$SAMPLER" "$WORK/host-samples.jsonl" & local sampler=$!
-  for part in $JOB; do "$part"; done
-  kill "$sampler"; wait "$sampler"
-  echo "job end $(date +%s)"
-}
+job() { h200_job_sampled; }
 case "$1" in
   start)
     h200_plugin_metadata
@@ -72,7 +61,7 @@ case "$1" in
       --format=csv
     nproc; lscpu | grep -i "model name\|mhz\|thread\|socket\|numa\|hypervisor" || true
     [ -f "$MODELS/eagle3/config.json" ] || python3 benchmarks/gpu/make_models.py "$MODELS" >/dev/null
-    export -f job evaluate paired convergence engine tt
+    export -f job evaluate paired convergence engine tt h200_evaluate h200_job_sampled
     export MODELS WORK PRIOR EVAL_LEVELS EVAL_BUDGET SAMPLER JOB
     setsid nohup bash -c job > "$WORK/job.out" 2>&1 < /dev/null &
     sleep 5; echo started ;;

@@ -18,14 +18,24 @@ from tabletune.core.workload import Workload
 from tabletune.engine.vllm_args import speculative_config
 from tabletune.engine.spec import EngineSpec
 
-__all__ = ["Arm", "WORKLOAD_OUTPUT_SPREAD", "controller_env", "controller_start_table",
-           "parse_arm", "stated_workload", "traffic"]
+__all__ = ["ADAPTIVE_KINDS", "Arm", "WORKLOAD_OUTPUT_SPREAD", "check_adaptive_arms",
+           "controller_env", "controller_start_table", "parse_arm", "stated_workload",
+           "traffic"]
+
+# vLLM's own adaptive verification (``enable_adaptive_verification``, vLLM >= 0.28): K drafted,
+# a step-cost model profiled at start-up and an online acceptance estimator decide how many of
+# them each request verifies. ``adaptive`` is that alone at a fixed K; ``adaptive-table`` under
+# a table (the scheduler's k per B, then vLLM's budget within it).
+ADAPTIVE_KINDS = ("adaptive", "adaptive-table")
+# The first vLLM release whose speculative config has the switch.
+ADAPTIVE_SINCE = (0, 28)
 
 
 @dataclass(frozen=True)
 class Arm:
     name: str
-    kind: str                      # "none" | "fixed" | "fixed-table" | "table" | "controller"
+    # "none" | "fixed" | "fixed-table" | "table" | "controller" | "adaptive" | "adaptive-table"
+    kind: str
     k: int | None = None
     table: DraftTable | None = None
     env: tuple[tuple[str, str], ...] = ()
@@ -37,22 +47,27 @@ class Arm:
     def speculative(self, spec: EngineSpec, max_batch_size: int) -> dict | None:
         if self.kind == "none":
             return None
-        if self.kind == "fixed":
-            return speculative_config(spec.with_(max_k=self.k), None)
-        if self.kind == "fixed-table":
-            return speculative_config(spec, [[1, max_batch_size, self.k]])
-        if self.kind == "controller":
+        if self.kind in ("fixed", "adaptive"):
+            cfg = speculative_config(spec.with_(max_k=self.k), None)
+        elif self.kind == "fixed-table":
+            cfg = speculative_config(spec, [[1, max_batch_size, self.k]])
+        elif self.kind == "controller":
             # Every length in vLLM's table, so each one the controller may pick has its graphs.
             from tabletune.tuner.grid import table_with_every_length
 
-            return speculative_config(spec, table_with_every_length(spec.max_k, max_batch_size))
-        return speculative_config(spec.with_(max_k=max(1, self.table.max_k, spec.max_k)),
-                                  self.table.to_vllm())
+            cfg = speculative_config(spec, table_with_every_length(spec.max_k, max_batch_size))
+        else:
+            cfg = speculative_config(spec.with_(max_k=max(1, self.table.max_k, spec.max_k)),
+                                     self.table.to_vllm())
+        if self.kind in ADAPTIVE_KINDS:
+            cfg["enable_adaptive_verification"] = True
+        return cfg
 
 
 def parse_arm(text: str, max_k: int) -> Arm:
     """``none``, ``fixed:K``, ``fixed-table:K``, ``docs``, ``table:PATH`` (a table.json),
-    ``controller:DIR`` (a prior folder as ``tabletune tune`` writes it)."""
+    ``controller:DIR`` (a prior folder as ``tabletune tune`` writes it), ``adaptive:K`` and
+    ``adaptive-table:PATH`` (vLLM's adaptive verification, alone or under a table)."""
     kind, _, arg = text.partition(":")
     if kind == "controller":
         folder = Path(arg)
@@ -72,20 +87,62 @@ def parse_arm(text: str, max_k: int) -> Arm:
         return Arm("no speculation", "none")
     if kind == "docs":
         return Arm("vLLM docs table", "table", table=DOCS_TABLE)
-    if kind == "table":  # a bad file is named by load_json, not taken for a bad arm
+    if kind in ("table", "adaptive-table"):  # a bad file is named by load_json
         doc = load_json(arg, "table")
-        return Arm(f"table {Path(arg).name}", "table", table=doc.table,
-                   workload=stated_workload(doc, arg), source=arg)
-    if kind in ("fixed", "fixed-table"):
+        name = (f"table {Path(arg).name}" if kind == "table"
+                else f"adaptive + table {Path(arg).name}")
+        return Arm(name, kind, table=doc.table, workload=stated_workload(doc, arg), source=arg)
+    if kind in ("fixed", "fixed-table", "adaptive"):
         try:
             k = int(arg)
         except ValueError:
             k = 0
         if 1 <= k <= max_k:
-            label = f"fixed k={k}" if kind == "fixed" else f"k={k} via table"
+            label = {"fixed": f"fixed k={k}", "fixed-table": f"k={k} via table",
+                     "adaptive": f"adaptive k={k}"}[kind]
             return Arm(label, kind, k=k)
-    raise ContractError(f"--arms: {text!r} is not none, fixed:K, fixed-table:K (1 <= K <= "
-                        f"{max_k}), docs, table:PATH or controller:DIR")
+    raise ContractError(f"--arms: {text!r} is not none, fixed:K, fixed-table:K, adaptive:K "
+                        f"(1 <= K <= {max_k}), docs, table:PATH, adaptive-table:PATH or "
+                        "controller:DIR")
+
+
+def check_adaptive_arms(arms: Sequence[Arm], spec: EngineSpec,
+                        vllm_version: str | None) -> None:
+    """Refuse, before any engine starts, adaptive arms this deployment cannot serve: vLLM's
+    adaptive verification replays full CUDA graphs on the V2 model runner (vLLM refuses it
+    otherwise, after minutes of start-up) and exists from vLLM 0.28 (``vllm_version``: the
+    installed release; None where it cannot be read, and vLLM then judges)."""
+    adaptive = [a for a in arms if a.kind in ADAPTIVE_KINDS]
+    if not adaptive:
+        return
+    first = adaptive[0]
+    # As the user wrote it in --arms.
+    name = f"adaptive:{first.k}" if first.kind == "adaptive" else f"adaptive-table:{first.source}"
+    if spec.device != "cuda":
+        raise ContractError(f"--arms: {name!r}: vLLM's adaptive verification replays full "
+                            f"CUDA graphs; a {spec.device} engine captures none")
+    if spec.runner_name() != "v2":
+        raise ContractError(f"--arms: {name!r}: vLLM's adaptive verification runs on the V2 "
+                            f"model runner; this deployment uses {spec.runner_name()} "
+                            "(--runner v2)")
+    if "--enforce-eager" in spec.extra_args:
+        raise ContractError(f"--arms: {name!r}: vLLM's adaptive verification needs full CUDA "
+                            "graphs; --engine-arg --enforce-eager turns them off")
+    release = _release(vllm_version)
+    if release is not None and release < ADAPTIVE_SINCE:
+        raise ContractError(f"--arms: {name!r}: vLLM {vllm_version} has no adaptive "
+                            "verification (it came in 0.28)")
+
+
+def _release(version: str | None) -> tuple[int, int] | None:
+    """(major, minor) of a vLLM version string; None where it is not one."""
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        parsed = Version(version or "")
+    except InvalidVersion:
+        return None
+    return parsed.major, parsed.minor
 
 
 def stated_workload(doc, path) -> Workload | None:

@@ -43,9 +43,12 @@ def arm_length(arm: Arm, concurrency: int) -> int:
         return int(arm.k)
     if arm.kind == "table":
         return arm.table.k_for(concurrency)
+    if arm.kind == "controller":
+        why = "the controller's lengths change as it learns"
+    else:  # vLLM's adaptive verification: each request verifies what vLLM's budget gives it
+        why = "vLLM's adaptive verification sizes each request's verification itself"
     raise ContractError(f"--arms: {arm.name!r}: --paired-lengths scores arms by the length they "
-                        "serve at each level; the controller's lengths change as it learns "
-                        "(run it without --paired-lengths)")
+                        f"serve at each level; {why} (run it without --paired-lengths)")
 
 
 def check_paired_arms(arms: Sequence[Arm], max_k: int) -> None:

@@ -11,8 +11,8 @@ from typing import Sequence
 from tabletune.core.arm_stats import (DEFAULT_CONFIDENCE, MIN_REPEATS, loss_intervals,
                                       median_interval, relative_half_width)
 
-__all__ = ["RESULTS_SCHEMA", "ArmResult", "format_losses", "level_stats", "loss_table",
-           "unresolved"]
+__all__ = ["RESULTS_SCHEMA", "ArmResult", "format_losses", "format_versus", "level_stats",
+           "loss_table", "unresolved"]
 
 RESULTS_SCHEMA = "tabletune.evaluation/v1"
 
@@ -127,3 +127,30 @@ def format_losses(losses: dict) -> list[str]:
         lines.append(f"{arm:>24}  {row['worst_loss']:6.1%} (c={row['worst_concurrency']})"
                      f"{bounds}{note}")
     return lines
+
+
+def format_versus(table: dict, reference: str) -> list[str]:
+    """Every other arm against ``reference`` (``loss_table(results, [reference])``) level by
+    level: the loss (a gain is negative) with its interval, and who wins where the interval
+    tells them apart."""
+    lines = [f"{'arm':>24}  against {reference}, each level: loss (- a gain) [90 % interval]"]
+    for arm, row in table["arms"].items():
+        if arm == reference:
+            continue
+        intervals = row.get("loss_interval_by_concurrency") or {}
+        cells = []
+        for c, loss in row["loss_by_concurrency"].items():
+            interval = intervals.get(c)
+            if interval is None:
+                verdict = "no interval"
+            elif interval[0] > 0:
+                verdict = f"{reference} wins"
+            elif interval[1] < 0:
+                verdict = f"{arm} wins"
+            else:
+                verdict = "not told apart"
+            bounds = f" [{interval[0]:.1%}, {interval[1]:.1%}]" if interval is not None else ""
+            cells.append(f"c={c} {loss:+.1%}{bounds} {verdict}")
+        lines.append(f"{arm:>24}  " + "; ".join(cells))
+    return lines
+

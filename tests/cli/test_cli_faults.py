@@ -373,7 +373,8 @@ def test_bad_evaluate_arms_exit_2_naming_the_arm_or_file_before_any_engine(tmp_p
     bad_workload.write_text(json.dumps(doc))
     out = tmp_path / "eval"
     for arms, message in (
-            ("fixed:9", "--arms: 'fixed:9' is not none, fixed:K, fixed-table:K (1 <= K <= 3)"),
+            ("fixed:9", "--arms: 'fixed:9' is not none, fixed:K, fixed-table:K, adaptive:K "
+                        "(1 <= K <= 3)"),
             ("fixed:x", "--arms: 'fixed:x' is not none"),
             (f"table:{tmp_path / 'missing.json'}", f"{tmp_path / 'missing.json'}"),
             (f"table:{bad_workload}",

@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# TableTune on vLLM 0.33.0 on the lent H200 (issue 29): the bundle of stage-vllm-033.sh unpacked
+# in /tmp/site033, the deployment of every H200 run (h200_lib.sh's engine: V2 runner, EAGLE-3,
+# synthetic acceptance 0.75/0.55/0.40, graphs up to 1 024 tokens), in one detached job (setsid,
+# so it outlives a device call). Planned, not run yet: the parts come in the order whose results
+# are each worth landing alone, so a job cut short still leaves the first ones.
+#  - doctor: which of the compat layer's fixes this vLLM still needs (its start-up line), the
+#    graph trace per length, and the 0.26 run's tuned table (h200-s8/tune-warm) against fixed K
+#    and no speculation on 0.33, each runner's servers side by side (~5 min with start-ups),
+#    TABLETUNE_TRACE_GRAPHS=1 (engine-lines.log keeps the dispatches).
+#  - doctor_try (not in the default JOB): the same with the compat layer's one fix that 0.33's
+#    source leaves open tried on it (TABLETUNE_COMPAT_TRY): the two graph traces say whether the
+#    running engine still needs it.
+#  - tune: a cold tune of the same deployment (~10 min on 0.26: start-ups 275 s).
+#  - evaluate: the arms of the H200 verdict (fixed K = 1, 2, 3 without a table, the docs table,
+#    the table just tuned, the controller from it) and vLLM's adaptive verification at K = 3,
+#    alone and under that table, each on a server of its own, eight side by side (6.5 GB of KV
+#    cache and 11 % of the GPU each), at EVAL_LEVELS, 3 rounds of 1 s + 2 s steady windows and a
+#    4th while an arm's 90 % interval is wider than +-2 % (evaluate.json "against_adaptive": each
+#    arm against vLLM's adaptive verification, level by level).
+#  JOB names the parts (default "doctor tune evaluate"); host_sampler.py runs beside them.
+# usage (device, repo root, after stage-vllm-033.sh's install calls):
+#     benchmarks/gpu/h200_v033.sh start | wait SECONDS | collect
+set -uo pipefail
+export PYTHONPATH="/tmp/site033:$PWD" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
+OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
+MODELS=/tmp/tt-models; WORK=/tmp/tt-work-033; mkdir -p "$WORK"
+OLD_TABLE="$PWD/benchmarks/results/h200-s8/tune-warm/table.json"
+GRID=1,2,4,8,16,32,64,96,128,192,256
+EVAL_LEVELS="${EVAL_LEVELS:-64,128,256,32,8,1}"; EVAL_BUDGET="${EVAL_BUDGET:-75}"
+SAMPLER="$PWD/benchmarks/gpu/host_sampler.py"
+JOB="${JOB:-doctor tune evaluate}"
+# shellcheck source=benchmarks/gpu/h200_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/h200_lib.sh"  # engine, tt, the phases
+doctor() {  # $1: folder name (default doctor); the graph trace on for its servers only
+  local name="${1:-doctor}"
+  echo "$name start $(date +%s)"
+  # shellcheck disable=SC2046
+  TABLETUNE_TRACE_GRAPHS=1 tt doctor $(engine 8000000000 0.2) --table "$OLD_TABLE" \
+    --runners v2 --max-batch-size 256 --output-tokens 129 --repeats 3 --side-by-side \
+    --startup-timeout 1200 --out-dir "$WORK/$name" 2>&1 | grep -v "Iteration("
+  echo "$name end $(date +%s)"
+}
+# The one fix 0.33.0's source leaves open (README: graph-candidates-for-every-length), tried on
+# it: its graph trace against doctor's says whether the running engine still needs it.
+doctor_try() {
+  TABLETUNE_COMPAT_TRY=graph-candidates-for-every-length doctor doctor-try
+}
+tune() {
+  echo "tune start $(date +%s)"
+  # shellcheck disable=SC2046
+  tt tune $(engine 24000000000 0.45) --batch-sizes "$GRID" --num-prompts 160 \
+    --max-tokens 128 --serving-batch-sizes 1,16,64,128,256 --out-dir "$WORK/tune" 2>&1 \
+    | grep -v "Iteration(" | tail -60
+  echo "tune end $(date +%s)"
+}
+evaluate() {
+  local prior="$WORK/tune"
+  [ -f "$prior/table.json" ] || prior="$PWD/benchmarks/results/h200-s8/tune-warm"
+  echo "tuned table: $prior"
+  h200_evaluate 6500000000 0.11 8 "fixed:1,fixed:2,fixed:3,docs,table:$prior/table.json,\
+controller:$prior,adaptive:3,adaptive-table:$prior/table.json" "$prior"
+}
+job() { h200_job_sampled; }
+case "$1" in
+  start)
+    h200_plugin_metadata /tmp/site033
+    python3 -c "import torch, vllm; print('torch', torch.__version__, 'vllm', vllm.__version__)"
+    nvidia-smi --query-gpu=index,name,memory.used,driver_version --format=csv
+    [ -f "$MODELS/eagle3/config.json" ] || python3 benchmarks/gpu/make_models.py "$MODELS" >/dev/null
+    export -f job doctor doctor_try tune evaluate engine tt h200_evaluate h200_job_sampled
+    export MODELS WORK OLD_TABLE GRID EVAL_LEVELS EVAL_BUDGET SAMPLER JOB
+    setsid nohup bash -c job > "$WORK/job.out" 2>&1 < /dev/null &
+    sleep 5; echo started ;;
+  wait) h200_wait "${2:-500}" ;;
+  collect) h200_collect ;;
+  *) echo "unknown phase $1" >&2; exit 2 ;;
+esac

@@ -1,0 +1,134 @@
+"""`tabletune evaluate --arms adaptive:K,adaptive-table:PATH`: vLLM's own adaptive verification
+as arms, refused before any engine where the deployment cannot serve it, and every other arm
+set against it level by level (no engine here: it needs CUDA graphs)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tabletune.cli import main
+from tabletune.core.errors import ContractError
+from tabletune.engine.spec import EngineSpec
+from tabletune.evaluation.arms import check_adaptive_arms, parse_arm
+from tabletune.evaluation.results import ArmResult, format_versus, loss_table
+
+CPU_TABLE = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "cpu" / "table.json"
+GPU = EngineSpec(model="m", drafter="d", method="eagle3", max_k=3, device="cuda")
+
+
+def test_adaptive_arms_switch_vllm_s_adaptive_verification_on_alone_or_under_a_table():
+    alone = parse_arm("adaptive:2", 3)
+    assert alone.name == "adaptive k=2"
+    cfg = alone.speculative(GPU, 64)
+    assert cfg["enable_adaptive_verification"] is True
+    assert cfg["num_speculative_tokens"] == 2
+    assert "num_speculative_tokens_per_batch_size" not in cfg
+    under = parse_arm(f"adaptive-table:{CPU_TABLE}", 3)
+    assert under.name == "adaptive + table table.json"
+    cfg = under.speculative(GPU, 64)
+    assert cfg["enable_adaptive_verification"] is True
+    assert cfg["num_speculative_tokens_per_batch_size"] == under.table.to_vllm()
+    # The arms a user compares it with stay as they were.
+    assert "enable_adaptive_verification" not in parse_arm("fixed:2", 3).speculative(GPU, 64)
+    with pytest.raises(ContractError, match="adaptive:K"):
+        parse_arm("adaptive:4", 3)
+
+
+@pytest.mark.parametrize("spec, version, message", [
+    (GPU.with_(device="cpu"), "0.33.0", "a cpu engine captures none"),
+    (GPU.with_(runner="v1"), "0.33.0", "uses v1 [(]--runner v2[)]"),
+    (GPU.with_(extra_args=("--enforce-eager",)), "0.33.0", "--enforce-eager turns them off"),
+    (GPU, "0.26.0", "vLLM 0.26.0 has no adaptive verification"),
+])
+def test_an_adaptive_arm_the_deployment_cannot_serve_is_refused(spec, version, message):
+    with pytest.raises(ContractError, match=message):
+        check_adaptive_arms([parse_arm("fixed:1", 3), parse_arm("adaptive:3", 3)], spec,
+                            version)
+
+
+def test_an_adaptive_arm_the_deployment_can_serve_passes():
+    arms = [parse_arm("adaptive:3", 3)]
+    for version in ("0.28.0", "0.33.0", "0.33.1.dev4+gabc", "unknown", None):
+        check_adaptive_arms(arms, GPU, version)
+    check_adaptive_arms([parse_arm("fixed:3", 3)], GPU.with_(device="cpu"), "0.26.0")
+
+
+def test_on_the_cpu_evaluate_refuses_an_adaptive_arm_before_any_engine(tmp_path, capsys,
+                                                                     monkeypatch):
+    from tabletune import evaluate
+
+    monkeypatch.setattr(evaluate, "run_arms", lambda *a, **k: pytest.fail("engine work"))
+    out = tmp_path / "eval"
+    for arms, message in (
+            ("fixed:1,adaptive:2", "error: --arms: 'adaptive:2': vLLM's adaptive "
+                                   "verification replays full CUDA graphs"),
+            (f"adaptive-table:{CPU_TABLE}", f"error: --arms: 'adaptive-table:{CPU_TABLE}': "
+                                            "vLLM's adaptive verification"),
+            ("fixed:1,adaptive:5", "error: --arms: 'adaptive:5' is not none")):
+        assert main(["evaluate", "--max-k", "2", "--arms", arms, "--out-dir", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err, err
+    assert not out.exists()
+
+
+def test_paired_lengths_refuses_adaptive_verification():
+    from tabletune.evaluation.paired import check_paired_arms
+
+    with pytest.raises(ContractError, match="sizes each request's verification itself"):
+        check_paired_arms([parse_arm("fixed:1", 3), parse_arm("adaptive:3", 3)], 3)
+
+
+def _rounds(arm: str, c: int, rates: list[float]) -> list[ArmResult]:
+    return [ArmResult(arm, c, rate, requests=1, output_tokens=1, wall_s=1.0, repeat=i)
+            for i, rate in enumerate(rates)]
+
+
+def test_every_arm_is_set_against_adaptive_verification_level_by_level():
+    results = (_rounds("adaptive k=3", 8, [100, 101, 99, 100, 100])
+               + _rounds("table t", 8, [110, 111, 109, 110, 110])      # wins at c = 8
+               + _rounds("adaptive k=3", 64, [200, 190, 210, 200, 205])
+               + _rounds("table t", 64, [201, 195, 205, 199, 200])     # inside the noise
+               + _rounds("fixed k=1", 64, [150, 151, 149, 150, 150]))  # loses at c = 64
+    table = loss_table(results, ["adaptive k=3"])
+    row = table["arms"]["table t"]
+    assert row["loss_by_concurrency"][8] == pytest.approx(-0.10)
+    lines = format_versus(table, "adaptive k=3")
+    assert "against adaptive k=3" in lines[0]
+    table_line = next(line for line in lines if line.strip().startswith("table t"))
+    assert "c=8 -10.0%" in table_line and "table t wins" in table_line
+    assert "c=64" in table_line and "not told apart" in table_line
+    fixed_line = next(line for line in lines if line.strip().startswith("fixed k=1"))
+    assert "c=64 +25.0%" in fixed_line and "adaptive k=3 wins" in fixed_line
+    assert not any(line.strip().startswith("adaptive k=3 ") for line in lines[1:])
+    json.dumps(table)  # evaluate.json keeps it as it is
+
+
+def test_evaluate_json_keeps_each_arm_against_adaptive_verification(tmp_path, capsys,
+                                                                    monkeypatch):
+    from tabletune import evaluate
+
+    def measured(spec, arms, *, concurrency, **_):
+        rates = {"fixed k=1": 90.0, "adaptive k=2": 100.0, "table table.json": 104.0}
+        return [r for a in arms for c in concurrency
+                for r in _rounds(a.name, c, [rates[a.name] * c + i for i in range(3)])]
+
+    # The refusal is tested above; here the CPU engine stands in for a CUDA one.
+    monkeypatch.setattr(evaluate, "check_adaptive_arms", lambda *a: None)
+    monkeypatch.setattr(evaluate, "run_arms", measured)
+    out = tmp_path / "eval"
+    rc = main(["evaluate", "--max-k", "2", "--concurrency", "1,8", "--arms",
+               f"fixed:1,adaptive:2,table:{CPU_TABLE}", "--out-dir", str(out)])
+    printed = capsys.readouterr().out
+    assert rc == 0
+    doc = json.loads((out / "evaluate.json").read_text())
+    versus = doc["against_adaptive"]["adaptive k=2"]["arms"]
+    assert versus["table table.json"]["loss_by_concurrency"]["8"] == pytest.approx(
+        1 - (104 * 8 + 1) / (100 * 8 + 1))
+    # Adaptive verification is not a baseline: the losses are against the fixed length.
+    assert list(doc["losses"]["best_fixed_tokens_per_s"].values()) == [91.0, 721.0]
+    assert "against adaptive k=2" in printed and "table table.json" in printed
+    assert (out / "evaluate.png").stat().st_size > 0
+
