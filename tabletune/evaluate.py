@@ -50,7 +50,8 @@ def run_arms(spec: EngineSpec, arms: Sequence[Arm], *, concurrency: Sequence[int
              repeats: int = 1, window: tuple[float, float] | None = None,
              target_spread: float | None = None, max_repeats: int | None = None,
              target_interval: float | None = None, level_budget_s: float | None = None,
-             step_log: bool = True) -> list[ArmResult]:
+             step_log: bool = True,
+             failed_arms: dict[str, str] | None = None) -> list[ArmResult]:
     """Load-test each arm at each concurrency level.
 
     ``one_server``: every arm that serves through a table (``table``, ``fixed-table``) runs on
@@ -78,6 +79,11 @@ def run_arms(spec: EngineSpec, arms: Sequence[Arm], *, concurrency: Sequence[int
     on the arms that serve without a table too, where it only records), and each window's
     steps are summed up by kind (``ArmResult.steps``): a round that ran slower at the same
     tokens a step is then traced to its pure decode steps or to the steps carrying a prefill.
+
+    ``failed_arms``: where given, a server that does not start (vLLM refuses a configuration,
+    say adaptive verification under a table) leaves its arms out, each with vLLM's reason
+    here, and the others are measured; where None, it ends the run. A run in which no server
+    starts ends either way.
     """
     max_c = max(concurrency)
     run_spec = spec.with_(max_num_seqs=max(spec.max_num_seqs, max_c))
@@ -99,12 +105,26 @@ def run_arms(spec: EngineSpec, arms: Sequence[Arm], *, concurrency: Sequence[int
         try:
             for server, _, _ in batch:
                 server.launch()
-            for server, _, _ in batch:
-                server.wait_ready()
+            started = []
+            for server, control, members in batch:
+                try:
+                    server.wait_ready()  # stops the server when it fails
+                except EngineError as exc:
+                    if failed_arms is None:
+                        raise
+                    reason = _start_failure(exc)
+                    for arm in members:
+                        failed_arms[arm.name] = reason
+                    print(f"  {', '.join(a.name for a in members)}: the server did not start "
+                          f"({reason}); measuring the other arms", flush=True)
+                    continue
+                started.append((server, control, members))
                 if startup_log is not None:
                     startup_log[server.log_path.name] = round(server.startup_s or 0.0, 1)
-            pairs = [(server, control, arm) for server, control, members in batch
+            pairs = [(server, control, arm) for server, control, members in started
                      for arm in members]
+            if not pairs:
+                continue
             for server, control, arm in pairs:
                 _select(control, arm)
                 _warm_up(server, run_spec, prompts, max_c)
@@ -132,7 +152,18 @@ def run_arms(spec: EngineSpec, arms: Sequence[Arm], *, concurrency: Sequence[int
         finally:
             for server, _, _ in batch:
                 server.stop()
+    if failed_arms is not None and len(failed_arms) == len(arms):
+        raise EngineError("no arm's server started: " + "; ".join(
+            f"{name}: {reason}" for name, reason in failed_arms.items()))
     return _in_arm_order(results, arms, concurrency)
+
+
+def _start_failure(exc: EngineError) -> str:
+    """What stopped a server, in a line: the last line of its log's tail that names an error
+    (vLLM's ValueError for a configuration it refuses), else the message's first line."""
+    first, *tail = str(exc).splitlines()
+    named = [line.strip() for line in tail if "Error" in line or "error:" in line]
+    return named[-1] if named else first
 
 
 def _in_arm_order(results, arms, concurrency) -> list[ArmResult]:
@@ -360,6 +391,7 @@ def cmd_evaluate(args) -> int:
     # vLLM's adaptive verification is what a user on vLLM >= 0.28 could switch on instead of a
     # table: every arm is also set against each adaptive arm, level by level.
     adaptive = [a.name for a in arms if a.kind in ADAPTIVE_KINDS]
+    failed: dict[str, str] = {}  # arms whose server did not start, with vLLM's reason
 
     def versus(results) -> dict:
         out = {}
@@ -383,14 +415,15 @@ def cmd_evaluate(args) -> int:
                     "window_s": args.paired_window, "rounds": args.paired_rounds,
                     "length_at": {str(c): {a.name: arm_length(a, c) for a in arms}
                                   for c in concurrency}}} if args.paired_lengths else {}),
-                "startup_s": startups,
+                "startup_s": startups, "failed_arms": dict(failed),
                 **({"controller": {"prior": controllers[0].prior,
                                    "start_table": controller_start.to_vllm(),
                                    "settings": controller_settings}} if controllers else {})}
 
     def save(results, complete):
         # Losses need a baseline (no speculation or a fixed length); else throughput only.
-        losses = loss_table(results, fixed) if fixed and results else None
+        baselines = [name for name in fixed if any(r.arm == name for r in results)]
+        losses = loss_table(results, baselines) if baselines else None
         against = {"against_adaptive": versus(results)} if adaptive else {}
         return _write_results(out, "evaluate", spec, results, losses,
                               {**extra(), **against}, complete=complete), losses
@@ -415,8 +448,10 @@ def cmd_evaluate(args) -> int:
                            target_spread=args.target_spread, max_repeats=args.max_repeats,
                            target_interval=args.target_interval,
                            level_budget_s=args.level_budget, step_log=args.step_log,
-                           startup_timeout_s=args.startup_timeout)
+                           startup_timeout_s=args.startup_timeout, failed_arms=failed)
     path, losses = save(results, True)
+    for name, reason in failed.items():
+        print(f"not measured: {name}: its server did not start ({reason})")
     if losses is not None:
         print("\n".join(format_losses(losses)))
     else:

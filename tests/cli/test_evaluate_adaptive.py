@@ -132,3 +132,91 @@ def test_evaluate_json_keeps_each_arm_against_adaptive_verification(tmp_path, ca
     assert "against adaptive k=2" in printed and "table table.json" in printed
     assert (out / "evaluate.png").stat().st_size > 0
 
+
+
+class _Server:
+    """A stand-in for a VllmServer: one that vLLM refuses fails in wait_ready, as the real one
+    does when the process exits during start-up (it has stopped itself by then)."""
+
+    def __init__(self, name: str, refuses: bool):
+        self.log_path = Path(f"/logs/{name}.log")
+        self.refuses, self.startup_s, self.events = refuses, 1.0, []
+
+    def launch(self):
+        self.events.append("launch")
+
+    def wait_ready(self):
+        from tabletune.engine.server import EngineError
+
+        if self.refuses:
+            self.events.append("stopped")
+            raise EngineError(f"vLLM server exited with code 1 during start-up; log "
+                              f"{self.log_path}:\nTraceback (most recent call last):\n"
+                              "ValueError: Adaptive verification replays decode cudagraphs "
+                              "whose per-request query lengths vary\n")
+        self.events.append("ready")
+
+    def stop(self):
+        self.events.append("stopped")
+
+
+def _run_with_servers(monkeypatch, arms, refused, failed):
+    from tabletune import evaluate
+
+    servers = {a.name: _Server(a.name, a.name in refused) for a in arms}
+    monkeypatch.setattr(evaluate, "_server_groups", lambda spec, arms_, *a, **k: [
+        (servers[a.name], None, [a]) for a in arms_])
+    monkeypatch.setattr(evaluate, "_warm_up", lambda *a: None)
+    monkeypatch.setattr(evaluate, "_measure_level",
+                        lambda server, spec, arm, c, *a: _rounds(arm.name, c, [100.0])[0])
+    results = evaluate.run_arms(GPU, arms, concurrency=[1, 8], prompts=["p"], max_tokens=8,
+                                requests_per_client=1, log_dir=Path("/logs"),
+                                parallel_startups=3, failed_arms=failed)
+    return results, servers
+
+
+def test_an_arm_whose_server_vllm_refuses_is_left_out_and_the_others_measured(monkeypatch,
+                                                                              capsys):
+    arms = [parse_arm("fixed:1", 3), parse_arm(f"adaptive-table:{CPU_TABLE}", 3),
+            parse_arm("adaptive:3", 3)]
+    failed: dict[str, str] = {}
+    results, servers = _run_with_servers(monkeypatch, arms, {"adaptive + table table.json"},
+                                         failed)
+    assert sorted({(r.arm, r.concurrency) for r in results}) == [
+        ("adaptive k=3", 1), ("adaptive k=3", 8), ("fixed k=1", 1), ("fixed k=1", 8)]
+    assert failed == {"adaptive + table table.json": "ValueError: Adaptive verification "
+                      "replays decode cudagraphs whose per-request query lengths vary"}
+    assert "adaptive + table table.json: the server did not start" in capsys.readouterr().out
+    # Every server is stopped, the refused one too.
+    assert all(s.events[-1] == "stopped" for s in servers.values())
+
+
+def test_a_run_in_which_no_server_starts_ends_with_every_reason(monkeypatch):
+    from tabletune.engine.server import EngineError
+
+    arms = [parse_arm("adaptive:3", 3)]
+    with pytest.raises(EngineError, match="no arm's server started: adaptive k=3: ValueError"):
+        _run_with_servers(monkeypatch, arms, {"adaptive k=3"}, {})
+    with pytest.raises(EngineError, match="exited with code 1"):  # not asked to go on
+        _run_with_servers(monkeypatch, arms, {"adaptive k=3"}, None)
+
+
+def test_evaluate_json_names_the_arms_not_measured_and_why(tmp_path, capsys, monkeypatch):
+    from tabletune import evaluate
+
+    def measured(spec, arms, *, concurrency, failed_arms, **_):
+        failed_arms["adaptive + table table.json"] = "ValueError: refused"
+        return [r for c in concurrency
+                for r in _rounds("fixed k=1", c, [90, 91, 92])
+                + _rounds("adaptive k=2", c, [99, 100, 101])]
+
+    monkeypatch.setattr(evaluate, "check_adaptive_arms", lambda *a: None)
+    monkeypatch.setattr(evaluate, "run_arms", measured)
+    out = tmp_path / "eval"
+    assert main(["evaluate", "--max-k", "2", "--concurrency", "1", "--arms",
+                 f"fixed:1,adaptive:2,adaptive-table:{CPU_TABLE}", "--out-dir", str(out)]) == 0
+    doc = json.loads((out / "evaluate.json").read_text())
+    assert doc["failed_arms"] == {"adaptive + table table.json": "ValueError: refused"}
+    assert list(doc["losses"]["arms"]) == ["fixed k=1", "adaptive k=2"]
+    assert ("not measured: adaptive + table table.json: its server did not start "
+            "(ValueError: refused)") in capsys.readouterr().out
