@@ -19,6 +19,16 @@
 #    4th while an arm's 90 % interval is wider than +-2 % (evaluate.json "against_adaptive": each
 #    arm against vLLM's adaptive verification, level by level).
 #  JOB names the parts (default "doctor tune evaluate"); host_sampler.py runs beside them.
+# Read in 0.33.0's source before the run (the wheel's vllm/): adaptive verification is built
+# into every DraftModelSpeculator, EAGLE-3's included (its docstring still says dspark only);
+# no check refuses it beside num_speculative_tokens_per_batch_size (whether vLLM starts it is
+# the run's to show: evaluate leaves out an arm whose server does not start, failed_arms);
+# synthetic rejection takes its trimmed batches, and with synthetic acceptance (independent of
+# the draft logits) its estimator can learn only a rate per position, so the comparison here
+# measures its verification budget, not its confidence model. The scheduler's surface TableTune
+# hooks (SchedulerOutput's counts, make_spec_decoding_stats, dynamic_sd_lookup[B]) is as in
+# 0.26. Budget: the bundle's 37 install calls come first; "doctor evaluate" with the 0.26
+# tune's table may be what one session's 30 device minutes hold, the tune the next.
 # usage (device, repo root, after stage-vllm-033.sh's install calls):
 #     benchmarks/gpu/h200_v033.sh start | wait SECONDS | collect
 set -uo pipefail
