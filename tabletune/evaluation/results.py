@@ -138,17 +138,16 @@ def format_versus(table: dict, reference: str) -> list[str]:
         if arm == reference:
             continue
         intervals = row.get("loss_interval_by_concurrency") or {}
+        apart = row.get("distinguishable_by_concurrency") or {}
         cells = []
         for c, loss in row["loss_by_concurrency"].items():
             interval = intervals.get(c)
             if interval is None:
                 verdict = "no interval"
-            elif interval[0] > 0:
-                verdict = f"{reference} wins"
-            elif interval[1] < 0:
-                verdict = f"{arm} wins"
-            else:
+            elif not apart.get(c):
                 verdict = "not told apart"
+            else:  # the interval is all loss or all gain
+                verdict = f"{reference if interval[0] > 0 else arm} wins"
             bounds = f" [{interval[0]:.1%}, {interval[1]:.1%}]" if interval is not None else ""
             cells.append(f"c={c} {loss:+.1%}{bounds} {verdict}")
         lines.append(f"{arm:>24}  " + "; ".join(cells))
