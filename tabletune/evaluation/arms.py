@@ -88,6 +88,9 @@ def parse_arm(text: str, max_k: int) -> Arm:
     if kind == "docs":
         return Arm("vLLM docs table", "table", table=DOCS_TABLE)
     if kind in ("table", "adaptive-table"):  # a bad file is named by load_json
+        if not arg:
+            raise ContractError(f"--arms: {text!r}: needs the path of a table.json after "
+                                f"'{kind}:'")
         doc = load_json(arg, "table")
         name = (f"table {Path(arg).name}" if kind == "table"
                 else f"adaptive + table {Path(arg).name}")

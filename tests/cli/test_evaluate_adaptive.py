@@ -67,7 +67,9 @@ def test_on_the_cpu_evaluate_refuses_an_adaptive_arm_before_any_engine(tmp_path,
                                    "verification replays full CUDA graphs"),
             (f"adaptive-table:{CPU_TABLE}", f"error: --arms: 'adaptive-table:{CPU_TABLE}': "
                                             "vLLM's adaptive verification"),
-            ("fixed:1,adaptive:5", "error: --arms: 'adaptive:5' is not none")):
+            ("fixed:1,adaptive:5", "error: --arms: 'adaptive:5' is not none"),
+            ("table:", "error: --arms: 'table:': needs the path of a table.json"),
+            ("adaptive-table:", "error: --arms: 'adaptive-table:': needs the path")):
         assert main(["evaluate", "--max-k", "2", "--arms", arms, "--out-dir", str(out)]) == 2
         err = capsys.readouterr().err
         assert message in err and "Traceback" not in err, err
