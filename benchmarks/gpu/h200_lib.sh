@@ -70,3 +70,42 @@ h200_job_sampled() {
   kill "$sampler"; wait "$sampler"
   echo "job end $(date +%s)"
 }
+
+# Issue 27's tune (h200_s5.sh's command: grid $GRID, serving at B = 1, 16, 64, 128, 256, the
+# default workload of 256 output tokens a request, the resolve pass on) into $WORK/$1.
+h200_tune() {
+  echo "$1 start $(date +%s)"
+  # shellcheck disable=SC2046
+  tt tune $(engine 24000000000 0.45) --batch-sizes "$GRID" \
+    --num-prompts 160 --max-tokens 128 --serving-batch-sizes 1,16,64,128,256 \
+    --serving-warm-up 1 --serving-window 2 --out-dir "$WORK/$1" 2>&1 \
+    | grep -v "Iteration(" | tail -60
+  echo "$1 end $(date +%s)"
+}
+
+# `evaluate --paired-lengths` into $WORK/paired: one server, every length pinned in turn (16
+# turns of 0.5 s each per length and level) at EVAL_LEVELS, the arms (no speculation, fixed
+# K = 1..3, the docs table, the table of the prior folder $1) scored turn by turn by the length
+# each serves: compared within the second, so the host's drift cancels between them.
+h200_paired() {
+  echo "paired start $(date +%s)"
+  # shellcheck disable=SC2046
+  tt evaluate $(engine 24000000000 0.45) --max-num-seqs 256 --concurrency "$EVAL_LEVELS" \
+    --paired-lengths --paired-window 8 --paired-rounds 16 --startup-timeout 1200 \
+    --arms "none,fixed:1,fixed:2,fixed:3,docs,table:$1/table.json" \
+    --out-dir "$WORK/paired" 2>&1 | grep -v "Iteration("
+  echo "paired end $(date +%s)"
+}
+
+# The controller alone under steady load at c = 64, 128, 256 (one 60-s window each), started
+# from the table of the prior folder $1 with that tune as its prior; its rebuilds in
+# $WORK/convergence/controller/rebuilds.jsonl (issue 28 item 3).
+h200_convergence() {
+  echo "convergence start $(date +%s)"
+  # shellcheck disable=SC2046
+  tt evaluate $(engine 24000000000 0.45) --max-num-seqs 256 --concurrency 64,128,256 \
+    --requests-per-client 1 --window 2,60 --arms "controller:$1" \
+    --controller-start "$1/table.json" --startup-timeout 1200 \
+    --out-dir "$WORK/convergence" 2>&1 | grep -v "Iteration("
+  echo "convergence end $(date +%s)"
+}

@@ -23,17 +23,8 @@ JOB="${JOB:-tune_cold tune_warm evaluate}"
 EVAL_LEVELS="${EVAL_LEVELS:-64,128,192,256}"; EVAL_BUDGET="${EVAL_BUDGET:-100}"
 # shellcheck source=benchmarks/gpu/h200_lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/h200_lib.sh"  # engine, tt, the phases
-tune() {  # $1: folder name
-  echo "$1 start $(date +%s)"
-  # shellcheck disable=SC2046
-  tt tune $(engine 24000000000 0.45) --batch-sizes "$GRID" \
-    --num-prompts 160 --max-tokens 128 --serving-batch-sizes 1,16,64,128,256 \
-    --serving-warm-up 1 --serving-window 2 --out-dir "$WORK/$1" 2>&1 \
-    | grep -v "Iteration(" | tail -60
-  echo "$1 end $(date +%s)"
-}
-tune_cold() { tune tune-cold; }
-tune_warm() { tune tune-warm; }
+tune_cold() { h200_tune tune-cold; }
+tune_warm() { h200_tune tune-warm; }
 evaluate() {
   local prior="$WORK/tune-warm"
   echo "evaluate start $(date +%s)"
@@ -53,7 +44,7 @@ case "$1" in
     nproc; cat /sys/devices/system/clocksource/clocksource0/current_clocksource
     python3 -c "import time; n=10**6; t=time.perf_counter_ns(); [time.perf_counter_ns() for _ in range(n)]; print('perf_counter_ns', (time.perf_counter_ns()-t)/n, 'ns a call')"
     [ -f "$MODELS/eagle3/config.json" ] || python3 benchmarks/gpu/make_models.py "$MODELS" >/dev/null
-    export -f job tune tune_cold tune_warm evaluate engine tt
+    export -f job h200_tune tune_cold tune_warm evaluate engine tt
     export MODELS WORK GRID JOB EVAL_LEVELS EVAL_BUDGET
     setsid nohup bash -c job > "$WORK/job.out" 2>&1 < /dev/null &
     sleep 5; echo started ;;

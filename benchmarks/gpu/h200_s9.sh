@@ -35,24 +35,8 @@ evaluate() {
   h200_evaluate 11500000000 0.15 6 \
     "fixed:1,fixed:2,fixed:3,docs,table:$PRIOR/table.json,controller:$PRIOR" "$PRIOR"
 }
-paired() {
-  echo "paired start $(date +%s)"
-  # shellcheck disable=SC2046
-  tt evaluate $(engine 24000000000 0.45) --max-num-seqs 256 --concurrency "$EVAL_LEVELS" \
-    --paired-lengths --paired-window 8 --paired-rounds 16 --startup-timeout 1200 \
-    --arms "none,fixed:1,fixed:2,fixed:3,docs,table:$PRIOR/table.json" \
-    --out-dir "$WORK/paired" 2>&1 | grep -v "Iteration("
-  echo "paired end $(date +%s)"
-}
-convergence() {
-  echo "convergence start $(date +%s)"
-  # shellcheck disable=SC2046
-  tt evaluate $(engine 24000000000 0.45) --max-num-seqs 256 --concurrency 64,128,256 \
-    --requests-per-client 1 --window 2,60 --arms "controller:$PRIOR" \
-    --controller-start "$PRIOR/table.json" --startup-timeout 1200 \
-    --out-dir "$WORK/convergence" 2>&1 | grep -v "Iteration("
-  echo "convergence end $(date +%s)"
-}
+paired() { h200_paired "$PRIOR"; }
+convergence() { h200_convergence "$PRIOR"; }
 job() { h200_job_sampled; }
 case "$1" in
   start)
@@ -61,7 +45,8 @@ case "$1" in
       --format=csv
     nproc; lscpu | grep -i "model name\|mhz\|thread\|socket\|numa\|hypervisor" || true
     [ -f "$MODELS/eagle3/config.json" ] || python3 benchmarks/gpu/make_models.py "$MODELS" >/dev/null
-    export -f job evaluate paired convergence engine tt h200_evaluate h200_job_sampled
+    export -f job evaluate paired convergence engine tt h200_evaluate h200_job_sampled \
+      h200_paired h200_convergence
     export MODELS WORK PRIOR EVAL_LEVELS EVAL_BUDGET SAMPLER JOB
     setsid nohup bash -c job > "$WORK/job.out" 2>&1 < /dev/null &
     sleep 5; echo started ;;

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# TableTune on the lent H200 (vLLM 0.26.0 bundle in /tmp/site, V2 runner, EAGLE-3, synthetic
+# acceptance 0.75/0.55/0.40), one detached job (setsid, so it outlives a device call) with the
+# code of now, host_sampler.py beside it ($WORK/host-samples.jsonl). JOB names its parts, in
+# order (default "tune_cold tune_warm paired convergence"; the most wanted first, so a budget
+# that ends early keeps them):
+#  - tune_cold, tune_warm (folders tune-cold, tune-warm): issue 27 item 5, the same tune twice
+#    (h200_tune: h200-s8's command), the first on empty compile caches. New since h200-s8: the
+#    resolve pass re-times every length within 15 % of the best at a contested batch size
+#    (core/calibration.py CONTESTED_BAND), not only the kept and the best.
+#  - paired: issue 28, `evaluate --paired-lengths` at EVAL_LEVELS with the table of tune-warm
+#    (h200_paired): the arms compared within the second on one server.
+#  - convergence: issue 28 item 3, the controller started from tune-warm's table with that tune
+#    as its prior, steady 60-s windows at c = 64, 128, 256 (h200_convergence).
+#  A part after the tunes uses $WORK/tune-warm when it holds a table, else h200-s8's.
+# usage (device, repo root): benchmarks/gpu/h200_s10.sh start | wait SECONDS | collect
+set -uo pipefail
+export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
+OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
+MODELS=/tmp/tt-models; WORK=/tmp/tt-work; mkdir -p "$WORK"
+GRID=1,2,4,8,16,32,64,96,128,192,256
+FALLBACK_PRIOR="$PWD/benchmarks/results/h200-s8/tune-warm"
+EVAL_LEVELS="${EVAL_LEVELS:-64,128,256,192,96,32,8,1}"
+SAMPLER="$PWD/benchmarks/gpu/host_sampler.py"
+# shellcheck source=benchmarks/gpu/h200_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/h200_lib.sh"  # engine, tt, the phases
+JOB="${JOB:-tune_cold tune_warm paired convergence}"
+prior() {
+  if [ -f "$WORK/tune-warm/table.json" ]; then echo "$WORK/tune-warm"; else echo "$FALLBACK_PRIOR"; fi
+}
+tune_cold() { h200_tune tune-cold; }
+tune_warm() { h200_tune tune-warm; }
+paired() { h200_paired "$(prior)"; }
+convergence() { h200_convergence "$(prior)"; }
+job() { h200_job_sampled; }
+case "$1" in
+  start)
+    h200_plugin_metadata
+    nvidia-smi --query-gpu=index,name,memory.used,driver_version,clocks.max.sm,power.limit \
+      --format=csv
+    nproc; lscpu | grep -i "model name\|mhz\|thread\|socket\|numa\|hypervisor" || true
+    [ -f "$MODELS/eagle3/config.json" ] || python3 benchmarks/gpu/make_models.py "$MODELS" >/dev/null
+    export -f job prior tune_cold tune_warm paired convergence engine tt h200_tune h200_paired \
+      h200_convergence h200_job_sampled
+    export MODELS WORK GRID FALLBACK_PRIOR EVAL_LEVELS SAMPLER JOB
+    setsid nohup bash -c job > "$WORK/job.out" 2>&1 < /dev/null &
+    sleep 5; echo started ;;
+  wait) h200_wait "${2:-500}" ;;
+  collect) h200_collect ;;
+  *) echo "unknown phase $1" >&2; exit 2 ;;
+esac
