@@ -167,7 +167,10 @@ def contested_serving(goodput: Any, lengths: Sequence[int], chosen: Sequence[int
     and at every other length within ``band`` of the best there (so the final build cannot
     settle on a length whose cells were left as the first loops measured them). A contested
     stretch with a profiled batch size inside it that is not a serving size adds the
-    one nearest its middle (a factor measured there instead of interpolated to it).
+    one nearest its middle (a factor measured there instead of interpolated to it). Each edge
+    of the table, and of the best length by the point estimates, that falls between two
+    serving sizes adds the profiled batch size nearest it between them (not a serving size),
+    at the lengths on both sides of the edge and those within ``band`` of the best there.
     """
     import numpy as np
 
@@ -208,4 +211,21 @@ def contested_serving(goodput: Any, lengths: Sequence[int], chosen: Sequence[int
             stretch.append(b)
     if stretch:
         close(stretch)
+    # An edge between two serving sizes sits where the interpolated factors put it: on the
+    # H200 eight tunes ended k = 3 anywhere from B = 114 to 203, on factors measured at 128
+    # and 256 alone, while two evaluations found k = 3 faster than k = 2 at c = 192 by 17-18 %
+    # (benchmarks/results/h200-s9, h200-s10). So the table's edges and those of the best
+    # length by the point estimates each add the profiled batch size nearest them between
+    # their two serving sizes, at the lengths on both sides and those near the best there.
+    best = [lengths[int(row.argmax())] for row in g[:len(chosen)]]
+    for seq in (chosen, best):
+        for e in range(2, len(seq) + 1):
+            if seq[e - 1] == seq[e - 2] or e in sizes or e - 1 in sizes:
+                continue  # no edge, or one side of it measured
+            lo = max((s for s in sizes if s < e), default=0)
+            hi = min((s for s in sizes if s >= e), default=math.inf)
+            inner = [x for x in grid if lo < x < hi and x not in sizes]
+            if inner:
+                b = min(inner, key=lambda x: (abs(x - (e - 0.5)), x))
+                out.setdefault(b, set()).update({seq[e - 2], seq[e - 1]} | in_question(b))
     return {b: tuple(sorted(ks)) for b, ks in sorted(out.items())}

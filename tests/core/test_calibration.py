@@ -135,10 +135,12 @@ def test_contested_batch_sizes_send_their_bracketing_serving_sizes_back_with_the
     # B = 151..200 lose 9 %: their factors come from 128 and 256; 192 (profiled, inside the
     # stretch, not a serving size) is added as one.
     assert got == {128: (2, 3), 192: (2, 3), 256: (2, 3)}
-    # Within the target, or a table at the point estimates: nothing to resolve.
-    assert contested_serving(g, lengths, chosen, [1, 16, 64, 128, 256], grid, loss=0.1) == {}
+    # Within the target, or a table at the point estimates: nothing contested, but the edge
+    # at B = 151 lies between the serving sizes 128 and 256, so 192 is timed at its lengths.
+    assert contested_serving(g, lengths, chosen, [1, 16, 64, 128, 256], grid, loss=0.1) == {
+        192: (2, 3)}
     best = [3] * 150 + [2] * 106
-    assert contested_serving(g, lengths, best, [1, 16, 64, 128, 256], grid) == {}
+    assert contested_serving(g, lengths, best, [1, 16, 64, 128, 256], grid) == {192: (2, 3)}
     # A contested batch size that is a serving size is re-measured itself only.
     assert contested_serving(g, lengths, [3] * 151 + [2] * 105, [1, 16, 64, 151, 256],
                              [1, 151, 256]) == {151: (2, 3)}
@@ -162,3 +164,29 @@ def test_a_contested_batch_size_also_retimes_every_length_near_the_best():
     # A band of 5 % leaves k = 1 (9 % below k = 2) out; k = 3 stays as the table's length.
     assert contested_serving(g, lengths, chosen, sizes, grid, band=0.05) == {
         128: (2, 3), 192: (2, 3), 256: (2, 3)}
+
+
+def test_an_edge_between_two_serving_sizes_times_the_profiled_size_nearest_it():
+    from tabletune.core.calibration import contested_serving
+
+    # k = 3 best up to B = 180, k = 2 beyond; the table is the point estimates' (nothing
+    # contested), but its edge lies between the serving sizes 128 and 256, placed there by
+    # interpolated factors: 192, profiled and nearest the edge, is timed at k = 2 and 3.
+    lengths = [0, 1, 2, 3]
+    g = np.ones((256, 4))
+    g[:, 3] = 2.0
+    g[180:, 2] = 2.5
+    chosen = [3] * 180 + [2] * 76
+    grid = [1, 2, 4, 8, 16, 32, 64, 96, 128, 160, 192, 256]
+    sizes = [1, 16, 64, 128, 256]
+    assert contested_serving(g, lengths, chosen, sizes, grid) == {192: (2, 3)}
+    # The nearest of two inner sizes: an edge at B = 150 takes 160.
+    g[150:, 2] = 2.5
+    assert contested_serving(g, lengths, [3] * 150 + [2] * 106, sizes, grid) == {160: (2, 3)}
+    # An edge at a serving size, or with no profiled size between its serving sizes, is
+    # measured as well as it can be: nothing added.
+    g[128:, 2] = 2.5
+    assert contested_serving(g, lengths, [3] * 128 + [2] * 128, [1, 16, 64, 129, 256],
+                             grid) == {}
+    assert contested_serving(g, lengths, [3] * 128 + [2] * 128, sizes, [1, 16, 64, 128, 256]) \
+        == {}
