@@ -434,7 +434,9 @@ def cmd_evaluate(args) -> int:
             output_range=lengths if isinstance(lengths, tuple) else (lengths, lengths),
             log_dir=out / "logs", temperature=args.temperature, window_s=args.paired_window,
             rounds=args.paired_rounds, startup_timeout_s=args.startup_timeout,
-            startup_log=startups, on_level=lambda partial: save(partial, False))
+            startup_log=startups, on_level=lambda partial: save(partial, False),
+            baselines=fixed, target_interval=args.target_interval,
+            level_budget_s=args.level_budget)
     else:
         results = run_arms(spec, arms, concurrency=concurrency, prompts=prompts,
                            max_tokens=lengths, requests_per_client=args.requests_per_client,
@@ -537,7 +539,9 @@ def add_evaluate_parsers(sub) -> None:
                         "one closed loop per level pins the lengths in turn (--paired-window "
                         "/ --paired-rounds) and each arm is scored by the length it serves at "
                         "the level, turn by turn (no controller arm; --repeats, --window and "
-                        "--parallel-startups do not apply)")
+                        "--parallel-startups do not apply); with --level-budget, a level runs "
+                        "another loop while some arm's loss interval is wider than "
+                        "+- --target-interval")
     p.add_argument("--paired-window", type=number(positive=True), default=8.0,
                    metavar="SECONDS",
                    help="with --paired-lengths: each length's time in a level's loop, in all "

@@ -86,12 +86,14 @@ h200_tune() {
 # `evaluate --paired-lengths` into $WORK/paired: one server, every length pinned in turn (16
 # turns of 0.5 s each per length and level) at EVAL_LEVELS, the arms (no speculation, fixed
 # K = 1..3, the docs table, the table of the prior folder $1) scored turn by turn by the length
-# each serves: compared within the second, so the host's drift cancels between them.
+# each serves: compared within the second, so the host's drift cancels between them. With
+# PAIRED_BUDGET (seconds), a level runs more loops while a loss interval is wider than +-2 %.
 h200_paired() {
   echo "paired start $(date +%s)"
   # shellcheck disable=SC2046
   tt evaluate $(engine 24000000000 0.45) --max-num-seqs 256 --concurrency "$EVAL_LEVELS" \
     --paired-lengths --paired-window 8 --paired-rounds 16 --startup-timeout 1200 \
+    ${PAIRED_BUDGET:+--level-budget "$PAIRED_BUDGET"} \
     --arms "none,fixed:1,fixed:2,fixed:3,docs,table:$1/table.json" \
     --out-dir "$WORK/paired" 2>&1 | grep -v "Iteration("
   echo "paired end $(date +%s)"

@@ -20,7 +20,7 @@ OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
 MODELS=/tmp/tt-models; WORK=/tmp/tt-work; mkdir -p "$WORK"
 GRID=1,2,4,8,16,32,64,96,128,192,256
 FALLBACK_PRIOR="$PWD/benchmarks/results/h200-s8/tune-warm"
-EVAL_LEVELS="${EVAL_LEVELS:-64,128,256,192,96,32,8,1}"
+EVAL_LEVELS="${EVAL_LEVELS:-64,128,256,192,96,32,8,1}"; PAIRED_BUDGET="${PAIRED_BUDGET:-}"
 SAMPLER="$PWD/benchmarks/gpu/host_sampler.py"
 # shellcheck source=benchmarks/gpu/h200_lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/h200_lib.sh"  # engine, tt, the phases
@@ -42,7 +42,7 @@ case "$1" in
     [ -f "$MODELS/eagle3/config.json" ] || python3 benchmarks/gpu/make_models.py "$MODELS" >/dev/null
     export -f job prior tune_cold tune_warm paired convergence engine tt h200_tune h200_paired \
       h200_convergence h200_job_sampled
-    export MODELS WORK GRID FALLBACK_PRIOR EVAL_LEVELS SAMPLER JOB
+    export MODELS WORK GRID FALLBACK_PRIOR EVAL_LEVELS SAMPLER JOB PAIRED_BUDGET
     setsid nohup bash -c job > "$WORK/job.out" 2>&1 < /dev/null &
     sleep 5; echo started ;;
   wait) h200_wait "${2:-500}" ;;

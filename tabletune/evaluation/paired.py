@@ -21,6 +21,8 @@ refused here (run it on a server of its own).
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import statistics
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -32,7 +34,8 @@ from tabletune.core.step_stats import window_step_summary
 from tabletune.evaluation.arms import Arm
 from tabletune.evaluation.results import ArmResult
 
-__all__ = ["arm_length", "check_paired_arms", "paired_results", "paired_turns", "run_paired"]
+__all__ = ["arm_length", "check_paired_arms", "paired_results", "paired_turns",
+           "paired_unresolved", "run_paired"]
 
 
 def arm_length(arm: Arm, concurrency: int) -> int:
@@ -116,14 +119,37 @@ def paired_results(arms: Sequence[Arm], concurrency: int,
     return out
 
 
+def paired_unresolved(level: Sequence[ArmResult], baselines: Sequence[str],
+                      target_interval: float) -> bool:
+    """Whether some arm's loss against the level's best baseline has a 90 % interval wider
+    than +- ``target_interval`` (or none yet). In a paired loop the turns' throughputs carry
+    the host's drift alike, which the loss, a ratio within each turn, cancels: the loss is
+    what the verdict reads, so its interval is what more turns are for."""
+    from tabletune.evaluation.results import loss_table
+
+    present = [name for name in baselines if any(r.arm == name for r in level)]
+    if not level or not present:
+        return False
+    for row in loss_table(level, present)["arms"].values():
+        for interval in row["loss_interval_by_concurrency"].values():
+            if interval is None or (interval[1] - interval[0]) / 2.0 > target_interval:
+                return True
+    return False
+
+
 def run_paired(spec, arms: Sequence[Arm], *, concurrency: Sequence[int],
                prompts: Sequence[str], output_tokens: int, output_range: tuple[int, int],
                log_dir: Path, temperature: float = 0.0, window_s: float, rounds: int,
                startup_timeout_s: float = 600.0, startup_log: dict | None = None,
-               on_level: Callable[[list[ArmResult]], None] | None = None) -> list[ArmResult]:
+               on_level: Callable[[list[ArmResult]], None] | None = None,
+               baselines: Sequence[str] = (), target_interval: float | None = None,
+               level_budget_s: float | None = None) -> list[ArmResult]:
     """Start the one server (every length, k pinned through its control file, the step log
     on), time every length 0..K in one loop per level, ``window_s`` seconds each in all, in
-    ``rounds`` turns, and score the arms (``paired_results``)."""
+    ``rounds`` turns, and score the arms (``paired_results``). With ``level_budget_s``, a
+    level runs another such loop while some arm's loss against the ``baselines`` is unresolved
+    (``paired_unresolved``) and the level has used less than the budget; each loop's turns
+    are found within it (a loop's warm-up lies between two loops) and numbered on."""
     from tabletune.tuner.serving import launch_tune_server, measure_serving
 
     lengths = list(range(spec.max_k + 1))
@@ -136,11 +162,23 @@ def run_paired(spec, arms: Sequence[Arm], *, concurrency: Sequence[int],
         if startup_log is not None:
             startup_log[server.log_path.name] = round(server.startup_s or 0.0, 1)
         for c in concurrency:
-            cells = measure_serving(server, control, prompts, batch_sizes=[c], lengths=lengths,
-                                    output_tokens=output_tokens, output_range=output_range,
-                                    temperature=temperature, window_s=window_s, rounds=rounds)
-            blocks = {cell.k: cell.blocks for cell in cells}
-            level = paired_results(arms, c, blocks, time.time() - time.monotonic())
+            level: list[ArmResult] = []
+            began = time.monotonic()
+            for loop in itertools.count():
+                cells = measure_serving(server, control, prompts, batch_sizes=[c],
+                                        lengths=lengths, output_tokens=output_tokens,
+                                        output_range=output_range, temperature=temperature,
+                                        window_s=window_s, rounds=rounds, seed=1 + 10 * loop)
+                blocks = {cell.k: cell.blocks for cell in cells}
+                offset = 1 + max((r.repeat for r in level), default=-1)
+                level += [dataclasses.replace(r, repeat=r.repeat + offset) for r in
+                          paired_results(arms, c, blocks, time.time() - time.monotonic())]
+                if (level_budget_s is None or target_interval is None
+                        or time.monotonic() - began >= level_budget_s
+                        or not paired_unresolved(level, baselines, target_interval)):
+                    break
+                print(f"  c={c}: a loss interval is wider than +-{target_interval:.0%} after "
+                      f"{1 + max(r.repeat for r in level)} turns: another loop", flush=True)
             for arm in arms:
                 mine = [r for r in level if r.arm == arm.name]
                 if mine:

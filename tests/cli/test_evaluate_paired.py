@@ -100,3 +100,81 @@ def test_paired_lengths_refuses_the_controller_and_one_server_before_any_engine(
         assert err.count("\n") == 1 and "Traceback" not in err, err
         assert message in err, err
     assert not out.exists()
+
+
+def _turns(k_ms: dict[int, float], turns: int, t0_ns: int = 0, slow: dict | None = None,
+           ) -> dict[int, list[list[Step]]]:
+    """Blocks of each length in 0.1-s slots, ``turns`` turns from ``t0_ns``; ``slow`` {(turn,
+    k): factor} slows one length's block in one turn alone (a ratio that moves)."""
+    slow = slow or {}
+    return {k: [_block(t0_ns + 10**9 * turn + 10**8 * k, ms * slow.get((turn, k), 1.0), k)
+                for turn in range(turns)]
+            for k, ms in k_ms.items()}
+
+
+def test_a_loss_is_unresolved_while_its_interval_is_wider_than_the_target():
+    from tabletune.evaluation.paired import paired_unresolved
+
+    arms = [parse_arm("fixed:1", 3), parse_arm("fixed:2", 3)]
+    names = [a.name for a in arms]
+    # Every turn the same ratio: the loss interval has no width.
+    steady = paired_results(arms, 8, _turns({1: 4.0, 2: 5.0}, 4))
+    assert not paired_unresolved(steady, names, 0.02)
+    # k = 2's block slower by 0-30 % turn by turn: its loss moves by more than +-2 %.
+    noisy = paired_results(arms, 8, _turns({1: 4.0, 2: 5.0}, 6, slow={
+        (0, 2): 1.3, (1, 2): 1.0, (2, 2): 1.15, (3, 2): 0.9, (4, 2): 1.25, (5, 2): 1.05}))
+    assert paired_unresolved(noisy, names, 0.02)
+    assert not paired_unresolved(noisy, names, 0.5)
+    # Fewer than three turns have no interval yet; no baseline measured, nothing to resolve.
+    assert paired_unresolved(paired_results(arms, 8, _turns({1: 4.0, 2: 5.0}, 2)), names, 0.5)
+    assert not paired_unresolved(steady, ["no speculation"], 0.02)
+
+
+def test_a_level_runs_more_loops_while_a_loss_is_unresolved_and_its_budget_lasts(
+        tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from tabletune.evaluation import paired
+    from tabletune.tuner import serving
+
+    class Server:
+        startup_s, log_path = 1.0, tmp_path / "paired.log"
+
+        def wait_ready(self):
+            pass
+
+        def stop(self):
+            self.stopped = True
+
+    server = Server()
+    monkeypatch.setattr(serving, "launch_tune_server", lambda *a, **k: (server, tmp_path))
+    loops: list[int] = []
+
+    def measure(server, control, prompts, *, batch_sizes, lengths, seed, **kwargs):
+        # A faked loop: three turns of lengths 1 and 2, k = 2's ratio moving turn by turn at
+        # c = 8 and steady at c = 64; each loop later in time than the last.
+        loops.append(batch_sizes[0])
+        wobble = batch_sizes[0] == 8
+        blocks = _turns({1: 4.0, 2: 5.0}, 3, t0_ns=10**10 * len(loops), slow={
+            (0, 2): 1.3 if wobble else 1.0, (2, 2): 0.9 if wobble else 1.0})
+        return [SimpleNamespace(k=k, blocks=blocks[k]) for k in lengths if k in blocks]
+
+    monkeypatch.setattr(serving, "measure_serving", measure)
+    arms = [parse_arm("fixed:1", 3), parse_arm("fixed:2", 3)]
+    common = dict(concurrency=[8, 64], prompts=["p"], output_tokens=16,
+                  output_range=(8, 24), log_dir=tmp_path, window_s=1.0, rounds=3,
+                  baselines=[a.name for a in arms], target_interval=0.02)
+    spec = SimpleNamespace(max_k=2)
+    # No budget: one loop a level, as before.
+    results = paired.run_paired(spec, arms, **common)
+    assert loops == [8, 64] and server.stopped
+    # A budget: c = 8's wobbling loss asks for more loops until the budget ends (the clock
+    # reads 10 s later at every reading, two readings a loop: the third loop ends at 60 s),
+    # c = 64's steady one for none; turns are numbered on across loops.
+    loops.clear()
+    clock = iter(range(0, 10**6, 10))
+    monkeypatch.setattr(paired.time, "monotonic", lambda: next(clock))
+    results = paired.run_paired(spec, arms, level_budget_s=55.0, **common)
+    assert loops == [8, 8, 8, 64]
+    assert sorted({r.repeat for r in results if r.concurrency == 8}) == list(range(9))
+    assert sorted({r.repeat for r in results if r.concurrency == 64}) == [0, 1, 2]
