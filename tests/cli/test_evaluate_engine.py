@@ -90,8 +90,12 @@ def test_paired_lengths_scores_each_arm_by_its_length_turn_by_turn_in_one_loop(
         tmp_path, capsys, system_tmp):
     rc = main(["evaluate", "--max-k", "2", "--paired-lengths",
                "--arms", f"fixed:1,fixed:2,table:{CPU_TABLE}", "--concurrency", "2,8",
-               # 2-s slots: several steps a block even when another engine shares the cores
-               "--paired-window", "8", "--paired-rounds", "4", "--max-tokens", "24",
+               # 3-s slots: several steps a block even when another engine shares the cores;
+               # and where it shares them with more (CI once saw 0.9-s steps at c = 8 and one
+               # turn of four), the level runs more loops until it holds three turns (an
+               # interval of +-100 % needs one) or 100 s have passed (a loop there took 50).
+               "--paired-window", "12", "--paired-rounds", "4", "--max-tokens", "24",
+               "--level-budget", "100", "--target-interval", "1",
                "--num-prompts", "16", "--out-dir", str(tmp_path)])
     out, err = capsys.readouterr()
     assert rc == 0, err
