@@ -25,6 +25,22 @@ h200_plugin_metadata() {
     > "$meta/entry_points.txt"
 }
 
+# The machine a run's numbers belong to: the GPU, its clock and power limit, the host's cores.
+h200_machine_facts() {
+  nvidia-smi --query-gpu=index,name,memory.used,driver_version,clocks.max.sm,power.limit \
+    --format=csv
+  nproc; lscpu | grep -i "model name\|mhz\|thread\|socket\|numa\|hypervisor" || true
+}
+
+# The models (once a machine), then the exported function `job` detached (setsid, so it
+# outlives the device call) with its output in $WORK/job.out. The caller exports `job` and
+# what it calls.
+h200_launch() {
+  [ -f "$MODELS/eagle3/config.json" ] || python3 benchmarks/gpu/make_models.py "$MODELS" >/dev/null
+  setsid nohup bash -c job > "$WORK/job.out" 2>&1 < /dev/null &
+  sleep 5; echo started
+}
+
 # Until the job ends or $1 seconds have passed, progress every 30 s; then collect.
 h200_wait() {
   local end=$(( $(date +%s) + ${1:-500} ))

@@ -36,15 +36,11 @@ job() { h200_job_sampled; }
 case "$1" in
   start)
     h200_plugin_metadata
-    nvidia-smi --query-gpu=index,name,memory.used,driver_version,clocks.max.sm,power.limit \
-      --format=csv
-    nproc; lscpu | grep -i "model name\|mhz\|thread\|socket\|numa\|hypervisor" || true
-    [ -f "$MODELS/eagle3/config.json" ] || python3 benchmarks/gpu/make_models.py "$MODELS" >/dev/null
+    h200_machine_facts
     export -f job prior tune_cold tune_warm paired convergence engine tt h200_tune h200_paired \
       h200_convergence h200_job_sampled
     export MODELS WORK GRID FALLBACK_PRIOR EVAL_LEVELS SAMPLER JOB PAIRED_BUDGET
-    setsid nohup bash -c job > "$WORK/job.out" 2>&1 < /dev/null &
-    sleep 5; echo started ;;
+    h200_launch ;;
   wait) h200_wait "${2:-500}" ;;
   collect) h200_collect ;;
   *) echo "unknown phase $1" >&2; exit 2 ;;

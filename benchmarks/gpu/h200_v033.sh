@@ -76,12 +76,10 @@ case "$1" in
   start)
     h200_plugin_metadata /tmp/site033
     python3 -c "import torch, vllm; print('torch', torch.__version__, 'vllm', vllm.__version__)"
-    nvidia-smi --query-gpu=index,name,memory.used,driver_version --format=csv
-    [ -f "$MODELS/eagle3/config.json" ] || python3 benchmarks/gpu/make_models.py "$MODELS" >/dev/null
+    h200_machine_facts
     export -f job doctor doctor_try tune evaluate engine tt h200_evaluate h200_job_sampled
     export MODELS WORK OLD_TABLE GRID EVAL_LEVELS EVAL_BUDGET SAMPLER JOB
-    setsid nohup bash -c job > "$WORK/job.out" 2>&1 < /dev/null &
-    sleep 5; echo started ;;
+    h200_launch ;;
   wait) h200_wait "${2:-500}" ;;
   collect) h200_collect ;;
   *) echo "unknown phase $1" >&2; exit 2 ;;
