@@ -155,8 +155,9 @@ def calibrate_profile(profile: Profile, measured: Measured,
 
 def contested_serving(goodput: Any, lengths: Sequence[int], chosen: Sequence[int],
                       serving_sizes: Sequence[int], grid: Sequence[int], *,
-                      loss: float = CONTESTED_LOSS,
-                      band: float = CONTESTED_BAND) -> dict[int, tuple[int, ...]]:
+                      loss: float = CONTESTED_LOSS, band: float = CONTESTED_BAND,
+                      graph_tokens: int | None = None,
+                      prefill_tokens: float = 0.0) -> dict[int, tuple[int, ...]]:
     """Where more serving time would settle the table: {serving batch size: lengths}.
 
     ``goodput[b - 1, j]`` for B = 1.. and ``lengths[j]`` (a build's goodput grid), ``chosen``
@@ -171,6 +172,9 @@ def contested_serving(goodput: Any, lengths: Sequence[int], chosen: Sequence[int
     of the table, and of the best length by the point estimates, that falls between two
     serving sizes adds the profiled batch size nearest it between them (not a serving size),
     at the lengths on both sides of the edge and those within ``band`` of the best there.
+    With ``graph_tokens``, a length whose graph line (``off_graphs``) falls inside the grid
+    adds the last profiled batch size before the line (not a serving size), at that length and
+    those near the best there: its factor is the one held up to the line.
     """
     import numpy as np
 
@@ -228,4 +232,17 @@ def contested_serving(goodput: Any, lengths: Sequence[int], chosen: Sequence[int
             if inner:
                 b = min(inner, key=lambda x: (abs(x - (e - 0.5)), x))
                 out.setdefault(b, set()).update({seq[e - 2], seq[e - 1]} | in_question(b))
+    # A length's factor up to its graph line is held from the last serving size on the graphs'
+    # side (calibrate_profile), however far below the line that is: on the H200 k = 3 ran off
+    # the graphs past B = 248 and its factor there came from 128, while at 192 it served as
+    # fast a step as k = 2 (benchmarks/results/h200-s10). The last profiled size before each
+    # line is timed too.
+    if graph_tokens is not None:
+        for k in lengths:
+            on = [x for x in grid if x <= len(chosen)
+                  and not off_graphs(x, k, graph_tokens, prefill_tokens)]
+            off = [x for x in grid if x <= len(chosen)
+                   and off_graphs(x, k, graph_tokens, prefill_tokens)]
+            if on and off and max(on) < min(off) and max(on) not in sizes:
+                out.setdefault(max(on), set()).update({k} | in_question(max(on)))
     return {b: tuple(sorted(ks)) for b, ks in sorted(out.items())}

@@ -239,7 +239,8 @@ def contested_cells(profile: Profile, acceptance: Acceptance, cells: Sequence, f
     """The serving cells to time again after the first loops ({B: lengths}; empty with
     ``plan.serving.resolve_s`` 0): a provisional calibration and build, and the batch sizes
     where its table loses more than ``CONTESTED_LOSS`` to the best length by the point
-    estimates (``core.calibration.contested_serving``)."""
+    estimates, its edges between serving sizes and the sizes before each length's graph
+    line (``core.calibration.contested_serving``)."""
     from tabletune.core.builder import build_table
     from tabletune.core.calibration import calibrate_profile, contested_serving
     from tabletune.tuner.serving import measured_for_calibration, measured_prompt_tokens
@@ -253,7 +254,8 @@ def contested_cells(profile: Profile, acceptance: Acceptance, cells: Sequence, f
     result = build_table(StepTimes.from_profile(provisional), rates, lengths=plan.lengths,
                          tie_margin=plan.tie_margin, max_batch_size=plan.table_max_batch_size)
     return contested_serving(result.goodput, result.lengths, result.chosen,
-                             plan.serving.batch_sizes, profile.batch_sizes)
+                             plan.serving.batch_sizes, profile.batch_sizes,
+                             **_graph_line(facts, workload))
 
 
 def tune(spec: EngineSpec, plan: TunePlan, out_dir: Path, *, prompts: Sequence[str] | None,

@@ -190,3 +190,27 @@ def test_an_edge_between_two_serving_sizes_times_the_profiled_size_nearest_it():
                              grid) == {}
     assert contested_serving(g, lengths, [3] * 128 + [2] * 128, sizes, [1, 16, 64, 128, 256]) \
         == {}
+
+
+def test_the_last_profiled_size_before_a_length_s_graph_line_is_timed():
+    from tabletune.core.calibration import contested_serving
+
+    # The H200's deployment: 1 024 captured tokens, 29-token prompts. k = 3 leaves the graphs
+    # past B = 248, so 192 (profiled, not a serving size) carries k = 3's factor up to the
+    # line: it is timed at k = 3 and the lengths near the best there (k = 2). k = 1 and 2 stay
+    # on the graphs to B = 256. The table is k = 3 throughout and the best length: nothing
+    # contested, no edge.
+    lengths = [0, 1, 2, 3]
+    g = np.ones((256, 4))
+    g[:, 3] = 2.0
+    g[:, 2] = 1.9
+    chosen = [3] * 256
+    grid = [1, 2, 4, 8, 16, 32, 64, 96, 128, 192, 256]
+    sizes = [1, 16, 64, 128, 256]
+    assert contested_serving(g, lengths, chosen, sizes, grid) == {}
+    assert contested_serving(g, lengths, chosen, sizes, grid, graph_tokens=1024,
+                             prefill_tokens=29) == {192: (2, 3)}
+    # Already a serving size, or no captured graphs: nothing added.
+    assert contested_serving(g, lengths, chosen, sizes + [192], sorted(grid), graph_tokens=1024,
+                             prefill_tokens=29) == {}
+    assert contested_serving(g, lengths, chosen, sizes, grid, graph_tokens=None) == {}
