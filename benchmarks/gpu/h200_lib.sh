@@ -30,6 +30,8 @@ h200_machine_facts() {
   nvidia-smi --query-gpu=index,name,memory.used,driver_version,clocks.max.sm,power.limit \
     --format=csv
   nproc; lscpu | grep -i "model name\|mhz\|thread\|socket\|numa\|hypervisor" || true
+  # What a clock read costs in the guest (the step log times itself twice a step).
+  echo "clocksource: $(cat /sys/devices/system/clocksource/clocksource0/current_clocksource 2>/dev/null)"
 }
 
 # The models (once a machine), then the exported function `job` detached (setsid, so it
@@ -104,13 +106,14 @@ h200_tune() {
 # K = 1..3, the docs table, the table of the prior folder $1) scored turn by turn by the length
 # each serves: compared within the second, so the host's drift cancels between them. With
 # PAIRED_BUDGET (seconds), a level runs more loops while a loss interval is wider than +-2 %.
+# PAIRED_ARMS replaces the arms before the table (default: no speculation, K = 1..3, docs).
 h200_paired() {
   echo "paired start $(date +%s)"
   # shellcheck disable=SC2046
   tt evaluate $(engine 24000000000 0.45) --max-num-seqs 256 --concurrency "$EVAL_LEVELS" \
     --paired-lengths --paired-window 8 --paired-rounds 16 --startup-timeout 1200 \
     ${PAIRED_BUDGET:+--level-budget "$PAIRED_BUDGET"} \
-    --arms "none,fixed:1,fixed:2,fixed:3,docs,table:$1/table.json" \
+    --arms "${PAIRED_ARMS:-none,fixed:1,fixed:2,fixed:3,docs},table:$1/table.json" \
     --out-dir "$WORK/paired" 2>&1 | grep -v "Iteration("
   echo "paired end $(date +%s)"
 }

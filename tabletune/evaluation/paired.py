@@ -163,22 +163,26 @@ def run_paired(spec, arms: Sequence[Arm], *, concurrency: Sequence[int],
             startup_log[server.log_path.name] = round(server.startup_s or 0.0, 1)
         for c in concurrency:
             level: list[ArmResult] = []
+            turns = 0  # the level's turns so far: a further loop's are numbered on from them
             began = time.monotonic()
             for loop in itertools.count():
+                # A further loop at this level needs no untimed first batches: the level's
+                # first loop ran every length at c.
                 cells = measure_serving(server, control, prompts, batch_sizes=[c],
                                         lengths=lengths, output_tokens=output_tokens,
                                         output_range=output_range, temperature=temperature,
-                                        window_s=window_s, rounds=rounds, seed=1 + 10 * loop)
+                                        window_s=window_s, rounds=rounds, seed=1 + 10 * loop,
+                                        warm_lengths=loop == 0)
                 blocks = {cell.k: cell.blocks for cell in cells}
-                offset = 1 + max((r.repeat for r in level), default=-1)
-                level += [dataclasses.replace(r, repeat=r.repeat + offset) for r in
-                          paired_results(arms, c, blocks, time.time() - time.monotonic())]
+                more = paired_results(arms, c, blocks, time.time() - time.monotonic())
+                level += [dataclasses.replace(r, repeat=r.repeat + turns) for r in more]
+                turns += 1 + max((r.repeat for r in more), default=-1)
                 if (level_budget_s is None or target_interval is None
                         or time.monotonic() - began >= level_budget_s
                         or not paired_unresolved(level, baselines, target_interval)):
                     break
-                print(f"  c={c}: a loss interval is wider than +-{target_interval:.0%} after "
-                      f"{1 + max(r.repeat for r in level)} turns: another loop", flush=True)
+                print(f"  c={c}: a loss interval is wider than +-{target_interval:.1%} after "
+                      f"{turns} turns: another loop", flush=True)
             for arm in arms:
                 mine = [r for r in level if r.arm == arm.name]
                 if mine:

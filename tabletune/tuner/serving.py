@@ -271,13 +271,16 @@ def measure_serving(server: VllmServer, control: Path, prompts: Sequence[str], *
                     window_s: float = DEFAULT_SERVING_WINDOW_S,
                     rounds: int = DEFAULT_SERVING_ROUNDS, seed: int = 1,
                     progress: Callable[[int, int], None] | None = None,
-                    output_range: tuple[int, int] | None = None) -> list[ServingCell]:
+                    output_range: tuple[int, int] | None = None,
+                    warm_lengths: bool = True) -> list[ServingCell]:
     """One closed loop per B (B requests in flight), every length timed inside it: k is pinned
     in turn for ``window_s / rounds`` seconds at a time, ``rounds`` times each, so a slow
     second of the machine lands on one block of one length and the lengths of one B see the
     same machine. The step log splits the loop's steady window by the length each step
     drafted (``length_blocks``); each length's blocks make its ``StepMix``. Requests are
-    ``output_tokens`` x (1 +- 0.5) long, or ``output_range`` (low, high) when given."""
+    ``output_tokens`` x (1 +- 0.5) long, or ``output_range`` (low, high) when given.
+    ``warm_lengths`` False skips the untimed first batches (a server that ran every length at
+    these batch sizes already)."""
     low, high = output_range or (max(1, output_tokens // 2),
                                  max(1, output_tokens + output_tokens // 2))
     lengths = list(lengths)
@@ -286,7 +289,7 @@ def measure_serving(server: VllmServer, control: Path, prompts: Sequence[str], *
     total = len(batch_sizes) * len(lengths)
     # Every length's first steps pay one-off costs (graphs, kernels, caches), as the profile's
     # warm-up knows: a short batch at the largest B at each length first, untimed.
-    for k in lengths:
+    for k in lengths if warm_lengths else ():
         write_control(control, force_k=k)
         server.guarded(run_batch, server.base_url, server.spec.served_model_name,
                        list(prompts)[:max(batch_sizes)], max_tokens=8, temperature=temperature)
@@ -452,23 +455,81 @@ def serving_windows(server: VllmServer, control: Path, prompts: Sequence[str], *
     return cells
 
 
+# The resolve pass times its batch sizes in short loops of RESOLVE_LOOP_ROUNDS turns a length,
+# the batch sizes taking turns, and drops a batch size once its question is answered
+# (``settled_at``): the best length there beats every other by more than RESOLVE_MARGIN times
+# their combined uncertainty (the builder moves a length past 1x, so another tune decides the
+# same way), or that uncertainty is within RESOLVE_TIE (the two are known to within about 2 %,
+# and a table serving either loses no more there). What it does not spend on settled batch
+# sizes goes to the rest; its budget is wall time, loops' warm-ups and drains included.
+RESOLVE_LOOP_ROUNDS = 3
+RESOLVE_MARGIN = 2.0
+RESOLVE_TIE = 0.01
+
+
+def settled_at(cells: Sequence[ServingCell], batch_size: int, lengths: Sequence[int],
+               workload: Workload, rates: Sequence[float]) -> bool:
+    """Whether the serving cells at ``batch_size`` tell which of ``lengths`` serves it best
+    under ``workload`` (goodput (1 + A_k) / T from ``workload_step``; see RESOLVE_MARGIN)."""
+    scored = {}
+    for c in cells:
+        if c.batch_size == batch_size and c.k in lengths:
+            w = workload_step(c, workload, rates)
+            scored[c.k] = (w["tokens_per_step"] / w["step_ms"], w["uncertainty"])
+    if len(scored) < len(set(lengths)):
+        return False
+    best = max(scored, key=lambda k: scored[k][0])
+    top, u_top = scored[best]
+    for k, (g, u) in scored.items():
+        noise = math.hypot(u_top, u)
+        if k != best and top / g - 1.0 <= RESOLVE_MARGIN * noise and noise > RESOLVE_TIE:
+            return False
+    return True
+
+
 def resolve_contested(server: VllmServer, control: Path, prompts: Sequence[str],
                       cells: Sequence[ServingCell], contested: dict[int, tuple[int, ...]], *,
-                      plan: ServingPlan, temperature: float) -> list[ServingCell]:
-    """Time the ``contested`` serving cells again ({B: lengths}, ``plan.resolve_s`` seconds
-    shared among them, turns as long as the first loops'), pooled with what ``cells`` hold."""
+                      plan: ServingPlan, temperature: float, workload: Workload | None = None,
+                      rates: Sequence[float] | None = None
+                      ) -> tuple[list[ServingCell], dict[str, dict]]:
+    """Time the ``contested`` serving cells again ({B: lengths}) within ``plan.resolve_s``
+    seconds of wall time, pooled with what ``cells`` hold: loops of RESOLVE_LOOP_ROUNDS turns
+    (as long as the first loops') a length, the batch sizes in turn, a batch size dropped once
+    ``settled_at`` says so (with ``workload`` and ``rates``; without, each takes loops until the
+    budget ends). Returns the pooled cells and, per batch size, what it took: {B: {"lengths",
+    "loops", "turns", "settled"}}."""
+    merged = list(cells)
     if not contested or plan.resolve_s <= 0:
-        return list(cells)
+        return merged, {}
     turn_s = plan.window_s / plan.rounds
-    per_b = plan.resolve_s / len(contested)
-    more: list[ServingCell] = []
-    for b, lengths in contested.items():
-        window_s = max(turn_s, (per_b - plan.warm_up_s) / len(lengths))
-        rounds = max(1, round(window_s / turn_s))
-        log.info("serving: B=%d contested between k %s: %d more turns of %.1f s each",
-                 b, list(lengths), rounds, turn_s)
-        more += measure_serving(server, control, prompts, batch_sizes=[b], lengths=lengths,
-                                output_tokens=plan.output_tokens, temperature=temperature,
-                                warm_up_s=plan.warm_up_s, window_s=window_s, rounds=rounds,
-                                seed=7)
-    return merge_cells(cells, more)
+    deadline = time.monotonic() + plan.resolve_s
+    record = {str(b): {"lengths": list(ks), "loops": 0, "turns": 0, "settled": False}
+              for b, ks in contested.items()}
+    pending = dict(contested)
+    while pending:
+        for b in list(pending):
+            lengths = pending[b]
+            left = deadline - time.monotonic()
+            # (+0.05: a budget of exactly n turns stays n turns with the clock's first reading)
+            rounds = min(RESOLVE_LOOP_ROUNDS,
+                         int((left - plan.warm_up_s) / (turn_s * len(lengths)) + 0.05))
+            if rounds < 1:
+                pending.clear()
+                break
+            done = record[str(b)]
+            log.info("serving: B=%d contested between k %s: %d more turns of %.1f s each",
+                     b, list(lengths), rounds, turn_s)
+            merged = merge_cells(merged, measure_serving(
+                server, control, prompts, batch_sizes=[b], lengths=lengths,
+                output_tokens=plan.output_tokens, temperature=temperature,
+                warm_up_s=plan.warm_up_s, window_s=rounds * turn_s, rounds=rounds,
+                seed=7 + done["loops"], warm_lengths=False))
+            done["loops"] += 1
+            done["turns"] += rounds
+            if workload is not None and rates is not None and settled_at(
+                    merged, b, lengths, workload, rates):
+                done["settled"] = True
+                log.info("serving: B=%d settled after %d more turns a length", b,
+                         done["turns"])
+                del pending[b]
+    return merged, record

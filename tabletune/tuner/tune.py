@@ -15,7 +15,8 @@ phase, acceptance on, the step log on), and on it, in this order:
    a crash after it keeps it);
 3. the serving windows at the stated workload's output length, then (``resolve_s`` on cuda)
    more loops at the serving batch sizes whose factors decide a batch size the first build
-   leaves contested (``contested_cells``), pooled with the first ones;
+   leaves contested (``contested_cells``), pooled with the first ones, each batch size until
+   its question settles or the budget ends (``serving.resolve_contested``);
 4. the serving calibration rewrites ``profile.json`` (T = factor x the profile's step): per
    measured cell the step the stated workload pays per token of goodput, from the window's single
    steps (``tuner.serving.workload_step``, ``core.workload``);
@@ -112,8 +113,10 @@ WORKLOAD_OUTPUT_TOKENS = {"cuda": DEFAULT_OUTPUT_TOKENS, "cpu": 64}
 # Seconds of further serving loops where a first build leaves a batch size contested
 # (core.calibration.contested_serving): on the H200 the serving factors near the k = 2 / k = 3
 # edge were uncertain by 12-20 % after the first loops, and the tables lost 6-17 % there. Off on
-# the CPU build (its toy pair has no such edge, and CI's minutes are counted).
-SERVING_RESOLVE_S = {"cuda": 60.0, "cpu": 0.0}
+# the CPU build (its toy pair has no such edge, and CI's minutes are counted). Wall time, loops
+# ending early where their question settles (tuner.serving.settled_at): 45 s keeps the warm
+# H200 tune within 5 minutes (314 s with 60 s of windows and ~5 s of their overheads uncounted).
+SERVING_RESOLVE_S = {"cuda": 45.0, "cpu": 0.0}
 
 
 def tune_plan(spec: EngineSpec, batch_sizes: Sequence[int], *, repeats: int | None = None,
@@ -286,6 +289,7 @@ def tune(spec: EngineSpec, plan: TunePlan, out_dir: Path, *, prompts: Sequence[s
     acceptance = reused_acceptance
     cells: list = []
     contested: dict[int, tuple[int, ...]] = {}  # {serving B: lengths} timed again
+    resolved: dict[str, dict] = {}  # what timing them took (resolve_contested)
     times = {"startup_s": 0.0, "acceptance_s": 0.0, "profile_s": 0.0, "serving_s": 0.0}
 
     cpus = cpu_plan_for(spec, plan.cpu_affinity)
@@ -336,9 +340,11 @@ def tune(spec: EngineSpec, plan: TunePlan, out_dir: Path, *, prompts: Sequence[s
                                             temperature=plan.temperature)
                     contested = contested_cells(profile, acceptance, cells, facts, plan)
                     if contested:
-                        cells = resolve_contested(server, control, prompts, cells, contested,
-                                                  plan=plan.serving,
-                                                  temperature=plan.temperature)
+                        cells, resolved = resolve_contested(
+                            server, control, prompts, cells, contested, plan=plan.serving,
+                            temperature=plan.temperature,
+                            workload=plan.serving.workload(measured_prompt_tokens(cells)),
+                            rates=acceptance.rates[:profile.max_k])
                     times["serving_s"] = time.time() - t
         finally:
             server.stop()
@@ -349,6 +355,7 @@ def tune(spec: EngineSpec, plan: TunePlan, out_dir: Path, *, prompts: Sequence[s
             profile, measured_for_calibration(cells, workload, rates),
             **_graph_line(facts, workload),
             meta={"engine": facts, "contested": {str(b): list(ks) for b, ks in contested.items()},
+                  "resolved": resolved,
                   "method": "closed-loop windows with acceptance on, k pinned for every step, "
                             "requests of the stated workload's output length; step = the "
                             "window's median pure decode step and median prefill-carrying "

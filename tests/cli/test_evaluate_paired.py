@@ -149,11 +149,13 @@ def test_a_level_runs_more_loops_while_a_loss_is_unresolved_and_its_budget_lasts
     server = Server()
     monkeypatch.setattr(serving, "launch_tune_server", lambda *a, **k: (server, tmp_path))
     loops: list[int] = []
+    warmed: list[bool] = []  # whether each loop ran its untimed first batches
 
     def measure(server, control, prompts, *, batch_sizes, lengths, seed, **kwargs):
         # A faked loop: three turns of lengths 1 and 2, k = 2's ratio moving turn by turn at
         # c = 8 and steady at c = 64; each loop later in time than the last.
         loops.append(batch_sizes[0])
+        warmed.append(kwargs["warm_lengths"])
         wobble = batch_sizes[0] == 8
         blocks = _turns({1: 4.0, 2: 5.0}, 3, t0_ns=10**10 * len(loops), slow={
             (0, 2): 1.3 if wobble else 1.0, (2, 2): 0.9 if wobble else 1.0})
@@ -176,5 +178,6 @@ def test_a_level_runs_more_loops_while_a_loss_is_unresolved_and_its_budget_lasts
     monkeypatch.setattr(paired.time, "monotonic", lambda: next(clock))
     results = paired.run_paired(spec, arms, level_budget_s=55.0, **common)
     assert loops == [8, 8, 8, 64]
+    assert warmed[-4:] == [True, False, False, True]  # a level's first loop only
     assert sorted({r.repeat for r in results if r.concurrency == 8}) == list(range(9))
     assert sorted({r.repeat for r in results if r.concurrency == 64}) == [0, 1, 2]

@@ -108,7 +108,7 @@ def test_the_contested_cells_are_timed_again_on_cuda_by_default_and_never_on_the
     cpu = EngineSpec.embedded_default()
     cuda = cpu.with_(device="cuda")
     assert tune_plan(cpu, (1, 2, 4)).serving.resolve_s == 0.0
-    assert tune_plan(cuda, (1, 2, 4)).serving.resolve_s == 60.0
+    assert tune_plan(cuda, (1, 2, 4)).serving.resolve_s == 45.0
     assert tune_plan(cuda, (1, 2, 4), serving_resolve_s=0.0).serving.resolve_s == 0.0
     assert tune_plan(cpu, (1, 2, 4), serving_resolve_s=5.0).serving.to_dict()["resolve_s"] == 5.0
 
@@ -135,9 +135,11 @@ def test_contested_cells_are_timed_again_on_the_tune_server_before_it_stops(fake
         fake_engine.append(("serving",))
         return [_serving_cell(b, k, step_ms(b, k)) for b in plan.batch_sizes for k in range(4)]
 
-    def resolve(srv, control, prompts, cells, contested, *, plan, temperature):
+    def resolve(srv, control, prompts, cells, contested, *, plan, temperature, workload,
+                rates):
+        assert workload.output_tokens == 32 and len(rates) == 3
         fake_engine.append(("resolve", contested))
-        return cells
+        return cells, {"8": {"lengths": [1, 2], "loops": 2, "turns": 6, "settled": True}}
 
     monkeypatch.setattr(serving, "serving_windows", serving_windows)
     monkeypatch.setattr(serving, "resolve_contested", resolve)
@@ -151,6 +153,7 @@ def test_contested_cells_are_timed_again_on_the_tune_server_before_it_stops(fake
     assert ("resolve", {8: (1, 2)}) in fake_engine
     assert result.profile.meta["serving_calibration"]["contested"] == {"8": [1, 2]}
     assert result.profile.meta["serving_calibration"]["plan"]["resolve_s"] == 30.0
+    assert result.profile.meta["serving_calibration"]["resolved"]["8"]["settled"] is True
 
 
 def test_nothing_is_contested_without_serving_time_for_it_or_where_the_table_is_the_best():
@@ -167,3 +170,84 @@ def test_nothing_is_contested_without_serving_time_for_it_or_where_the_table_is_
     # Serving steps proportional to the profile's, no uncertainty: the table is the best at
     # every B, nothing contested.
     assert contested_cells(*args, on) == {}
+
+
+def _noisy_cell(b, k, ms, spread):
+    """A serving cell of 40 pure decode steps at B, ``ms`` with a relative spread ``spread``
+    (uniform, seeded), in 4 blocks."""
+    import random
+
+    from tabletune.core.step_log import Step
+    from tabletune.tuner.serving import ServingCell, StepMix, window_from_steps
+
+    rng = random.Random(b * 10 + k)
+    blocks = [[Step(t_ns=i, period_ns=int(ms * (1 + spread * (rng.random() - 0.5)) * 1e6),
+                    requests=b, new_requests=0, verifying=b if k else 0, k=k,
+                    tokens=b * (1 + k), verified_drafts=b * k, accepted=b * k // 2)
+               for i in range(10)] for j in range(4)]
+    steps = [s for block in blocks for s in block]
+    return ServingCell(b, k, window_from_steps(steps), StepMix.from_blocks(blocks, b, k),
+                       tuple(blocks))
+
+
+def test_a_batch_size_is_settled_when_its_best_length_leads_clearly_or_the_lengths_are_known_closely():
+    from tabletune.core.workload import Workload
+    from tabletune.tuner.serving import settled_at
+
+    rates = (0.75, 0.55, 0.40)
+    work = Workload(256.0, 29.0, "default")
+    # k = 3 makes 2.7 tokens a step against k = 2's 2.3: equal steps put it 17 % ahead.
+    clear = [_noisy_cell(192, 2, 19.7, 0.02), _noisy_cell(192, 3, 19.4, 0.02)]
+    assert settled_at(clear, 192, (2, 3), work, rates)
+    assert not settled_at(clear, 192, (1, 2, 3), work, rates)  # a length with no cell
+    # 3 % ahead inside a wide spread (medians uncertain by ~1.7 % each): not settled.
+    even = 2.7 / 2.3  # k = 3's step at which the two goodputs are equal
+    wide = [_noisy_cell(64, 2, 7.0, 0.9), _noisy_cell(64, 3, 7.0 * even / 1.03, 0.9)]
+    assert not settled_at(wide, 64, (2, 3), work, rates)
+    # 0.2 % apart, each known to ~0.4 %: settled as a tie; as noisy as above: not.
+    tie = [_noisy_cell(64, 2, 7.0, 0.1), _noisy_cell(64, 3, 7.0 * even / 1.002, 0.1)]
+    assert settled_at(tie, 64, (2, 3), work, rates)
+    close = [_noisy_cell(64, 2, 7.0, 0.9), _noisy_cell(64, 3, 7.0 * even / 1.002, 0.9)]
+    assert not settled_at(close, 64, (2, 3), work, rates)
+
+
+def test_the_resolve_pass_drops_a_settled_batch_size_and_gives_its_time_to_the_rest(monkeypatch):
+    from tabletune.core.workload import Workload
+    from tabletune.tuner.serving import ServingPlan, resolve_contested
+
+    loops = []
+    clock = [0.0]
+
+    def measure(server, control, prompts, *, batch_sizes, lengths, window_s, rounds,
+                warm_up_s, warm_lengths, **kw):
+        (b,) = batch_sizes
+        assert warm_lengths is False  # the server ran every length already
+        loops.append((b, tuple(lengths), rounds))
+        clock[0] += warm_up_s + window_s * len(lengths) + 0.5
+        # 192: k = 3 17 % ahead, settled at once; 64: 0.5 % apart in a wide spread, never
+        # settled within the budget.
+        spread = 0.01 if b == 192 else 1.8
+        ms = {(192, 2): 19.5, (192, 3): 19.5, (64, 2): 7.0, (64, 3): 7.0 * 2.7 / 2.3 / 1.005}
+        return [_noisy_cell(b, k, ms[b, k], spread) for k in lengths]
+
+    monkeypatch.setattr(serving, "measure_serving", measure)
+    monkeypatch.setattr(serving.time, "monotonic", lambda: clock[0])
+    plan = ServingPlan(batch_sizes=(1, 128, 256), output_tokens=256, warm_up_s=1.0,
+                       window_s=2.0, rounds=3, resolve_s=30.0)
+    cells, record = resolve_contested(None, None, [], [], {64: (2, 3), 192: (2, 3)},
+                                      plan=plan, temperature=0.0,
+                                      workload=Workload(256.0, 29.0, "default"),
+                                      rates=(0.75, 0.55, 0.40))
+    # Loops of 3 turns a length (5.5 s each here), the batch sizes in turn; 192 settles after
+    # its first, 64 takes the rest of the 30 s (its last loop as many turns as still fit).
+    assert loops[:3] == [(64, (2, 3), 3), (192, (2, 3), 3), (64, (2, 3), 3)]
+    assert {b for b, _, _ in loops[2:]} == {64}
+    assert record["192"] == {"lengths": [2, 3], "loops": 1, "turns": 3, "settled": True}
+    assert record["64"]["settled"] is False and record["64"]["loops"] == len(loops) - 1
+    assert clock[0] <= 30.0 + 0.5
+    assert sorted((c.batch_size, c.k) for c in cells) == [(64, 2), (64, 3), (192, 2), (192, 3)]
+    # Without a workload to judge by, every batch size takes loops until the budget ends.
+    loops.clear()
+    clock[0] = 0.0
+    resolve_contested(None, None, [], [], {192: (2, 3)}, plan=plan, temperature=0.0)
+    assert len(loops) > 1
