@@ -18,7 +18,14 @@ a prefill and the prefills in such a step, ``core.workload.prefill_mix``):
 - ``pooled``: as ``profile-decode``, with the prefill cost per prefill pooled over the lengths
   of one B (their median; a step carrying a prefill runs vLLM's piecewise graphs whatever k
   is), except cells off the captured graphs (B (1 + k) + prompt > capture size), which keep
-  their own.
+  their own;
+- ``window-mean``: the window's own mean step (its time over its steps at length k, every kind
+  of step), no split. Under vLLM's asynchronous scheduling a single step's period is the time
+  between two outputs, and with requests arriving the outputs come in pairs: a period far
+  below any pure decode step followed by one far above (h200-s11, B = 128, k = 0: single
+  periods 4.3-15 ms at p5-p95 in the serving loop against the profile's 5.3-6.3 ms), so the
+  median of one kind of step depends on which side of the pair it lands; a mean over the
+  window does not.
 """
 
 from __future__ import annotations
@@ -71,6 +78,11 @@ def model_steps(profile: Profile, rates, model: str) -> dict[tuple[int, int], tu
                 for m in sc["measured"]}
     extra: dict[tuple[int, int], float] = {}
     ws = windows(profile)
+    if model == "window-mean":
+        return {key: (goodput_step_ms(w["step_ms"], output_tokens=OUTPUT_TOKENS,
+                                      tokens_per_step=1.0 + sum(rates[:key[1]])),
+                      max(0.01, w.get("noise", 0.0) / 2.0))
+                for key, w in ws.items()}
     for (b, k), w in ws.items():
         log = w.get("step_log") or {}
         dec, mix = log.get("decode"), log.get("mixed")
@@ -123,7 +135,7 @@ def main(folders: list[str]) -> None:
             part = (lambda p: f"{p['median_ms']:.2f} ({p['steps']})" if p else "-")
             print(f"| {key[0]}, {key[1]} | {n} | {cell.profiled_ms:.2f} | "
                   f"{part(dec)} | {part(mix)} | {log.get('prefills_per_mixed_step', 0):.2f} |")
-    for model in ("built", "profile-decode", "pooled"):
+    for model in ("built", "profile-decode", "pooled", "window-mean"):
         goodput, chosen = {}, {}
         for n in names:
             rates = acc[n].rates[:len(lengths) - 1]
