@@ -25,7 +25,12 @@ a prefill and the prefills in such a step, ``core.workload.prefill_mix``):
   below any pure decode step followed by one far above (h200-s11, B = 128, k = 0: single
   periods 4.3-15 ms at p5-p95 in the serving loop against the profile's 5.3-6.3 ms), so the
   median of one kind of step depends on which side of the pair it lands; a mean over the
-  window does not.
+  window does not;
+- ``window-split``: the profile's cell for the pure decode step d (no request arrives while it
+  is timed, so its single periods are steps), and the cost of a prefill e from the window's
+  mean m and its prefills per step p (steps at B): e = (m - d) / p; then d + q n e as above.
+  Sums of periods only, so the pairs cancel; the workload's share of prefill steps replaces the
+  loop's, which its warm-up leaves below the steady state at large B.
 """
 
 from __future__ import annotations
@@ -78,6 +83,21 @@ def model_steps(profile: Profile, rates, model: str) -> dict[tuple[int, int], tu
                 for m in sc["measured"]}
     extra: dict[tuple[int, int], float] = {}
     ws = windows(profile)
+    if model == "window-split":
+        out = {}
+        for (b, k), w in ws.items():
+            log = w.get("step_log") or {}
+            mix = log.get("mixed")
+            d = profile.cell(b, k).profiled_ms
+            p = (mix["steps"] * log["prefills_per_mixed_step"] / log["steps_at_b"]
+                 if mix and log.get("steps_at_b") else 0.0)
+            e = max(0.0, (w["step_ms"] - d) / p) if p > 0 else 0.0
+            tps = 1.0 + sum(rates[:k])
+            q, n = prefill_mix(b, OUTPUT_TOKENS, tps)
+            out[(b, k)] = (goodput_step_ms(d + q * n * e, output_tokens=OUTPUT_TOKENS,
+                                           tokens_per_step=tps),
+                           max(0.01, w.get("noise", 0.0) / 2.0))
+        return out
     if model == "window-mean":
         return {key: (goodput_step_ms(w["step_ms"], output_tokens=OUTPUT_TOKENS,
                                       tokens_per_step=1.0 + sum(rates[:key[1]])),
@@ -135,7 +155,7 @@ def main(folders: list[str]) -> None:
             part = (lambda p: f"{p['median_ms']:.2f} ({p['steps']})" if p else "-")
             print(f"| {key[0]}, {key[1]} | {n} | {cell.profiled_ms:.2f} | "
                   f"{part(dec)} | {part(mix)} | {log.get('prefills_per_mixed_step', 0):.2f} |")
-    for model in ("built", "profile-decode", "pooled", "window-mean"):
+    for model in ("built", "profile-decode", "pooled", "window-mean", "window-split"):
         goodput, chosen = {}, {}
         for n in names:
             rates = acc[n].rates[:len(lengths) - 1]
