@@ -11,9 +11,10 @@ through the control file, acceptance on, the step log on: ``launch_tune_server``
 acceptance at K and the profile, a closed-loop window is timed per (B, k) on a few of the
 profiled batch sizes: B clients keep one request each in flight, output lengths spread evenly
 around the workload's (so requests finish one by one and the batch holds the workload's mix of
-prefills). The window's single steps at exactly B requests (the step log) give its median pure
-decode step and its median prefill-carrying step; ``workload_step`` mixes them as the stated
-workload does; ``tabletune.core.calibration`` turns that over the profile's own step into a
+prefills). The window's steps at B requests (the step log) give its mean period and prefills
+per step, sums that vLLM's asynchronous loop leaves intact; with the profile's pure decode step
+they give what a prefill costs, and ``workload_step`` adds that as often as the stated workload
+has prefills; ``tabletune.core.calibration`` turns that over the profile's own step into a
 factor per cell and applies it. vLLM's step counter over the window (``tabletune.engine.window``)
 stays as the fallback and the cross-check.
 """
@@ -22,6 +23,8 @@ from __future__ import annotations
 
 import logging
 import math
+import random
+import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -92,6 +95,12 @@ class StepMix:
     steps_at_b: int  # all steps of the window at B requests
     steps: int  # all steps of the window
     batch_mean: float = 0.0  # mean requests of the steps at B
+    # The steps at B as sums, which asynchronous scheduling leaves intact (workload_step):
+    # their mean period, its relative standard error (turns resampled), and the prefills
+    # (new requests) per step among them.
+    mean_ms: float | None = None
+    mean_error: float = 0.0
+    prefills_per_step: float = 0.0
 
     @classmethod
     def from_steps(cls, steps: Sequence[Step], batch_size: int, k: int) -> StepMix:
@@ -113,6 +122,7 @@ class StepMix:
         new = sum(s.new_requests for block in mixed for s in block)
         all_new = sum(s.new_requests for s in steps)
         kept = [s for block in at_b for s in block]
+        mean_ms, mean_error = _mean_period(at_b)
         return cls(
             decode=estimate_step_ms(decode) if n_decode >= MIN_WINDOW_STEPS else None,
             mixed=(estimate_step_ms([[s.period_ms for s in block] for block in mixed])
@@ -121,14 +131,42 @@ class StepMix:
             prompt_tokens=(sum(s.prefill_tokens for s in steps if s.new_requests) / all_new
                            if all_new else None),
             steps_at_b=len(kept), steps=len(steps),
-            batch_mean=sum(s.requests for s in kept) / len(kept) if kept else 0.0)
+            batch_mean=sum(s.requests for s in kept) / len(kept) if kept else 0.0,
+            mean_ms=mean_ms, mean_error=mean_error,
+            prefills_per_step=(sum(s.new_requests for s in kept) / len(kept)) if kept else 0.0)
 
     def to_dict(self) -> dict:
         return {"decode": self.decode.to_dict() if self.decode else None,
                 "mixed": self.mixed.to_dict() if self.mixed else None,
                 "prefills_per_mixed_step": self.prefills_per_mixed_step,
                 "prompt_tokens": self.prompt_tokens, "steps_at_b": self.steps_at_b,
-                "steps": self.steps, "batch_mean": self.batch_mean}
+                "steps": self.steps, "batch_mean": self.batch_mean, "mean_ms": self.mean_ms,
+                "mean_error": self.mean_error, "prefills_per_step": self.prefills_per_step}
+
+
+def _mean_period(blocks: Sequence[Sequence[Step]], resamples: int = 400,
+                 seed: int = 0) -> tuple[float | None, float]:
+    """(mean period in ms over every step of ``blocks``, its relative standard error): the
+    blocks (turns) resampled whole when there are several, the steps' own spread over sqrt(n)
+    when there is one."""
+    blocks = [block for block in blocks if block]
+    sums = [sum(s.period_ns for s in block) / 1e6 for block in blocks]
+    counts = [len(block) for block in blocks]
+    total = sum(counts)
+    if total < 2:
+        return None, 0.0
+    mean = sum(sums) / total
+    if len(sums) > 1:
+        rng = random.Random(seed)
+        means = []
+        for _ in range(resamples):
+            pick = [rng.randrange(len(sums)) for _ in sums]
+            means.append(sum(sums[i] for i in pick) / sum(counts[i] for i in pick))
+        error = statistics.pstdev(means) / mean if mean > 0 else 0.0
+    else:
+        values = [s.period_ns / 1e6 for s in blocks[0]]
+        error = statistics.pstdev(values) / math.sqrt(total) / mean if mean > 0 else 0.0
+    return mean, error
 
 
 @dataclass(frozen=True)
@@ -367,15 +405,39 @@ def measured_prompt_tokens(cells: Sequence[ServingCell]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def workload_step(cell: ServingCell, workload: Workload, rates: Sequence[float]) -> dict:
+def workload_step(cell: ServingCell, workload: Workload, rates: Sequence[float],
+                  decode_ms: float | None = None) -> dict:
     """The step time the table is chosen from at this cell under ``workload``
-    (``core.workload``): from the window's median pure decode step and median prefill-carrying
-    step, mixed as the workload mixes them; the window's mean where the step log has too few
-    pure decode steps. Returns the parts with the value (``step_ms``) and its relative error."""
+    (``core.workload``). Returns the parts with the value (``step_ms``) and its relative error.
+
+    With ``decode_ms`` (the profile's pure decode step at this B and k): from sums of periods.
+    Under vLLM's asynchronous scheduling a single step's period is the time between two
+    outputs, and while requests arrive the outputs come in pairs, one period far below any step
+    and one far above (the H200, B = 128, k = 0: 4.3-15 ms single periods in the loop against
+    the profile's 5.3-6.3; benchmarks/results/h200-s11), so a median of one kind of step reads
+    whichever side it lands on. The window's mean period m at B and its prefills per step p are
+    sums; a prefill's cost is e = (m - d) / p over the profile's decode step d, and the workload
+    pays d + lambda e, lambda its prefills per step (``prefill_mix``): the loop's own share
+    of prefills is replaced by the workload's (a loop's warm-up leaves it short at large B).
+
+    Without ``decode_ms``: the window's median pure decode step and median prefill-carrying step
+    mixed as the workload mixes them; the window's mean where the step log has too few pure
+    decode steps."""
     tokens_per_step = 1.0 + sum(rates[:cell.k])
     mix = cell.steps
     q, n = prefill_mix(cell.batch_size, workload.output_tokens, tokens_per_step)
-    if mix is None or mix.decode is None:
+    if decode_ms is not None and mix is not None and mix.mean_ms is not None:
+        per_step = q * n  # the workload's prefills per step
+        if mix.prefills_per_step > 0:
+            extra = max(0.0, (mix.mean_ms - decode_ms) / mix.prefills_per_step)
+            serving = decode_ms + per_step * extra
+            # d is the profile's (its uncertainty joins in calibration): m's error, scaled.
+            error = per_step / mix.prefills_per_step * mix.mean_ms * mix.mean_error / serving
+        else:
+            serving, error = mix.mean_ms, mix.mean_error
+        how = ("the profile's pure decode step and a prefill's cost from the window's mean "
+               "period and prefills per step, mixed for the workload")
+    elif mix is None or mix.decode is None:
         serving = cell.window.step_ms
         error = cell.window.noise / 2.0
         how = "window mean (too few pure decode steps in the step log)"
@@ -403,17 +465,20 @@ def workload_step(cell: ServingCell, workload: Workload, rates: Sequence[float])
 
 
 def measured_for_calibration(cells: Sequence[ServingCell], workload: Workload | None = None,
-                             rates: Sequence[float] = ()) -> dict[tuple[int, int], tuple[float, float]]:
+                             rates: Sequence[float] = (),
+                             decode: dict[tuple[int, int], float] | None = None
+                             ) -> dict[tuple[int, int], tuple[float, float]]:
     """(step ms, its relative standard error) per cell, as ``core.calibration`` takes them.
 
-    With a ``workload`` (and the acceptance ``rates``): ``workload_step``. Without: the
+    With a ``workload`` (and the acceptance ``rates``): ``workload_step``, with the profile's
+    pure decode step of each cell from ``decode`` ({(B, k): ms}) where it has one. Without: the
     window's mean, its error from the window's two halves (for two estimates of one mean it is
     half their difference)."""
     if workload is None:
         return {(c.batch_size, c.k): (c.window.step_ms, c.window.noise / 2.0) for c in cells}
     out = {}
     for c in cells:
-        w = workload_step(c, workload, rates)
+        w = workload_step(c, workload, rates, (decode or {}).get((c.batch_size, c.k)))
         out[(c.batch_size, c.k)] = (w["step_ms"], w["uncertainty"])
     return out
 
@@ -468,13 +533,15 @@ RESOLVE_TIE = 0.01
 
 
 def settled_at(cells: Sequence[ServingCell], batch_size: int, lengths: Sequence[int],
-               workload: Workload, rates: Sequence[float]) -> bool:
+               workload: Workload, rates: Sequence[float],
+               decode: dict[tuple[int, int], float] | None = None) -> bool:
     """Whether the serving cells at ``batch_size`` tell which of ``lengths`` serves it best
-    under ``workload`` (goodput (1 + A_k) / T from ``workload_step``; see RESOLVE_MARGIN)."""
+    under ``workload`` (goodput (1 + A_k) / T from ``workload_step``, with the profile's decode
+    steps ``decode``; see RESOLVE_MARGIN)."""
     scored = {}
     for c in cells:
         if c.batch_size == batch_size and c.k in lengths:
-            w = workload_step(c, workload, rates)
+            w = workload_step(c, workload, rates, (decode or {}).get((c.batch_size, c.k)))
             scored[c.k] = (w["tokens_per_step"] / w["step_ms"], w["uncertainty"])
     if len(scored) < len(set(lengths)):
         return False
@@ -490,12 +557,14 @@ def settled_at(cells: Sequence[ServingCell], batch_size: int, lengths: Sequence[
 def resolve_contested(server: VllmServer, control: Path, prompts: Sequence[str],
                       cells: Sequence[ServingCell], contested: dict[int, tuple[int, ...]], *,
                       plan: ServingPlan, temperature: float, workload: Workload | None = None,
-                      rates: Sequence[float] | None = None
+                      rates: Sequence[float] | None = None,
+                      decode: dict[tuple[int, int], float] | None = None
                       ) -> tuple[list[ServingCell], dict[str, dict]]:
     """Time the ``contested`` serving cells again ({B: lengths}) within ``plan.resolve_s``
     seconds of wall time, pooled with what ``cells`` hold: loops of RESOLVE_LOOP_ROUNDS turns
     (as long as the first loops') a length, the batch sizes in turn, a batch size dropped once
-    ``settled_at`` says so (with ``workload`` and ``rates``; without, each takes loops until the
+    ``settled_at`` says so (with ``workload``, ``rates`` and the profile's ``decode`` steps;
+    without the first two, each takes loops until the
     budget ends). Returns the pooled cells and, per batch size, what it took: {B: {"lengths",
     "loops", "turns", "settled"}}."""
     merged = list(cells)
@@ -527,7 +596,7 @@ def resolve_contested(server: VllmServer, control: Path, prompts: Sequence[str],
             done["loops"] += 1
             done["turns"] += rounds
             if workload is not None and rates is not None and settled_at(
-                    merged, b, lengths, workload, rates):
+                    merged, b, lengths, workload, rates, decode):
                 done["settled"] = True
                 log.info("serving: B=%d settled after %d more turns a length", b,
                          done["turns"])

@@ -237,6 +237,12 @@ def _graph_line(facts: dict, workload) -> dict:
             "prefill_tokens": workload.prompt_tokens or 0.0}
 
 
+def profile_decode(profile: Profile) -> dict[tuple[int, int], float]:
+    """{(B, k): the profile's pure decode step, ms}: the part of a serving step no arriving
+    request disturbs (``tuner.serving.workload_step``); ``profile`` before calibration."""
+    return {(c.batch_size, c.k): c.step_ms for c in profile.cells}
+
+
 def contested_cells(profile: Profile, acceptance: Acceptance, cells: Sequence, facts: dict,
                     plan: TunePlan) -> dict[int, tuple[int, ...]]:
     """The serving cells to time again after the first loops ({B: lengths}; empty with
@@ -252,7 +258,8 @@ def contested_cells(profile: Profile, acceptance: Acceptance, cells: Sequence, f
         return {}
     workload = plan.serving.workload(measured_prompt_tokens(cells))
     rates = acceptance.rates[:profile.max_k]
-    provisional = calibrate_profile(profile, measured_for_calibration(cells, workload, rates),
+    provisional = calibrate_profile(profile, measured_for_calibration(cells, workload, rates,
+                                                                      profile_decode(profile)),
                                     **_graph_line(facts, workload))
     result = build_table(StepTimes.from_profile(provisional), rates, lengths=plan.lengths,
                          tie_margin=plan.tie_margin, max_batch_size=plan.table_max_batch_size)
@@ -344,28 +351,33 @@ def tune(spec: EngineSpec, plan: TunePlan, out_dir: Path, *, prompts: Sequence[s
                             server, control, prompts, cells, contested, plan=plan.serving,
                             temperature=plan.temperature,
                             workload=plan.serving.workload(measured_prompt_tokens(cells)),
-                            rates=acceptance.rates[:profile.max_k])
+                            rates=acceptance.rates[:profile.max_k],
+                            decode=profile_decode(profile))
                     times["serving_s"] = time.time() - t
         finally:
             server.stop()
     if cells:
         workload = plan.serving.workload(measured_prompt_tokens(cells))
         rates = acceptance.rates[:profile.max_k]
+        decode = profile_decode(profile)
         profile = calibrate_profile(
-            profile, measured_for_calibration(cells, workload, rates),
+            profile, measured_for_calibration(cells, workload, rates, decode),
             **_graph_line(facts, workload),
             meta={"engine": facts, "contested": {str(b): list(ks) for b, ks in contested.items()},
                   "resolved": resolved,
                   "method": "closed-loop windows with acceptance on, k pinned for every step, "
                             "requests of the stated workload's output length; step = the "
-                            "window's median pure decode step and median prefill-carrying "
-                            "step (TableTune's step log, at exactly B requests) mixed as the "
-                            "workload mixes them, per token of goodput "
-                            "(tabletune.core.workload); the window's mean where the step log "
-                            "has too few steps",
+                            "profile's pure decode step d plus the workload's prefills per "
+                            "step times a prefill's cost (m - d) / p, m the window's mean "
+                            "period and p its prefills per step at B requests (TableTune's "
+                            "step log; sums of periods, which asynchronous scheduling leaves "
+                            "intact), per token of goodput (tabletune.core.workload); the "
+                            "window's mean where the step log has too few steps",
                   "workload": workload.to_dict(),
                   "plan": plan.serving.to_dict(), "windows": [c.to_dict() for c in cells],
-                  "workload_steps": [workload_step(c, workload, rates) for c in cells]})
+                  "workload_steps": [workload_step(c, workload, rates,
+                                                   decode.get((c.batch_size, c.k)))
+                                     for c in cells]})
         save_json(out / "profile.json", profile)
         if on_calibrated is not None:
             on_calibrated(profile)

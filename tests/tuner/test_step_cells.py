@@ -212,3 +212,47 @@ def test_a_contested_cell_timed_again_pools_both_loops_and_the_rest_stay_as_they
     assert len(pooled.blocks) == 3 and pooled.window.steps == 60
     assert pooled.steps.decode.steps == 60 and pooled.steps.decode.median_ms == pytest.approx(12.0)
     assert pooled.steps.decode.blocks == 3
+
+
+def _paired_turn(t0, decode_ms=10.0, prefill_ms=16.0):
+    """One turn at B = 8, k = 2 as vLLM's asynchronous loop reports it: every sixth step carries
+    a prefill (16 ms of work) and its output comes early, so its period reads 4 ms and the next
+    step's 22 (the pair's sum is the work's, 26 ms)."""
+    steps = []
+    for i in range(12):
+        if i % 6 == 0:
+            steps.append(step(t0 + i, prefill_ms - 12.0, 8, new=1))
+        elif i % 6 == 1:
+            steps.append(step(t0 + i, decode_ms + 12.0, 8))
+        else:
+            steps.append(step(t0 + i, decode_ms, 8))
+    return steps
+
+
+def test_with_the_profiles_decode_step_the_serving_step_comes_from_sums_of_periods():
+    # Four turns; true costs: a pure decode step 10 ms, a prefill 6 ms on top.
+    blocks = [_paired_turn(100 * j) for j in range(4)]
+    cell = ServingCell(8, 2, window(), StepMix.from_blocks(blocks, 8, 2), tuple(blocks))
+    assert cell.steps.mean_ms == pytest.approx(11.0)  # (10 x 10 + 16 x 2) / 12
+    assert cell.steps.prefills_per_step == pytest.approx(1 / 6)
+    rates = (0.8, 0.6)
+    q, n = prefill_mix(8, 32, 2.4)
+    summed = workload_step(cell, Workload(32), rates, decode_ms=10.0)
+    assert summed["serving_step_ms"] == pytest.approx(10.0 + q * n * 6.0)
+    assert summed["how"].startswith("the profile's pure decode step")
+    assert summed["uncertainty"] == pytest.approx(0.0, abs=1e-9)  # the four turns agree
+    # Single periods' medians read the prefill step on the early side of its pair (4 ms), a
+    # prefill that costs nothing: below the truth.
+    single = workload_step(cell, Workload(32), rates)
+    assert single["serving_step_ms"] < summed["serving_step_ms"] - 0.5
+    assert measured_for_calibration([cell], Workload(32), rates, {(8, 2): 10.0})[(8, 2)][0] \
+        == pytest.approx(summed["step_ms"])
+
+
+def test_a_window_without_prefills_is_its_own_mean_and_turns_that_differ_are_uncertain():
+    slow = [step(i, 12.0, 8) for i in range(20)]
+    fast = [step(100 + i, 8.0, 8) for i in range(20)]
+    cell = ServingCell(8, 2, window(), StepMix.from_blocks([slow, fast], 8, 2), (slow, fast))
+    w = workload_step(cell, Workload(32), (0.8, 0.6), decode_ms=9.0)
+    assert w["serving_step_ms"] == pytest.approx(10.0)
+    assert w["uncertainty"] > 0.05

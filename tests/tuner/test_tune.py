@@ -136,8 +136,9 @@ def test_contested_cells_are_timed_again_on_the_tune_server_before_it_stops(fake
         return [_serving_cell(b, k, step_ms(b, k)) for b in plan.batch_sizes for k in range(4)]
 
     def resolve(srv, control, prompts, cells, contested, *, plan, temperature, workload,
-                rates):
+                rates, decode):
         assert workload.output_tokens == 32 and len(rates) == 3
+        assert decode[(8, 1)] > 0  # the profile's pure decode steps, for settling
         fake_engine.append(("resolve", contested))
         return cells, {"8": {"lengths": [1, 2], "loops": 2, "turns": 6, "settled": True}}
 
