@@ -7,7 +7,9 @@
 #    (h200_tune: h200-s8's command), the first on empty compile caches. New since h200-s10: the
 #    resolve pass times the batch size nearest each edge between serving sizes and the last one
 #    before each length's graph line, in loops that stop where the question settles, within 45 s
-#    of wall time (tuner.serving.resolve_contested).
+#    of wall time (tuner.serving.resolve_contested); since b4fcb9c the serving step comes from
+#    sums of periods (the profile's decode step, a prefill's cost from the window's mean), as
+#    benchmarks/results/h200-s11 found single periods paired under asynchronous scheduling.
 #  - paired: issue 28 item 4, `evaluate --paired-lengths` with tune-warm's table at the levels
 #    where h200-s10 left the table's loss interval widest (EVAL_LEVELS, default c = 8, 96, 32,
 #    192), each level looping while a loss interval is wider than +-2 % for up to PAIRED_BUDGET
