@@ -15,35 +15,9 @@
 #    192), each level looping while a loss interval is wider than +-2 % for up to PAIRED_BUDGET
 #    s (default 75); fixed K = 1..3 and the docs table beside it (no speculation left out:
 #    30-50 % behind at every level in h200-s10).
+# It is h200_s10.sh with these defaults (a part after the tunes falls back to h200-s8's table
+# when tune-warm has none).
 # usage (device, repo root): benchmarks/gpu/h200_s11.sh start | wait SECONDS | collect
-set -uo pipefail
-export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
-OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
-MODELS=/tmp/tt-models; WORK=/tmp/tt-work; mkdir -p "$WORK"
-GRID=1,2,4,8,16,32,64,96,128,192,256
-FALLBACK_PRIOR="$PWD/benchmarks/results/h200-s10/tune-warm"
-EVAL_LEVELS="${EVAL_LEVELS:-8,96,32,192}"; PAIRED_BUDGET="${PAIRED_BUDGET:-75}"
-PAIRED_ARMS="${PAIRED_ARMS:-fixed:1,fixed:2,fixed:3,docs}"
-SAMPLER="$PWD/benchmarks/gpu/host_sampler.py"
-# shellcheck source=benchmarks/gpu/h200_lib.sh
-source "$(dirname "${BASH_SOURCE[0]}")/h200_lib.sh"  # engine, tt, the phases
-JOB="${JOB:-tune_cold tune_warm paired}"
-prior() {
-  if [ -f "$WORK/tune-warm/table.json" ]; then echo "$WORK/tune-warm"; else echo "$FALLBACK_PRIOR"; fi
-}
-tune_cold() { h200_tune tune-cold; }
-tune_warm() { h200_tune tune-warm; }
-paired() { h200_paired "$(prior)"; }
-job() { h200_job_sampled; }
-case "$1" in
-  start)
-    h200_plugin_metadata
-    h200_machine_facts
-    export -f job prior tune_cold tune_warm paired engine tt h200_tune h200_paired \
-      h200_job_sampled
-    export MODELS WORK GRID FALLBACK_PRIOR EVAL_LEVELS SAMPLER JOB PAIRED_BUDGET PAIRED_ARMS
-    h200_launch ;;
-  wait) h200_wait "${2:-500}" ;;
-  collect) h200_collect ;;
-  *) echo "unknown phase $1" >&2; exit 2 ;;
-esac
+export JOB="${JOB:-tune_cold tune_warm paired}" EVAL_LEVELS="${EVAL_LEVELS:-8,96,32,192}" \
+  PAIRED_BUDGET="${PAIRED_BUDGET:-75}" PAIRED_ARMS="${PAIRED_ARMS:-fixed:1,fixed:2,fixed:3,docs}"
+exec bash "$(dirname "${BASH_SOURCE[0]}")/h200_s10.sh" "$@"
