@@ -23,15 +23,13 @@ from __future__ import annotations
 
 import logging
 import math
-import random
-import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
 from tabletune.core.step_log import Step
-from tabletune.core.step_stats import StepEstimate, estimate_step_ms
+from tabletune.core.step_stats import StepEstimate, estimate_step_ms, mean_step_ms
 from tabletune.core.vllm_contract import CONTROL_FILE_ENV, SCHEDULER_CLS, write_control
 from tabletune.core.workload import Workload, goodput_step_ms, prefill_mix, serving_step_ms
 from tabletune.engine.client import run_batch, run_load
@@ -122,7 +120,7 @@ class StepMix:
         new = sum(s.new_requests for block in mixed for s in block)
         all_new = sum(s.new_requests for s in steps)
         kept = [s for block in at_b for s in block]
-        mean_ms, mean_error = _mean_period(at_b)
+        mean_ms, mean_error = mean_step_ms([[s.period_ms for s in block] for block in at_b])
         return cls(
             decode=estimate_step_ms(decode) if n_decode >= MIN_WINDOW_STEPS else None,
             mixed=(estimate_step_ms([[s.period_ms for s in block] for block in mixed])
@@ -142,31 +140,6 @@ class StepMix:
                 "prompt_tokens": self.prompt_tokens, "steps_at_b": self.steps_at_b,
                 "steps": self.steps, "batch_mean": self.batch_mean, "mean_ms": self.mean_ms,
                 "mean_error": self.mean_error, "prefills_per_step": self.prefills_per_step}
-
-
-def _mean_period(blocks: Sequence[Sequence[Step]], resamples: int = 400,
-                 seed: int = 0) -> tuple[float | None, float]:
-    """(mean period in ms over every step of ``blocks``, its relative standard error): the
-    blocks (turns) resampled whole when there are several, the steps' own spread over sqrt(n)
-    when there is one."""
-    blocks = [block for block in blocks if block]
-    sums = [sum(s.period_ns for s in block) / 1e6 for block in blocks]
-    counts = [len(block) for block in blocks]
-    total = sum(counts)
-    if total < 2:
-        return None, 0.0
-    mean = sum(sums) / total
-    if len(sums) > 1:
-        rng = random.Random(seed)
-        means = []
-        for _ in range(resamples):
-            pick = [rng.randrange(len(sums)) for _ in sums]
-            means.append(sum(sums[i] for i in pick) / sum(counts[i] for i in pick))
-        error = statistics.pstdev(means) / mean if mean > 0 else 0.0
-    else:
-        values = [s.period_ns / 1e6 for s in blocks[0]]
-        error = statistics.pstdev(values) / math.sqrt(total) / mean if mean > 0 else 0.0
-    return mean, error
 
 
 @dataclass(frozen=True)

@@ -18,8 +18,9 @@ phase, acceptance on, the step log on), and on it, in this order:
    leaves contested (``contested_cells``), pooled with the first ones, each batch size until
    its question settles or the budget ends (``serving.resolve_contested``);
 4. the serving calibration rewrites ``profile.json`` (T = factor x the profile's step): per
-   measured cell the step the stated workload pays per token of goodput, from the window's single
-   steps (``tuner.serving.workload_step``, ``core.workload``);
+   measured cell the step the stated workload pays per token of goodput, from the profile's pure
+   decode step and the window's mean period and prefills per step
+   (``tuner.serving.workload_step``, ``core.workload``);
 5. ``build_document`` chooses the table from the calibrated profile.
 
 ``mode="per-k"`` (the paper's method) profiles on one server per length first and then starts
