@@ -34,6 +34,10 @@ MISSED_SCHEDULE_GRACE = dt.timedelta(hours=1)
 # How a run closed as orphaned says so: its own DAG run's callback, arriving later, knows the
 # true ending and closes it again (``close_run``).
 ORPHANED_OUTCOME = "orphaned:"
+# The ending a run's own callback gave it ("STATUS: outcome"), written before its status: the
+# orphan closer reads it back after closing a run, so that the callback's ending wins whichever
+# of the two wrote last (MLflow has no compare-and-set).
+ENDING_TAG = "tabletune.ending"
 RunKind = Literal["acceptance", "profile", "seed"]
 
 
@@ -113,6 +117,7 @@ def close_run(registry: Any, *, run_name: str, status: Literal["FINISHED", "FAIL
                     and run.data.tags.get(OUTCOME_TAG, "").startswith(ORPHANED_OUTCOME))
         if run.info.status != "RUNNING" and not orphaned:
             continue
+        registry.set_run_tags(run.info.run_id, {ENDING_TAG: f"{status}: {outcome}"})
         registry.finish_run(run.info.run_id, status, outcome)
         log.info("closed MLflow run %s of %s as %s: %s", run.info.run_id, run_name, status,
                  outcome)
@@ -124,7 +129,15 @@ def close_orphaned_runs(registry: Any, *, dag_id: str, model_name: str,
                         current_run_name: str) -> list[str]:
     """Close as KILLED the open runs of ``dag_id`` for this model other than this one (a DAG
     allows one active run, so any other open run was left by a DAG run that ended without its
-    callback, e.g. one marked failed as a whole)."""
+    callback, e.g. one marked failed as a whole).
+
+    The scheduler starts the next DAG run as soon as one fails, and the failed run's callback
+    comes some seconds later: the two can close the same run at once. The callback writes its
+    ending (``ENDING_TAG``) before its status, so one read after this closer's write sees it
+    whenever the callback's status came first, and the callback's ending is written again.
+    (A 2-core CI runner hit that interleaving: the failed run stayed KILLED.)"""
+    from tabletune.adapters.mlflow_registry import OUTCOME_TAG
+
     closed = []
     for run in registry.find_runs(dag_id=dag_id, model_name=model_name, status="RUNNING"):
         name = run.data.tags.get("tabletune.run_name")
@@ -133,6 +146,16 @@ def close_orphaned_runs(registry: Any, *, dag_id: str, model_name: str,
         registry.finish_run(run.info.run_id, "KILLED",
                             f"{ORPHANED_OUTCOME} its DAG run {name} ended without closing it; "
                             f"closed by {current_run_name}")
+        after = [r for r in registry.find_runs(run_name=name)
+                 if r.info.run_id == run.info.run_id]
+        ending = after[0].data.tags.get(ENDING_TAG, "") if after else ""
+        status, _, outcome = ending.partition(": ")
+        if status in ("FINISHED", "FAILED", "KILLED"):
+            if (after[0].info.status, after[0].data.tags.get(OUTCOME_TAG)) != (status, outcome):
+                registry.finish_run(run.info.run_id, status, outcome)
+            log.info("MLflow run %s of %s was closed by its own callback meanwhile: %s",
+                     run.info.run_id, name, ending)
+            continue
         log.warning("closed MLflow run %s left open by %s", run.info.run_id, name)
         closed.append(run.info.run_id)
     return closed

@@ -123,7 +123,8 @@ def test_one_run_at_a_time_and_every_ending_closes_the_mlflow_run(
     assert api.wait(DAG_ID, first, timeout_s=90) == "failed"
     # The failure callback runs in the DAG processor; on a loaded 2-core runner the second run
     # closed this one as orphaned first and the callback came more than 90 s later (it then
-    # corrects the orphaned status: run_lifecycle.close_run).
+    # corrects the orphaned status: run_lifecycle.close_run). When the two close it at once, the
+    # callback's ending still wins (run_lifecycle.close_orphaned_runs reads it back).
     closed = mlflow_run(registry, first, status="FAILED", timeout_s=300)
     assert "DAG run failed" in closed.data.tags["tabletune.outcome"]
 

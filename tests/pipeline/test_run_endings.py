@@ -31,6 +31,7 @@ class RecordingRegistry:
     def __init__(self, production="1", runs=()):
         self.production = production
         self.closed: list[tuple[str, str, str | None]] = []
+        self.tagged: list[tuple[str, dict]] = []
         self.runs = list(runs)
 
     def alias_state(self, name):
@@ -42,6 +43,9 @@ class RecordingRegistry:
 
     def finish_run(self, run_id, status, outcome=None):
         self.closed.append((run_id, status, outcome))
+
+    def set_run_tags(self, run_id, tags):
+        self.tagged.append((run_id, dict(tags)))
 
     def find_runs(self, *, run_name=None, dag_id=None, model_name=None, status=None):
         return [r for r in self.runs if status is None or r.info.status == status]
@@ -70,6 +74,64 @@ def test_the_callbacks_close_only_runs_still_open():
     assert run_lifecycle.close_orphaned_runs(registry, dag_id="d", model_name="m",
                                              current_run_name="new") == ["b"]
     assert registry.closed[0][1] == "KILLED" and "orphaned" in registry.closed[0][2]
+
+
+class RacingRegistry:
+    """Runs that change as they are written, and a hook that lets another closer write between
+    this closer's search and its write (the interleaving a 2-core CI runner hit)."""
+
+    def __init__(self, *runs):
+        self.runs = {r.info.run_id: r for r in runs}
+        self.before_kill = None
+
+    def find_runs(self, *, run_name=None, dag_id=None, model_name=None, status=None):
+        return [SimpleNamespace(info=SimpleNamespace(**vars(r.info)),
+                                data=SimpleNamespace(tags=dict(r.data.tags)))
+                for r in self.runs.values()
+                if (status is None or r.info.status == status)
+                and (run_name is None or r.data.tags["tabletune.run_name"] == run_name)]
+
+    def set_run_tags(self, run_id, tags):
+        self.runs[run_id].data.tags.update(tags)
+
+    def finish_run(self, run_id, status, outcome=None):
+        if status == "KILLED" and self.before_kill is not None:
+            hook, self.before_kill = self.before_kill, None
+            hook()
+        if outcome:
+            self.runs[run_id].data.tags["tabletune.outcome"] = outcome
+        self.runs[run_id].info.status = status
+
+
+def _open_run(run_id, name):
+    return SimpleNamespace(info=SimpleNamespace(run_id=run_id, status="RUNNING"),
+                           data=SimpleNamespace(tags={"tabletune.run_name": name}))
+
+
+def test_the_failure_callback_wins_when_it_closes_the_run_between_the_orphan_closers_steps():
+    # The orphan closer found the run open; the run's own failure callback closed it FAILED;
+    # then the closer's KILLED landed. The callback's ending must be what stays.
+    registry = RacingRegistry(_open_run("a", "manual__1"), _open_run("b", "manual__2"))
+    registry.before_kill = lambda: run_lifecycle.close_run(
+        registry, run_name="manual__1", status="FAILED", outcome="DAG run failed at task x")
+    assert run_lifecycle.close_orphaned_runs(registry, dag_id="d", model_name="m",
+                                             current_run_name="manual__2") == []
+    run = registry.runs["a"]
+    assert run.info.status == "FAILED"
+    assert run.data.tags["tabletune.outcome"] == "DAG run failed at task x"
+    assert registry.runs["b"].info.status == "RUNNING"
+
+
+def test_an_orphan_with_no_callback_stays_killed_and_a_late_callback_corrects_it():
+    registry = RacingRegistry(_open_run("a", "manual__1"), _open_run("b", "manual__2"))
+    assert run_lifecycle.close_orphaned_runs(registry, dag_id="d", model_name="m",
+                                             current_run_name="manual__2") == ["a"]
+    assert registry.runs["a"].info.status == "KILLED"
+    assert registry.runs["a"].data.tags["tabletune.outcome"].startswith("orphaned:")
+    assert run_lifecycle.close_run(registry, run_name="manual__1", status="FAILED",
+                                   outcome="DAG run failed") == ["a"]
+    assert registry.runs["a"].info.status == "FAILED"
+    assert registry.runs["a"].data.tags["tabletune.ending"] == "FAILED: DAG run failed"
 
 
 def test_a_callback_corrects_a_run_the_next_run_closed_as_orphaned_first():

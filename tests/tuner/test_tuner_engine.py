@@ -84,10 +84,11 @@ def test_the_tune_server_measures_acceptance_independent_requests_and_serving_st
         # step of a turn verifies the drafts of the length before it: up to K each).
         assert 0.5 * c.batch_size <= w.tokens_per_step <= c.batch_size * (1 + pair_spec.max_k), c
         if c.k:
-            assert 0.4 * c.batch_size <= w.verifying_batch <= c.batch_size, c
+            assert w.verifying_batch <= c.batch_size, c
             # The step log's accepted counts agree with the acceptance run at K: a_1 + .. + a_k
             # kept per verifying request and step, within the sampling noise of the window's
             # drafts (a starved window may hold only a few).
+            assert w.drafts > 0, c
             expected = sum(acc.rates[:c.k])
             tolerance = 0.1 + 3 * (c.k * 0.25 / w.drafts) ** 0.5
             assert abs(w.accepted_tokens / w.drafts - expected) <= tolerance, (w, acc.rates)
@@ -101,6 +102,20 @@ def test_the_tune_server_measures_acceptance_independent_requests_and_serving_st
         if mix.mixed is not None:
             assert mix.prefills_per_mixed_step >= 1
         assert mix.prompt_tokens is None or 5 <= mix.prompt_tokens <= 200, mix
+    # The requests past their prefill verified drafts: in the steps after a turn's first (that
+    # one verifies the drafts of the length before it, none after k = 0), most of them did. A
+    # starved runner (1-2 s a step at B = 4 in CI) may leave a turn only its first step, so each
+    # cell is judged on what it holds past those, and some cell must hold steps past them.
+    judged = 0
+    for c in pooled:
+        if c.k:
+            inner = [st for block in c.blocks for st in block[1:]]
+            decoding = sum(st.decode_requests for st in inner)
+            if decoding:
+                judged += 1
+                share = sum(st.verifying for st in inner) / decoding
+                assert 0.4 <= share <= 1.0, (c, inner)
+    assert judged, pooled
 
 
 def _server_pid(cli: subprocess.Popen) -> int | None:
