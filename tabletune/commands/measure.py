@@ -62,8 +62,9 @@ def add_profile_args(p: argparse.ArgumentParser) -> None:
                         "repeats back from the checkpoint until it has (0: no drift guard)")
     p.add_argument("--drift-bound", type=number(positive=True),
                    default=DEFAULT_REFERENCE_DRIFT_BOUND,
-                   help="relative move of the reference cell that drops the repeats since "
-                        "its last good check")
+                   help="relative move of the reference cell from its recent level that drops "
+                        "the repeats since its last good check (at least: a reference whose "
+                        "readings scatter more gets 3 times their scatter)")
     p.add_argument("--mode", choices=("one-launch", "per-k"), default="one-launch",
                    help="one server with k pinned per phase (default), or one server per k")
     p.add_argument("--startup-timeout", type=number(positive=True),

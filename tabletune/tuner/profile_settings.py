@@ -25,8 +25,9 @@ class ProfileSettings:
     # The reference cell (smallest B, shortest length) is re-timed after every this many cell
     # repeats; 0 = never (no drift guard).
     reference_every: int = DEFAULT_REFERENCE_EVERY
-    # How far (relative) the reference may move from its start before the repeats timed since
-    # its last good check are dropped (they are timed again).
+    # How far (relative) the reference may move from its recent level (at least; its readings'
+    # own scatter can widen it: tuner.schedule) before the repeats timed since its last good
+    # check are dropped (they are timed again).
     drift_bound: float = DEFAULT_REFERENCE_DRIFT_BOUND
     # Re-checks of a moved reference (drift_wait_s apart) before its new level is accepted.
     drift_retries: int = 2

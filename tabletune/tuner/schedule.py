@@ -6,8 +6,9 @@ starts, so a slow minute of the machine lands on one repeat of many cells instea
 repeat of a few. In one-launch mode the lengths of one B share each repeat's batch: they take
 turns in blocks of a few engine steps (``tuner.interleave``), so the machine's level shifts land
 on all of them alike. A reference cell is re-timed every few repeats; when it has moved beyond a
-bound, the repeats timed since its last good check are dropped and timed again, and a level it
-keeps is accepted as a new epoch (cells whose repeats straddle epochs are timed again at the
+bound (from its recent good readings, as far as their own scatter allows), the repeats timed
+since its last good check are dropped and timed again, and a level it keeps is accepted as a new
+epoch (cells whose repeats straddle epochs are timed again at the
 end). Cells that break the physical order of step times (a longer draft or a larger batch
 clearly cheaper, see ``core.consistency``) are timed again once; the assembly then flags them.
 The profile's meta records all of it (``RoundRobin.meta``).
@@ -25,6 +26,16 @@ from tabletune.core.step_stats import estimate_step_ms
 from tabletune.tuner.profile_settings import ProfileSettings
 from tabletune.tuner.raw_cell import (MIN_CELL_STEPS, RawCell, Repeat, cell_seed, median,
                                       relative_spread, step_count)
+
+
+# The reference's level is the median of its last BASELINE_READINGS good readings of the epoch,
+# and a reading has moved when it is off that by more than the drift bound or DRIFT_SIGMAS of
+# the readings' own scatter (1.4826 MAD, robust). Why not the first two readings alone: on the
+# 2-core CPU runner they were taken while the engine settled (126 and 114 ms, then ~95 for the
+# rest of the profile), and single readings scatter ~15 %: the guard fired 12 times on that and
+# tripled the profile (benchmarks/README.md, 2026-12-03).
+BASELINE_READINGS = 5
+DRIFT_SIGMAS = 3.0
 
 
 class RoundRobin:
@@ -140,8 +151,8 @@ class RoundRobin:
 
     def _bound(self) -> float:
         base = median(self.baseline)
-        noise = (max(self.baseline) - min(self.baseline)) / base if base > 0 else 0.0
-        return max(self.s.drift_bound, 2 * noise)
+        scatter = 1.4826 * median([abs(x - base) for x in self.baseline])
+        return max(self.s.drift_bound, DRIFT_SIGMAS * scatter / base if base > 0 else 0.0)
 
     def _check_reference(self) -> None:
         if self.s.reference_every == 0 or self.reference is None:
@@ -154,6 +165,7 @@ class RoundRobin:
             base = median(self.baseline)
             moved = ms / base - 1 if base > 0 else 0.0
             if abs(moved) <= self._bound():
+                self.baseline = (self.baseline + [ms])[-BASELINE_READINGS:]
                 self._commit()
                 return
             event = {"after_repeats": self.repeats_timed, "epoch": self.epoch,
