@@ -18,7 +18,7 @@ set -uo pipefail
 export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
 MODELS=/tmp/tt-models; WORK=/tmp/tt-work; mkdir -p "$WORK"
-GRID=1,2,4,8,16,32,64,96,128,192,256
+GRID="${GRID:-1,2,4,8,16,32,64,96,128,192,256}"  # the tunes' --batch-sizes
 FALLBACK_PRIOR="$PWD/benchmarks/results/h200-s8/tune-warm"
 EVAL_LEVELS="${EVAL_LEVELS:-64,128,256,192,96,32,8,1}"; PAIRED_BUDGET="${PAIRED_BUDGET:-}"
 SAMPLER="$PWD/benchmarks/gpu/host_sampler.py"
