@@ -43,7 +43,9 @@ def _grid(args: argparse.Namespace) -> tuple[int, ...]:
 
 def add_profile_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-sizes", help="grid, e.g. '1-16,20-64:4,72-256:8' (default: every B "
-                   f"to 16, every 4 to 64, every 8 to --max-batch-size; embedded: {EMBEDDED_GRID})")
+                   f"to 16, every 4 to 64, every 8 to --max-batch-size; embedded: {EMBEDDED_GRID}); "
+                   "on an engine with CUDA graphs the tune also profiles the last B at which a "
+                   "length's serving step fits them, where that falls inside the grid")
     p.add_argument("--max-batch-size", type=integer(1, MAX_BATCH_SIZE), default=None,
                    help="profile batch sizes up to this B (default: 256; embedded: 16)")
     p.add_argument("--repeats", type=integer(1), default=None,
@@ -283,7 +285,7 @@ def cmd_tune(args) -> int:
               "profile_s": round(result.profile_s, 1),
               "serving_s": round(result.serving_s, 1),
               "total_s": round(time.time() - started, 1), "mode": args.mode,
-              "cells": len(profile.cells), "batch_sizes": list(grid),
+              "cells": len(profile.cells), "batch_sizes": list(profile.batch_sizes),
               "serving_windows": len(result.serving_cells)}
     atomic_write_text(out / "timing.json", json.dumps(timing, indent=2) + "\n")
     summary = describe_document(doc)

@@ -33,7 +33,7 @@ from tabletune.core.contracts import Profile
 from tabletune.core.errors import check_nonnegative, check_step_ms, fail
 
 __all__ = ["serving_factors", "calibrate_profile", "contested_serving", "off_graphs",
-           "UNTIMED_UNCERTAINTY", "CONTESTED_LOSS", "CONTESTED_BAND"]
+           "graph_line_sizes", "UNTIMED_UNCERTAINTY", "CONTESTED_LOSS", "CONTESTED_BAND"]
 
 # (serving step ms, relative uncertainty of that time) per measured (B, k)
 Measured = Mapping[tuple[int, int], tuple[float, float]]
@@ -57,6 +57,30 @@ def off_graphs(batch_size: int, k: int, graph_tokens: int | None,
     if graph_tokens is None:
         return False
     return batch_size * (1 + k) + prefill_tokens > graph_tokens
+
+
+def graph_line_sizes(grid: Sequence[int], lengths: Sequence[int], graph_tokens: int | None,
+                     prefill_tokens: float) -> dict[int, int]:
+    """{k: the largest batch size at which a serving step of length k carrying a prefill of
+    ``prefill_tokens`` still fits the largest captured graph}, for each length whose line falls
+    between two sizes of ``grid`` (one on each side, the line's own size not in it).
+
+    Between two profiled sizes T is interpolated, and across a graph line that spreads the
+    jump over every batch size between them: on the H200 k = 3 fits the graphs up to B = 248
+    and two tunes that profiled 192 and 256 ended it at 214 and 222, on a cliff drawn from 256
+    alone (benchmarks/results/h200-s12). Profiling the line's own size puts the jump where it
+    is, and the resolve pass times its serving step (``contested_serving``).
+    """
+    if graph_tokens is None:
+        return {}
+    out: dict[int, int] = {}
+    for k in lengths:
+        line = math.floor((graph_tokens - prefill_tokens) / (1 + k))
+        on = [b for b in grid if not off_graphs(b, k, graph_tokens, prefill_tokens)]
+        off = [b for b in grid if off_graphs(b, k, graph_tokens, prefill_tokens)]
+        if on and off and line not in grid and max(on) < line < min(off):
+            out[k] = line
+    return out
 
 
 def serving_factors(profile: Profile, measured: Measured, *, graph_tokens: int | None = None,

@@ -114,6 +114,28 @@ def run_batch(base_url: str, model: str, prompts: Sequence[str], *, max_tokens: 
                               ignore_eos, timeout_s, progress, progress_every_s, seed))
 
 
+async def _token_counts(base_url: str, model: str, prompts: list[str],
+                        timeout_s: float) -> list[int]:
+    url = base_url + "/tokenize"
+
+    async def one(prompt: str) -> int:
+        async with session.post(url, json={"model": model, "prompt": prompt}) as resp:
+            body = await resp.text()
+            if resp.status != 200:
+                raise RequestFailed(f"HTTP {resp.status} from {url}: {body[:300]}")
+        return int(json.loads(body)["count"])
+
+    async with _session(timeout_s) as session:
+        return list(await asyncio.gather(*[one(p) for p in prompts]))
+
+
+def prompt_token_counts(base_url: str, model: str, prompts: Sequence[str], *,
+                        timeout_s: float = 60.0) -> list[int]:
+    """Each prompt's length in tokens as the server tokenizes a completion's prompt (vLLM's
+    ``/tokenize``, special tokens included), in order."""
+    return asyncio.run(_token_counts(base_url, model, list(prompts), timeout_s))
+
+
 # A steady window waits at most this long for every client's first answer.
 MAX_WARM_UP_S = 120.0
 

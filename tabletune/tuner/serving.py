@@ -32,7 +32,7 @@ from tabletune.core.step_log import Step
 from tabletune.core.step_stats import StepEstimate, estimate_step_ms, mean_step_ms
 from tabletune.core.vllm_contract import CONTROL_FILE_ENV, SCHEDULER_CLS, write_control
 from tabletune.core.workload import Workload, goodput_step_ms, prefill_mix, serving_step_ms
-from tabletune.engine.client import run_batch, run_load
+from tabletune.engine.client import prompt_token_counts, run_batch, run_load
 from tabletune.engine.server import EngineError, VllmServer
 from tabletune.engine.spec import EngineSpec
 from tabletune.engine.vllm_args import speculative_config
@@ -368,6 +368,30 @@ class ServingPlan:
                                         self.output_tokens + self.output_tokens // 2],
                 "warm_up_s": self.warm_up_s, "window_s": self.window_s,
                 "rounds": self.rounds, "resolve_s": self.resolve_s}
+
+
+# How many prompts, spread over the prompt set, stand for its length before any serving window
+# has measured it (the profile's grid is set first: tuner.tune.grid_with_graph_lines).
+PROMPT_SAMPLE = 32
+
+
+def sampled_prompt_tokens(server: VllmServer, prompts: Sequence[str]) -> float | None:
+    """Mean tokens of up to ``PROMPT_SAMPLE`` of ``prompts`` as the tune server tokenizes them;
+    None when the server cannot say (no ``/tokenize``). A server that died raises."""
+    prompts = list(prompts)
+    if not prompts:
+        return None
+    sample = prompts[::max(1, len(prompts) // PROMPT_SAMPLE)][:PROMPT_SAMPLE]
+    try:
+        counts = server.guarded(prompt_token_counts, server.base_url,
+                                server.spec.served_model_name, sample)
+    except EngineError as e:
+        if not server.alive():
+            raise
+        log.info("tune: the server did not tokenize the prompts (%s); the profile keeps its "
+                 "grid", e)
+        return None
+    return sum(counts) / len(counts)
 
 
 def measured_prompt_tokens(cells: Sequence[ServingCell]) -> float | None:

@@ -235,7 +235,36 @@ def _graph_line(facts: dict, workload) -> dict:
     graphs, so factors are not interpolated across it (core.calibration)."""
     return {"graph_tokens": (facts.get("max_cudagraph_capture_size") if facts.get("cudagraphs")
                              else None),
-            "prefill_tokens": workload.prompt_tokens or 0.0}
+            "prefill_tokens": (workload.prompt_tokens if workload is not None else None) or 0.0}
+
+
+def grid_with_graph_lines(grid: tuple[int, ...], server: Any, prompts: Sequence[str] | None,
+                          facts: dict, plan: TunePlan, max_k: int) -> tuple[tuple[int, ...], dict]:
+    """``grid`` with each length's last batch size on the captured graphs where that falls
+    between two of its sizes (``core.calibration.graph_line_sizes``; the prefill is the prompts'
+    length as the tune server tokenizes them), and the record of what was added ({} when
+    nothing was: an engine without graphs, no serving windows to calibrate past a line, no
+    prompts, or no line inside the grid)."""
+    from tabletune.core.calibration import graph_line_sizes
+    from tabletune.tuner.serving import sampled_prompt_tokens
+
+    graph_tokens = _graph_line(facts, None)["graph_tokens"]
+    if graph_tokens is None or plan.serving is None or not prompts:
+        return grid, {}
+    prefill = sampled_prompt_tokens(server, prompts)
+    if prefill is None:
+        return grid, {}
+    lengths = plan.lengths if plan.lengths is not None else tuple(range(max_k + 1))
+    added = graph_line_sizes(grid, lengths, int(graph_tokens), prefill)
+    if not added:
+        return grid, {}
+    for k, b in sorted(added.items()):
+        log.info("tune: profiling B=%d too: the last batch size at which k=%d fits the captured "
+                 "graphs with a prefill (%d x %d + %.0f prompt tokens <= %d)", b, k, b, 1 + k,
+                 prefill, int(graph_tokens))
+    record = {"graph_tokens": int(graph_tokens), "prompt_tokens": prefill,
+              "added": {str(k): b for k, b in sorted(added.items())}}
+    return tuple(sorted(set(grid) | set(added.values()))), record
 
 
 def profile_decode(profile: Profile) -> dict[tuple[int, int], float]:
@@ -303,15 +332,19 @@ def tune(spec: EngineSpec, plan: TunePlan, out_dir: Path, *, prompts: Sequence[s
     cpus = cpu_plan_for(spec, plan.cpu_affinity)
     facts: dict = {}  # the tune server's engine facts (captured graphs), once it is up
 
-    def profile_on(server) -> Profile:
+    def profile_on(server, grid: tuple[int, ...] = grid, added: dict | None = None) -> Profile:
         t = time.time()
-        measured = measure_step_times(spec, batch_sizes=grid, settings=plan.profile_settings,
+        settings = plan.profile_settings
+        if settings is not None and tuple(settings.batch_sizes) != tuple(grid):
+            settings = dataclasses.replace(settings, batch_sizes=tuple(grid))
+        measured = measure_step_times(spec, batch_sizes=grid, settings=settings,
                                       checkpoint=out / "profile.ckpt.jsonl",
                                       log_dir=out / "logs", mode=plan.mode, server=server)
         # Where it ran belongs with what it measured (the noise floor depends on it).
         measured = dataclasses.replace(measured, meta={
             **measured.meta, "cpu_affinity": plan.cpu_affinity if server is not None else "off",
-            "cpu_plan": cpus.to_dict() if cpus is not None and server is not None else None})
+            "cpu_plan": cpus.to_dict() if cpus is not None and server is not None else None,
+            **({"graph_line_sizes": added} if added else {})})
         save_json(out / "profile.json", measured)
         times["profile_s"] += time.time() - t
         return measured
@@ -341,7 +374,8 @@ def tune(spec: EngineSpec, plan: TunePlan, out_dir: Path, *, prompts: Sequence[s
                     save_json(out / "acceptance.json", acceptance)
                     times["acceptance_s"] = time.time() - t
                 if profile is None:
-                    profile = profile_on((server, control))
+                    profile = profile_on((server, control), *grid_with_graph_lines(
+                        grid, server, prompts, facts, plan, spec.max_k))
                 if plan.serving is not None:
                     t = time.time()
                     cells = serving_windows(server, control, prompts, plan=plan.serving,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tabletune.core.calibration import calibrate_profile, serving_factors
+from tabletune.core.calibration import calibrate_profile, off_graphs, serving_factors
 from tabletune.core.contracts import Profile, ProfileCell
 from tabletune.core.errors import ContractError
 from tabletune.core.step_times import StepTimes
@@ -214,3 +214,21 @@ def test_the_last_profiled_size_before_a_length_s_graph_line_is_timed():
     assert contested_serving(g, lengths, chosen, sizes + [192], sorted(grid), graph_tokens=1024,
                              prefill_tokens=29) == {}
     assert contested_serving(g, lengths, chosen, sizes, grid, graph_tokens=None) == {}
+
+
+def test_the_last_batch_size_on_the_graphs_is_added_where_a_length_s_line_falls_between_two():
+    from tabletune.core.calibration import graph_line_sizes
+
+    grid = (1, 2, 4, 8, 16, 32, 64, 96, 128, 192, 256)
+    # The H200 of benchmarks/results/h200-s12: k = 3 with a 29-token prefill fits up to 248.
+    assert graph_line_sizes(grid, (0, 1, 2, 3), 1024, 28.6) == {3: 248}
+    assert not off_graphs(248, 3, 1024, 28.6) and off_graphs(249, 3, 1024, 28.6)
+    # Profiled already, or the line beyond the grid's last size: nothing to add.
+    assert graph_line_sizes(grid + (248,), (0, 1, 2, 3), 1024, 28.6) == {}
+    assert graph_line_sizes(grid, (0, 1, 2), 1024, 28.6) == {}
+    # A line below the grid's first size has no profiled size on the graphs' side.
+    assert graph_line_sizes((64, 128), (3,), 100, 0.0) == {}
+    # A longer prefill moves the line down; every length whose line falls inside gets its own.
+    assert graph_line_sizes(grid, (0, 1, 2, 3), 1024, 100.0) == {3: 231}
+    assert graph_line_sizes((1, 8, 64), (0, 1, 2, 3), 64, 3.0) == {0: 61, 1: 30, 2: 20, 3: 15}
+    assert graph_line_sizes(grid, (0, 1, 2, 3), None, 28.6) == {}

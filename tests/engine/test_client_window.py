@@ -8,7 +8,8 @@ import time
 import pytest
 from fake_engine import ANSWER_S, STEP_S, FakeEngine, engine_url  # noqa: F401 - the fixture
 
-from tabletune.engine.client import request_seed, run_batch, run_load
+from tabletune.engine.client import prompt_token_counts, request_seed, run_batch, run_load
+from tabletune.engine.server import EngineError, VllmServer
 from tabletune.engine.window import serving_window
 
 def test_every_request_of_a_batch_samples_with_its_own_seed_and_runs_repeat(engine_url):
@@ -52,3 +53,47 @@ def test_a_window_without_engine_steps_is_none():
     result = LoadResult(1, 1, 1, 1.0, tuple(MetricsSnapshot(t, flat) for t in (0.0, 0.5, 1.0)))
     assert serving_window(result, max_k=1) is None
     assert serving_window(LoadResult(1, 1, 1, 1.0), max_k=1) is None
+
+
+def test_prompts_are_counted_in_tokens_by_the_server_in_order(engine_url):
+    counts = prompt_token_counts(engine_url, "m", ["one two three", "one", "a b c d e f"])
+    assert counts == [4, 2, 7]
+    assert FakeEngine.seen == []  # no completion was asked for
+
+
+class _TuneServer:
+    """What ``tuner.serving.sampled_prompt_tokens`` asks of a tune server, over a real URL."""
+
+    guarded = VllmServer.guarded
+
+    def __init__(self, url: str, alive: bool = True):
+        from types import SimpleNamespace
+
+        self.base_url = url
+        self.spec = SimpleNamespace(served_model_name="m")
+        self._alive = alive
+
+    def alive(self) -> bool:
+        return self._alive
+
+    def check_alive(self) -> None:
+        if not self._alive:
+            raise EngineError("vLLM server died")
+
+
+def test_the_prompts_length_is_sampled_from_the_server_and_unknown_without_tokenize(engine_url):
+    import socket
+
+    from tabletune.tuner.serving import PROMPT_SAMPLE, sampled_prompt_tokens
+
+    prompts = [" ".join(["w"] * (i % 5)) for i in range(100)]
+    mean = sampled_prompt_tokens(_TuneServer(engine_url), prompts)
+    sample = prompts[::100 // PROMPT_SAMPLE][:PROMPT_SAMPLE]
+    assert mean == pytest.approx(sum(len(p.split()) + 1 for p in sample) / PROMPT_SAMPLE)
+    assert sampled_prompt_tokens(_TuneServer(engine_url), []) is None
+    with socket.socket() as s:  # a port nothing listens on: the request fails, the server lives
+        s.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{s.getsockname()[1]}"
+    assert sampled_prompt_tokens(_TuneServer(closed), prompts) is None
+    with pytest.raises(EngineError, match="died"):
+        sampled_prompt_tokens(_TuneServer(closed, alive=False), prompts)

@@ -1,5 +1,5 @@
 """A local HTTP server standing in for vLLM's OpenAI server: answers completions after a delay
-(recording each request) and serves /metrics counters that grow as if the engine ran one step
+(recording each request), tokenizes a prompt as one token a word plus one, and serves /metrics counters that grow as if the engine ran one step
 every ``STEP_S`` seconds with 2.5 tokens a step, one draft a step and a_1 = 0.75."""
 
 from __future__ import annotations
@@ -23,6 +23,11 @@ class FakeEngine(BaseHTTPRequestHandler):
 
     def do_POST(self):  # noqa: N802 - http.server's name
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if self.path == "/tokenize":  # one token a word, and a BOS as vLLM adds by default
+            count = len(body["prompt"].split()) + 1
+            self._send(json.dumps({"count": count, "tokens": list(range(count)),
+                                   "max_model_len": 1024}).encode())
+            return
         with self.lock:
             type(self).seen.append(body)
             type(self).in_flight += 1

@@ -252,3 +252,49 @@ def test_the_resolve_pass_drops_a_settled_batch_size_and_gives_its_time_to_the_r
     clock[0] = 0.0
     resolve_contested(None, None, [], [], {192: (2, 3)}, plan=plan, temperature=0.0)
     assert len(loops) > 1
+
+
+def test_the_profile_adds_the_last_batch_size_before_a_length_s_graph_line(fake_engine,
+                                                                           tmp_path,
+                                                                           monkeypatch):
+    from factories import step_ms
+
+    graphs = {"cudagraphs": True, "max_cudagraph_capture_size": 64}
+    launch_fake = serving.launch_tune_server
+
+    def launch_with_graphs(spec, **kw):
+        srv, control = launch_fake(spec, **kw)
+        srv.engine_facts = lambda: graphs
+        return srv, control
+
+    def serving_windows(srv, control, prompts, *, plan, temperature):
+        return [_serving_cell(b, k, step_ms(b, k)) for b in plan.batch_sizes for k in range(4)]
+
+    def sampled(srv, prompts):
+        fake_engine.append(("tokenize", len(prompts)))
+        return 3.0
+
+    monkeypatch.setattr(serving, "serving_windows", serving_windows)
+    monkeypatch.setattr(serving, "sampled_prompt_tokens", sampled)
+    monkeypatch.setattr(serving, "launch_tune_server", launch_with_graphs)
+    from tabletune.tuner.serving import ServingPlan
+
+    served = ServingPlan(batch_sizes=(1, 8, 64), output_tokens=32, resolve_s=0.0)
+    result = tune(EngineSpec(model="/m", drafter="/d"), plan(serving=served), tmp_path,
+                  prompts=["p"] * 8)
+    # B (1 + k) + 3 prompt tokens <= 64: k = 0 up to 61, 1 up to 30, 2 up to 20, 3 up to 15.
+    profiled = next(c for c in fake_engine if c[0] == "profile")
+    assert profiled[2] == [1, 8, 15, 20, 30, 61, 64]
+    assert ("tokenize", 8) in fake_engine
+    assert result.profile.meta["graph_line_sizes"] == {
+        "graph_tokens": 64, "prompt_tokens": 3.0,
+        "added": {"0": 61, "1": 30, "2": 20, "3": 15}}
+
+
+def test_without_graphs_or_serving_windows_the_profile_keeps_its_grid(fake_engine, tmp_path,
+                                                                      monkeypatch):
+    monkeypatch.setattr(serving, "sampled_prompt_tokens",
+                        lambda *a: pytest.fail("no line to look for"))
+    result = tune(EngineSpec(model="/m", drafter="/d"), plan(), tmp_path, prompts=["p"] * 8)
+    assert ("profile", 64, [1, 8, 64], "one-launch", "on the tune's server") in fake_engine
+    assert "graph_line_sizes" not in result.profile.meta

@@ -52,6 +52,17 @@ def test_the_tune_server_measures_acceptance_independent_requests_and_serving_st
         same = run_batch(server.base_url, server.spec.served_model_name, ["the cat"] * 4,
                          max_tokens=12, temperature=1.0)
         assert len(set(same.texts)) > 1, same.texts
+        # The prompts' length as the server tokenizes them: on a GPU the profile adds the batch
+        # size before a length's graph line from it (tuner.tune.grid_with_graph_lines).
+        from tokenizers import Tokenizer
+
+        from tabletune.tuner.serving import sampled_prompt_tokens
+
+        words = synthetic_prompts(8, seed=5)
+        tokenizer = Tokenizer.from_file(str(Path(pair_spec.model) / "tokenizer.json"))
+        plain = statistics.mean(len(tokenizer.encode(p, add_special_tokens=False).ids)
+                                for p in words)
+        assert plain <= sampled_prompt_tokens(server, words) <= plain + 2  # + BOS / EOS
         # One closed loop per B; the two lengths take turns in it (2 s each, three times: a
         # loaded 2-core runner was seen at 650 ms a step at B = 4, and the first step of a turn
         # verifies the previous length's drafts, so a 1-s turn could hold no verifying step).
