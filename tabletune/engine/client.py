@@ -22,13 +22,18 @@ class BatchResult:
     texts: tuple[str, ...] = ()
 
 
-async def _answer(session: aiohttp.ClientSession, url: str, payload: dict) -> tuple[int, str]:
-    """(completion tokens, text) of one completion request."""
+async def _post_json(session: aiohttp.ClientSession, url: str, payload: dict) -> dict:
+    """The JSON answer to one POST; anything but 200 raises RequestFailed."""
     async with session.post(url, json=payload) as resp:
         body = await resp.text()
         if resp.status != 200:
             raise RequestFailed(f"HTTP {resp.status} from {url}: {body[:300]}")
-    doc = json.loads(body)
+    return json.loads(body)
+
+
+async def _answer(session: aiohttp.ClientSession, url: str, payload: dict) -> tuple[int, str]:
+    """(completion tokens, text) of one completion request."""
+    doc = await _post_json(session, url, payload)
     choices = doc.get("choices") or [{}]
     return int(doc["usage"]["completion_tokens"]), str(choices[0].get("text", ""))
 
@@ -119,11 +124,7 @@ async def _token_counts(base_url: str, model: str, prompts: list[str],
     url = base_url + "/tokenize"
 
     async def one(prompt: str) -> int:
-        async with session.post(url, json={"model": model, "prompt": prompt}) as resp:
-            body = await resp.text()
-            if resp.status != 200:
-                raise RequestFailed(f"HTTP {resp.status} from {url}: {body[:300]}")
-        return int(json.loads(body)["count"])
+        return int((await _post_json(session, url, {"model": model, "prompt": prompt}))["count"])
 
     async with _session(timeout_s) as session:
         return list(await asyncio.gather(*[one(p) for p in prompts]))

@@ -69,6 +69,10 @@ def measure_step_times(spec: EngineSpec, *, batch_sizes: Sequence[int], checkpoi
 
     extra: dict[str, Any] = {} if repeats is None else {"repeats": repeats}
     grid = list(batch_sizes)
+    # The profiler times the settings' grid: the tune may have added sizes to the plan's
+    # (grid_with_graph_lines).
+    if settings is not None and list(settings.batch_sizes) != grid:
+        settings = dataclasses.replace(settings, batch_sizes=tuple(grid))
     return profiler.profile_step_times(
         spec.with_(max_num_seqs=max(spec.max_num_seqs, max(grid))), batch_sizes=grid,
         settings=settings, checkpoint=checkpoint, log_dir=log_dir, mode=mode, server=server,
@@ -230,12 +234,15 @@ class TuneResult:
     serving_s: float = 0.0
 
 
+def _graph_tokens(facts: dict) -> int | None:
+    """The largest captured CUDA graph in tokens, None on an engine without graphs."""
+    return facts.get("max_cudagraph_capture_size") if facts.get("cudagraphs") else None
+
+
 def _graph_line(facts: dict, workload) -> dict:
     """``calibrate_profile``'s graph line: a step past the largest captured graph runs without
     graphs, so factors are not interpolated across it (core.calibration)."""
-    return {"graph_tokens": (facts.get("max_cudagraph_capture_size") if facts.get("cudagraphs")
-                             else None),
-            "prefill_tokens": (workload.prompt_tokens if workload is not None else None) or 0.0}
+    return {"graph_tokens": _graph_tokens(facts), "prefill_tokens": workload.prompt_tokens or 0.0}
 
 
 def grid_with_graph_lines(grid: tuple[int, ...], server: Any, prompts: Sequence[str] | None,
@@ -248,7 +255,7 @@ def grid_with_graph_lines(grid: tuple[int, ...], server: Any, prompts: Sequence[
     from tabletune.core.calibration import graph_line_sizes
     from tabletune.tuner.serving import sampled_prompt_tokens
 
-    graph_tokens = _graph_line(facts, None)["graph_tokens"]
+    graph_tokens = _graph_tokens(facts)
     if graph_tokens is None or plan.serving is None or not prompts:
         return grid, {}
     prefill = sampled_prompt_tokens(server, prompts)
@@ -334,10 +341,7 @@ def tune(spec: EngineSpec, plan: TunePlan, out_dir: Path, *, prompts: Sequence[s
 
     def profile_on(server, grid: tuple[int, ...] = grid, added: dict | None = None) -> Profile:
         t = time.time()
-        settings = plan.profile_settings
-        if settings is not None and tuple(settings.batch_sizes) != tuple(grid):
-            settings = dataclasses.replace(settings, batch_sizes=tuple(grid))
-        measured = measure_step_times(spec, batch_sizes=grid, settings=settings,
+        measured = measure_step_times(spec, batch_sizes=grid, settings=plan.profile_settings,
                                       checkpoint=out / "profile.ckpt.jsonl",
                                       log_dir=out / "logs", mode=plan.mode, server=server)
         # Where it ran belongs with what it measured (the noise floor depends on it).
