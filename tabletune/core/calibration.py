@@ -27,13 +27,14 @@ import math
 from bisect import bisect_left
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, Callable
 
 from tabletune.core.contracts import Profile
 from tabletune.core.errors import check_nonnegative, check_step_ms, fail
 
 __all__ = ["serving_factors", "calibrate_profile", "contested_serving", "off_graphs",
-           "graph_line_sizes", "UNTIMED_UNCERTAINTY", "CONTESTED_LOSS", "CONTESTED_BAND"]
+           "graph_line_sizes", "crowded_line_sizes", "UNTIMED_UNCERTAINTY", "CONTESTED_LOSS",
+           "CONTESTED_BAND"]
 
 # (serving step ms, relative uncertainty of that time) per measured (B, k)
 Measured = Mapping[tuple[int, int], tuple[float, float]]
@@ -79,6 +80,34 @@ def graph_line_sizes(grid: Sequence[int], lengths: Sequence[int], graph_tokens: 
         on = [b for b in grid if not off_graphs(b, k, graph_tokens, prefill_tokens)]
         off = [b for b in grid if off_graphs(b, k, graph_tokens, prefill_tokens)]
         if on and off and line not in grid and max(on) < line < min(off):
+            out[k] = line
+    return out
+
+
+def crowded_line_sizes(grid: Sequence[int], lengths: Sequence[int], graph_tokens: int | None,
+                       prompt_tokens: float, prefills: Callable[[int, int], float]
+                       ) -> dict[int, int]:
+    """{k: the largest batch size at which a step of length k carrying as many prefills as a
+    prefill-carrying step holds on average (``prefills(B, k)``, ``core.workload.prefill_mix``)
+    still fits the largest captured graph}, where that falls strictly between two sizes of
+    ``grid`` and is not one of them.
+
+    ``graph_line_sizes`` counts one prefill, but at high B several arrive in a step: in
+    h200-s13's tunes k = 3's steps at B = 248 (one prefill fits: 992 + 29 <= 1 024) carried
+    2.8-3.3 prefills and ran off the graphs, 33-35 ms against k = 2's 20. With the mean number
+    the line falls lower (B = 235 there), and the stretch between it and the one-prefill line
+    is where a growing share of the steps leaves the graphs.
+    """
+    if graph_tokens is None:
+        return {}
+    out: dict[int, int] = {}
+    for k in lengths:
+        line = math.floor((graph_tokens - prompt_tokens) / (1 + k))
+        while line >= 1 and line * (1 + k) + prefills(line, k) * prompt_tokens > graph_tokens:
+            line -= 1
+        below = [b for b in grid if b < line]
+        above = [b for b in grid if b > line]
+        if below and above and line not in grid:
             out[k] = line
     return out
 
@@ -181,7 +210,8 @@ def contested_serving(goodput: Any, lengths: Sequence[int], chosen: Sequence[int
                       serving_sizes: Sequence[int], grid: Sequence[int], *,
                       loss: float = CONTESTED_LOSS, band: float = CONTESTED_BAND,
                       graph_tokens: int | None = None,
-                      prefill_tokens: float = 0.0) -> dict[int, tuple[int, ...]]:
+                      prefill_tokens: float = 0.0,
+                      also: Sequence[int] = ()) -> dict[int, tuple[int, ...]]:
     """Where more serving time would settle the table: {serving batch size: lengths}.
 
     ``goodput[b - 1, j]`` for B = 1.. and ``lengths[j]`` (a build's goodput grid), ``chosen``
@@ -198,7 +228,9 @@ def contested_serving(goodput: Any, lengths: Sequence[int], chosen: Sequence[int
     at the lengths on both sides of the edge and those within ``band`` of the best there.
     With ``graph_tokens``, a length whose graph line (``off_graphs``) falls inside the grid
     adds the last profiled batch size before the line (not a serving size), at that length and
-    those near the best there: its factor is the one held up to the line.
+    those near the best there: its factor is the one held up to the line. Each profiled
+    batch size of ``also`` that is not a serving size (the tune's ``crowded_line_sizes``) is
+    timed at the lengths in question there.
     """
     import numpy as np
 
@@ -269,4 +301,7 @@ def contested_serving(goodput: Any, lengths: Sequence[int], chosen: Sequence[int
                    and off_graphs(x, k, graph_tokens, prefill_tokens)]
             if on and off and max(on) < min(off) and max(on) not in sizes:
                 out.setdefault(max(on), set()).update({k} | in_question(max(on)))
+    for b in also:
+        if b in grid and b not in sizes and b <= len(chosen):
+            out.setdefault(b, set()).update(in_question(b))
     return {b: tuple(sorted(ks)) for b, ks in sorted(out.items())}

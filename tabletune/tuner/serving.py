@@ -555,15 +555,25 @@ def resolve_contested(server: VllmServer, control: Path, prompts: Sequence[str],
                       cells: Sequence[ServingCell], contested: dict[int, tuple[int, ...]], *,
                       plan: ServingPlan, temperature: float, workload: Workload | None = None,
                       rates: Sequence[float] | None = None,
-                      decode: dict[tuple[int, int], float] | None = None
-                      ) -> tuple[list[ServingCell], dict[str, dict]]:
+                      decode: dict[tuple[int, int], float] | None = None,
+                      recheck: Callable[[list[ServingCell]], dict[int, tuple[int, ...]]]
+                      | None = None) -> tuple[list[ServingCell], dict[str, dict]]:
     """Time the ``contested`` serving cells again ({B: lengths}) within ``plan.resolve_s``
     seconds of wall time, pooled with what ``cells`` hold: loops of RESOLVE_LOOP_ROUNDS turns
     (as long as the first loops') a length, the batch sizes in turn, a batch size dropped once
     ``settled_at`` says so (with ``workload``, ``rates`` and the profile's ``decode`` steps;
-    without the first two, each takes loops until the
-    budget ends). Returns the pooled cells and, per batch size, what it took: {B: {"lengths",
-    "loops", "turns", "settled"}}."""
+    without the first two, each takes loops until the budget ends).
+
+    ``recheck(pooled cells)`` names what is contested now ({B: lengths}); after each round of
+    loops, a length it names that has no cell at its batch size yet joins that batch size's
+    loops (the batch size too, settled or new). A length's first cells can move the question
+    to one nobody timed there: on the H200 (benchmarks/results/h200-s13) k = 2 and 3 timed at
+    B = 96 came out a third above their neighbours' interpolation, which left k = 1, untimed
+    there and interpolated, the best by 7 %; measured in a paired run at c = 96, k = 1 was 15 %
+    behind k = 3.
+
+    Returns the pooled cells and, per batch size, what it took: {B: {"lengths", "loops",
+    "turns", "settled"}, and "added": the lengths that joined after the first loops}."""
     merged = list(cells)
     if not contested or plan.resolve_s <= 0:
         return merged, {}
@@ -580,8 +590,7 @@ def resolve_contested(server: VllmServer, control: Path, prompts: Sequence[str],
             rounds = min(RESOLVE_LOOP_ROUNDS,
                          int((left - plan.warm_up_s) / (turn_s * len(lengths)) + 0.05))
             if rounds < 1:
-                pending.clear()
-                break
+                return merged, record
             done = record[str(b)]
             log.info("serving: B=%d contested between k %s: %d more turns of %.1f s each",
                      b, list(lengths), rounds, turn_s)
@@ -598,4 +607,25 @@ def resolve_contested(server: VllmServer, control: Path, prompts: Sequence[str],
                 log.info("serving: B=%d settled after %d more turns a length", b,
                          done["turns"])
                 del pending[b]
+        if recheck is not None:
+            _widen(pending, record, recheck(merged), merged)
     return merged, record
+
+
+def _widen(pending: dict[int, tuple[int, ...]], record: dict[str, dict],
+           contested: dict[int, tuple[int, ...]], cells: Sequence[ServingCell]) -> None:
+    """Into ``pending`` (and ``record``): each batch size of ``contested`` with a length that
+    has no cell among ``cells`` there, with every length in question there."""
+    for b, lengths in sorted(contested.items()):
+        timed = {c.k for c in cells if c.batch_size == b}
+        new = sorted(set(lengths) - timed)
+        if not new:
+            continue
+        done = record.setdefault(str(b), {"lengths": [], "loops": 0, "turns": 0,
+                                          "settled": False})
+        together = sorted(set(lengths) | set(pending.get(b, ())) | set(done["lengths"]))
+        log.info("serving: B=%d now contested by k %s too, not timed there yet", b, new)
+        pending[b] = tuple(together)
+        done["lengths"] = together
+        done["settled"] = False
+        done["added"] = sorted(set(done.get("added", [])) | set(new))

@@ -246,13 +246,17 @@ def _graph_line(facts: dict, workload) -> dict:
 
 
 def grid_with_graph_lines(grid: tuple[int, ...], server: Any, prompts: Sequence[str] | None,
-                          facts: dict, plan: TunePlan, max_k: int) -> tuple[tuple[int, ...], dict]:
+                          facts: dict, plan: TunePlan, max_k: int,
+                          rates: Sequence[float] = ()) -> tuple[tuple[int, ...], dict]:
     """``grid`` with each length's last batch size on the captured graphs where that falls
     between two of its sizes (``core.calibration.graph_line_sizes``; the prefill is the prompts'
-    length as the tune server tokenizes them), and the record of what was added ({} when
-    nothing was: an engine without graphs, no serving windows to calibrate past a line, no
-    prompts, or no line inside the grid)."""
-    from tabletune.core.calibration import graph_line_sizes
+    length as the tune server tokenizes them) and, with the acceptance ``rates``, the last one
+    at which a step carrying the workload's mean number of prefills fits
+    (``crowded_line_sizes``), and the record of what was added ({} when nothing was: an engine
+    without graphs, no serving windows to calibrate past a line, no prompts, or no line inside
+    the grid)."""
+    from tabletune.core.calibration import crowded_line_sizes, graph_line_sizes
+    from tabletune.core.workload import prefill_mix
     from tabletune.tuner.serving import sampled_prompt_tokens
 
     graph_tokens = _graph_tokens(facts)
@@ -263,15 +267,33 @@ def grid_with_graph_lines(grid: tuple[int, ...], server: Any, prompts: Sequence[
         return grid, {}
     lengths = plan.lengths if plan.lengths is not None else tuple(range(max_k + 1))
     added = graph_line_sizes(grid, lengths, int(graph_tokens), prefill)
-    if not added:
+    crowded: dict[int, int] = {}
+    prefills: dict[str, float] = {}
+    if rates:
+        output_tokens = plan.serving.output_tokens
+
+        def mean_prefills(b: int, k: int) -> float:
+            return prefill_mix(b, output_tokens, 1.0 + sum(rates[:k]))[1]
+
+        crowded = {k: b for k, b in crowded_line_sizes(
+            grid, [k for k in lengths if k <= len(rates)], int(graph_tokens), prefill,
+            mean_prefills).items() if b != added.get(k)}
+        prefills = {str(k): round(mean_prefills(b, k), 2) for k, b in sorted(crowded.items())}
+    if not added and not crowded:
         return grid, {}
     for k, b in sorted(added.items()):
         log.info("tune: profiling B=%d too: the last batch size at which k=%d fits the captured "
                  "graphs with a prefill (%d x %d + %.0f prompt tokens <= %d)", b, k, b, 1 + k,
                  prefill, int(graph_tokens))
+    for k, b in sorted(crowded.items()):
+        log.info("tune: profiling B=%d too: the last batch size at which k=%d fits the captured "
+                 "graphs with the %s prefills a step carries there on average", b, k,
+                 prefills[str(k)])
     record = {"graph_tokens": int(graph_tokens), "prompt_tokens": prefill,
-              "added": {str(k): b for k, b in sorted(added.items())}}
-    return tuple(sorted(set(grid) | set(added.values()))), record
+              "added": {str(k): b for k, b in sorted(added.items())},
+              "crowded": {str(k): b for k, b in sorted(crowded.items())},
+              "crowded_prefills": prefills}
+    return tuple(sorted(set(grid) | set(added.values()) | set(crowded.values()))), record
 
 
 def profile_decode(profile: Profile) -> dict[tuple[int, int], float]:
@@ -300,9 +322,10 @@ def contested_cells(profile: Profile, acceptance: Acceptance, cells: Sequence, f
                                     **_graph_line(facts, workload))
     result = build_table(StepTimes.from_profile(provisional), rates, lengths=plan.lengths,
                          tie_margin=plan.tie_margin, max_batch_size=plan.table_max_batch_size)
+    crowded = (profile.meta.get("graph_line_sizes") or {}).get("crowded") or {}
     return contested_serving(result.goodput, result.lengths, result.chosen,
                              plan.serving.batch_sizes, profile.batch_sizes,
-                             **_graph_line(facts, workload))
+                             **_graph_line(facts, workload), also=sorted(crowded.values()))
 
 
 def tune(spec: EngineSpec, plan: TunePlan, out_dir: Path, *, prompts: Sequence[str] | None,
@@ -379,7 +402,8 @@ def tune(spec: EngineSpec, plan: TunePlan, out_dir: Path, *, prompts: Sequence[s
                     times["acceptance_s"] = time.time() - t
                 if profile is None:
                     profile = profile_on((server, control), *grid_with_graph_lines(
-                        grid, server, prompts, facts, plan, spec.max_k))
+                        grid, server, prompts, facts, plan, spec.max_k,
+                        acceptance.rates[:spec.max_k]))
                 if plan.serving is not None:
                     t = time.time()
                     cells = serving_windows(server, control, prompts, plan=plan.serving,
@@ -391,7 +415,10 @@ def tune(spec: EngineSpec, plan: TunePlan, out_dir: Path, *, prompts: Sequence[s
                             temperature=plan.temperature,
                             workload=plan.serving.workload(measured_prompt_tokens(cells)),
                             rates=acceptance.rates[:profile.max_k],
-                            decode=profile_decode(profile))
+                            decode=profile_decode(profile),
+                            recheck=lambda pooled: contested_cells(profile, acceptance, pooled,
+                                                                   facts, plan))
+                        contested = {int(b): tuple(v["lengths"]) for b, v in resolved.items()}
                     times["serving_s"] = time.time() - t
         finally:
             server.stop()

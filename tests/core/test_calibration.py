@@ -216,6 +216,43 @@ def test_the_last_profiled_size_before_a_length_s_graph_line_is_timed():
     assert contested_serving(g, lengths, chosen, sizes, grid, graph_tokens=None) == {}
 
 
+def test_the_line_for_a_step_crowded_with_prefills_falls_below_the_one_prefill_line():
+    from tabletune.core.calibration import crowded_line_sizes, graph_line_sizes
+    from tabletune.core.workload import prefill_mix
+
+    grid = (1, 2, 4, 8, 16, 32, 64, 96, 128, 192, 256)
+    rates = (0.749, 0.549, 0.408)  # h200-s13's acceptance, 256-token requests
+
+    def mean_prefills(b, k):
+        return prefill_mix(b, 256, 1 + sum(rates[:k]))[1]
+
+    # k = 3 at B = 248 fits with one 29.8-token prompt but carries ~2.8 prefills a step (the
+    # tunes measured 2.8-3.3): with the mean number it fits up to 235.
+    assert graph_line_sizes(grid, (0, 1, 2, 3), 1024, 29.8) == {3: 248}
+    assert crowded_line_sizes(grid, (0, 1, 2, 3), 1024, 29.8, mean_prefills) == {3: 235}
+    assert 2.6 < mean_prefills(235, 3) < 2.8
+    # One prefill a step: the one-prefill line; already profiled or beyond the grid: nothing.
+    assert crowded_line_sizes(grid, (3,), 1024, 29.8, lambda b, k: 1.0) == {3: 248}
+    assert crowded_line_sizes(grid + (235,), (3,), 1024, 29.8, mean_prefills) == {}
+    assert crowded_line_sizes(grid, (0, 1, 2), 1024, 29.8, mean_prefills) == {}
+    assert crowded_line_sizes(grid, (3,), None, 29.8, mean_prefills) == {}
+
+
+def test_a_size_the_tune_names_is_timed_at_the_lengths_in_question_there():
+    from tabletune.core.calibration import contested_serving
+
+    g = np.ones((256, 4))
+    g[:, 3] = 2.0
+    g[:, 2] = 1.9
+    grid = [1, 2, 4, 8, 16, 32, 64, 96, 128, 192, 235, 256]
+    sizes = [1, 16, 64, 128, 256]
+    assert contested_serving(g, [0, 1, 2, 3], [3] * 256, sizes, grid) == {}
+    assert contested_serving(g, [0, 1, 2, 3], [3] * 256, sizes, grid,
+                             also=[235]) == {235: (2, 3)}
+    # Not profiled, or a serving size: nothing added.
+    assert contested_serving(g, [0, 1, 2, 3], [3] * 256, sizes, grid, also=[240, 256]) == {}
+
+
 def test_the_last_batch_size_on_the_graphs_is_added_where_a_length_s_line_falls_between_two():
     from tabletune.core.calibration import graph_line_sizes
 

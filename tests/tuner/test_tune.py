@@ -136,11 +136,14 @@ def test_contested_cells_are_timed_again_on_the_tune_server_before_it_stops(fake
         return [_serving_cell(b, k, step_ms(b, k)) for b in plan.batch_sizes for k in range(4)]
 
     def resolve(srv, control, prompts, cells, contested, *, plan, temperature, workload,
-                rates, decode):
+                rates, decode, recheck):
         assert workload.output_tokens == 32 and len(rates) == 3
         assert decode[(8, 1)] > 0  # the profile's pure decode steps, for settling
+        assert recheck(cells) == {8: (1, 2)}  # what is contested, asked of the pooled cells
         fake_engine.append(("resolve", contested))
-        return cells, {"8": {"lengths": [1, 2], "loops": 2, "turns": 6, "settled": True}}
+        # k = 3 joined at B = 8 after the first loops: the profile records the final question.
+        return cells, {"8": {"lengths": [1, 2, 3], "loops": 2, "turns": 6, "settled": True,
+                             "added": [3]}}
 
     monkeypatch.setattr(serving, "serving_windows", serving_windows)
     monkeypatch.setattr(serving, "resolve_contested", resolve)
@@ -152,7 +155,7 @@ def test_contested_cells_are_timed_again_on_the_tune_server_before_it_stops(fake
                                            "acceptance.json written", "serving", "resolve",
                                            "stop"]
     assert ("resolve", {8: (1, 2)}) in fake_engine
-    assert result.profile.meta["serving_calibration"]["contested"] == {"8": [1, 2]}
+    assert result.profile.meta["serving_calibration"]["contested"] == {"8": [1, 2, 3]}
     assert result.profile.meta["serving_calibration"]["plan"]["resolve_s"] == 30.0
     assert result.profile.meta["serving_calibration"]["resolved"]["8"]["settled"] is True
 
@@ -254,6 +257,59 @@ def test_the_resolve_pass_drops_a_settled_batch_size_and_gives_its_time_to_the_r
     assert len(loops) > 1
 
 
+def test_a_length_that_becomes_contested_where_nobody_timed_it_joins_the_resolve_loops(
+        monkeypatch):
+    """h200-s13: k = 2 and 3 timed at B = 96 came out far above the interpolation, which made
+    k = 1, untimed there, the best; the loops must time k = 1 there before the table uses it."""
+    from tabletune.core.workload import Workload
+    from tabletune.tuner.serving import ServingPlan, resolve_contested
+
+    loops = []
+    clock = [0.0]
+
+    def measure(server, control, prompts, *, batch_sizes, lengths, window_s, rounds,
+                warm_up_s, warm_lengths, **kw):
+        (b,) = batch_sizes
+        loops.append((b, tuple(lengths)))
+        clock[0] += warm_up_s + window_s * len(lengths) + 0.5
+        # Far apart and tight: each loop settles its batch size at once.
+        ms = {1: 11.4, 2: 13.8, 3: 15.0}
+        return [_noisy_cell(b, k, ms[k], 0.01) for k in lengths]
+
+    asked = []
+
+    def recheck(pooled):
+        asked.append(sorted((c.batch_size, c.k) for c in pooled))
+        # Once k = 2 and 3 have cells at 96, k = 1 is in question there; 64 is contested
+        # only between lengths it has cells for, which adds nothing.
+        return {96: (1, 2, 3), 64: (2, 3)} if len(asked) == 1 else {96: (1, 3)}
+
+    monkeypatch.setattr(serving, "measure_serving", measure)
+    monkeypatch.setattr(serving.time, "monotonic", lambda: clock[0])
+    plan = ServingPlan(batch_sizes=(1, 64, 128), output_tokens=256, warm_up_s=1.0,
+                       window_s=2.0, rounds=3, resolve_s=45.0)
+    first = [_noisy_cell(64, k, 7.0, 0.01) for k in (2, 3)]
+    cells, record = resolve_contested(None, None, [], first, {96: (2, 3)}, plan=plan,
+                                      temperature=0.0, workload=Workload(256.0, 29.0, "default"),
+                                      rates=(0.75, 0.55, 0.40), recheck=recheck)
+    assert loops == [(96, (2, 3)), (96, (1, 2, 3))]
+    assert record == {"96": {"lengths": [1, 2, 3], "loops": 2, "turns": 6, "settled": True,
+                             "added": [1]}}
+    assert (96, 1) in {(c.batch_size, c.k) for c in cells}
+    assert len(asked) == 2  # asked again after the loop that timed k = 1; nothing new then
+    # Out of budget, a length that joins is not timed and the pass still ends.
+    loops.clear()
+    clock[0] = 0.0
+    short = ServingPlan(batch_sizes=(1, 64, 128), output_tokens=256, warm_up_s=1.0,
+                        window_s=2.0, rounds=3, resolve_s=7.0)
+    asked.clear()
+    _, record = resolve_contested(None, None, [], first, {96: (2, 3)}, plan=short,
+                                  temperature=0.0, workload=Workload(256.0, 29.0, "default"),
+                                  rates=(0.75, 0.55, 0.40), recheck=recheck)
+    assert loops == [(96, (2, 3))]
+    assert record["96"]["added"] == [1] and record["96"]["settled"] is False
+
+
 def test_the_profile_adds_the_last_batch_size_before_a_length_s_graph_line(fake_engine,
                                                                            tmp_path,
                                                                            monkeypatch):
@@ -282,13 +338,19 @@ def test_the_profile_adds_the_last_batch_size_before_a_length_s_graph_line(fake_
     served = ServingPlan(batch_sizes=(1, 8, 64), output_tokens=32, resolve_s=0.0)
     result = tune(EngineSpec(model="/m", drafter="/d"), plan(serving=served), tmp_path,
                   prompts=["p"] * 8)
-    # B (1 + k) + 3 prompt tokens <= 64: k = 0 up to 61, 1 up to 30, 2 up to 20, 3 up to 15.
+    # B (1 + k) + 3 prompt tokens <= 64: k = 0 up to 61, 1 up to 30, 2 up to 20, 3 up to 15;
+    # with the 2-3 prefills a step carries there (32-token requests), a few sizes lower.
     profiled = next(c for c in fake_engine if c[0] == "profile")
-    assert profiled[2] == [1, 8, 15, 20, 30, 61, 64]
+    assert profiled[2] == [1, 8, 14, 15, 19, 20, 29, 30, 57, 61, 64]
     assert ("tokenize", 8) in fake_engine
-    assert result.profile.meta["graph_line_sizes"] == {
+    lines = result.profile.meta["graph_line_sizes"]
+    assert {key: lines[key] for key in ("graph_tokens", "prompt_tokens", "added", "crowded")} == {
         "graph_tokens": 64, "prompt_tokens": 3.0,
-        "added": {"0": 61, "1": 30, "2": 20, "3": 15}}
+        "added": {"0": 61, "1": 30, "2": 20, "3": 15},
+        "crowded": {"0": 57, "1": 29, "2": 19, "3": 14}}
+    for k, b in lines["crowded"].items():
+        n = lines["crowded_prefills"][k]
+        assert 1.0 < n and b * (1 + int(k)) + n * 3.0 <= 64 < (b + 1) * (1 + int(k)) + n * 3.0
 
 
 def test_without_graphs_or_serving_windows_the_profile_keeps_its_grid(fake_engine, tmp_path,
