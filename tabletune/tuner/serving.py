@@ -560,7 +560,8 @@ def resolve_contested(server: VllmServer, control: Path, prompts: Sequence[str],
                       | None = None) -> tuple[list[ServingCell], dict[str, dict]]:
     """Time the ``contested`` serving cells again ({B: lengths}) within ``plan.resolve_s``
     seconds of wall time, pooled with what ``cells`` hold: loops of RESOLVE_LOOP_ROUNDS turns
-    (as long as the first loops') a length, the batch sizes in turn, a batch size dropped once
+    (as long as the first loops') a length, the batch sizes in turn (those with a length that
+    has no cell there first), a batch size dropped once
     ``settled_at`` says so (with ``workload``, ``rates`` and the profile's ``decode`` steps;
     without the first two, each takes loops until the budget ends).
 
@@ -583,7 +584,10 @@ def resolve_contested(server: VllmServer, control: Path, prompts: Sequence[str],
               for b, ks in contested.items()}
     pending = dict(contested)
     while pending:
-        for b in list(pending):
+        # A batch size with a length it has no cell for goes first: its step there is only
+        # interpolated, while the others re-time steps the first loops measured (h200-s13's
+        # cold tune ran out of its 45 s before B = 256, a serving size, had a loop).
+        for b in sorted(pending, key=lambda x: (_all_timed(merged, x, pending[x]), x)):
             lengths = pending[b]
             left = deadline - time.monotonic()
             # (+0.05: a budget of exactly n turns stays n turns with the clock's first reading)
@@ -610,6 +614,10 @@ def resolve_contested(server: VllmServer, control: Path, prompts: Sequence[str],
         if recheck is not None:
             _widen(pending, record, recheck(merged), merged)
     return merged, record
+
+
+def _all_timed(cells: Sequence[ServingCell], batch_size: int, lengths: Sequence[int]) -> bool:
+    return set(lengths) <= {c.k for c in cells if c.batch_size == batch_size}
 
 
 def _widen(pending: dict[int, tuple[int, ...]], record: dict[str, dict],

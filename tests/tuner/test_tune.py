@@ -308,6 +308,14 @@ def test_a_length_that_becomes_contested_where_nobody_timed_it_joins_the_resolve
                                   rates=(0.75, 0.55, 0.40), recheck=recheck)
     assert loops == [(96, (2, 3))]
     assert record["96"]["added"] == [1] and record["96"]["settled"] is False
+    # A batch size with an untimed length goes before one whose lengths the first loops timed:
+    # with time for one loop, 96 (untimed) takes it, not 64.
+    loops.clear()
+    clock[0] = 0.0
+    _, record = resolve_contested(None, None, [], first, {64: (2, 3), 96: (2, 3)}, plan=short,
+                                  temperature=0.0, workload=Workload(256.0, 29.0, "default"),
+                                  rates=(0.75, 0.55, 0.40))
+    assert loops == [(96, (2, 3))] and record["64"]["loops"] == 0
 
 
 def test_the_profile_adds_the_last_batch_size_before_a_length_s_graph_line(fake_engine,
