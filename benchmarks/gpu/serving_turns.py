@@ -1,0 +1,109 @@
+"""Each serving turn of a tune's step log beside the host's state at the time: is a serving cell's
+step time the engine's, or the moment's?
+
+A turn is a run of steps at one length with the batch within 10 % below a batch size of
+``--sizes`` (a closed loop holds it there), no gap over 0.3 s. Per turn: its start (s after the
+log's first step), steps, mean period, the median of its pure decode steps and of its
+prefill-carrying steps, and their share; with ``--host`` (host_sampler.py's JSON lines, matched
+on the monotonic clock the step log and the sampler share), the GPU's mean utilization and power
+and the engine core's CPU share (cores) over the turn.
+
+usage: python benchmarks/gpu/serving_turns.py STEP_LOG[.xz] [--host host-samples.jsonl[.xz]]
+       [--sizes 64,96,128] [--min-steps 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import lzma
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+from tabletune.core.step_log import StepLogReader
+
+
+def open_text(path: Path):
+    return lzma.open(path, "rt") if path.suffix == ".xz" else open(path)
+
+
+def read_steps(path: Path) -> list:
+    if path.suffix != ".xz":
+        return StepLogReader(path).since(0)[0]
+    with tempfile.NamedTemporaryFile(suffix=".steps") as tmp:
+        tmp.write(lzma.decompress(path.read_bytes()))
+        tmp.flush()
+        return StepLogReader(tmp.name).since(0)[0]
+
+
+def turns(steps: list, sizes: list[int], min_steps: int) -> list[dict]:
+    def size_of(requests: int) -> int | None:
+        return next((b for b in sizes if 0.9 * b <= requests <= b), None)
+
+    out, current = [], None
+    for s in steps:
+        key = (size_of(s.requests), s.k)
+        if current and current["key"] == key and s.t_ns - current["steps"][-1].t_ns < 3e8:
+            current["steps"].append(s)
+            continue
+        if current:
+            out.append(current)
+        current = {"key": key, "steps": [s]}
+    if current:
+        out.append(current)
+    # The first step of a turn verifies the previous length's drafts: left out.
+    return [t for t in out if t["key"][0] is not None and len(t["steps"]) > min_steps]
+
+
+def host_over(samples: list[dict], start_s: float, end_s: float) -> dict:
+    inside = [d for d in samples if start_s <= d["mono"] <= end_s + 1.0]
+    if not inside:
+        return {}
+
+    def mean(values):
+        values = [v for v in values if v is not None]
+        return statistics.mean(values) if values else float("nan")
+
+    def engine_core(d):
+        return sum(share for _pid, name, share in d["top"] if name.startswith("VLLM::EngineCor"))
+
+    return {"gpu_util": mean(float(d["gpu"].get("utilization.gpu", "nan")) for d in inside),
+            "power_w": mean(float(d["gpu"].get("power.draw", "nan")) for d in inside),
+            "engine_core": mean(engine_core(d) for d in inside)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("step_log", type=Path)
+    ap.add_argument("--host", type=Path)
+    ap.add_argument("--sizes", default="64,96,128")
+    ap.add_argument("--min-steps", type=int, default=20)
+    args = ap.parse_args()
+    steps = read_steps(args.step_log)
+    samples = ([json.loads(line) for line in open_text(args.host)] if args.host else [])
+    t0 = steps[0].t_ns
+    sizes = sorted(int(x) for x in args.sizes.split(","))
+    print("| start s | B | k | steps | mean ms | pure decode median | prefill-carrying median "
+          "| prefill share | GPU util % | power W | engine core (cores) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for t in turns(steps, sizes, args.min_steps):
+        (b, k), ss = t["key"], t["steps"][1:]
+        decode = [s.period_ms for s in ss if s.pure_decode_k() == k]
+        mixed = [s.period_ms for s in ss if s.carries_prefill()]
+        host = host_over(samples, ss[0].t_ns / 1e9, ss[-1].t_ns / 1e9)
+
+        def fmt(values):
+            return f"{statistics.median(values):.2f}" if values else "-"
+
+        print(f"| {(ss[0].t_ns - t0) / 1e9:.1f} | {b} | {k} | {len(ss)} | "
+              f"{statistics.mean(s.period_ms for s in ss):.2f} | {fmt(decode)} | {fmt(mixed)} | "
+              f"{len(mixed) / len(ss):.2f} | {host.get('gpu_util', float('nan')):.0f} | "
+              f"{host.get('power_w', float('nan')):.0f} | "
+              f"{host.get('engine_core', float('nan')):.2f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

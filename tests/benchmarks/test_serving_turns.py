@@ -1,0 +1,44 @@
+"""benchmarks/gpu/serving_turns.py: a tune's step log cut into serving turns and set beside the
+host's samples taken during each."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+from tabletune.core.step_log import Step
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu" / "serving_turns.py"
+spec = importlib.util.spec_from_file_location("serving_turns", SCRIPT)
+serving_turns = importlib.util.module_from_spec(spec)
+sys.modules.setdefault("serving_turns", serving_turns)
+spec.loader.exec_module(serving_turns)
+
+
+def _steps(start_s, n, requests, k, period_ms=10.0):
+    return [Step(t_ns=int((start_s + i * period_ms / 1e3) * 1e9), period_ns=int(period_ms * 1e6),
+                 requests=requests, new_requests=0, verifying=requests if k else 0, k=k,
+                 tokens=requests * (1 + k), verified_drafts=requests * k, accepted=0)
+            for i in range(n)]
+
+
+def test_a_turn_ends_where_the_length_the_batch_size_or_the_clock_moves_on():
+    steps = (_steps(1.0, 30, 64, 2) + _steps(1.3, 30, 62, 3)      # a length after another
+             + _steps(5.0, 30, 60, 3)                              # after a 3.4-s gap
+             + _steps(6.0, 30, 40, 3)                              # no batch size of the list
+             + _steps(7.0, 5, 128, 1))                             # too short
+    found = serving_turns.turns(steps, [64, 128], min_steps=20)
+    assert [(t["key"], len(t["steps"])) for t in found] == [((64, 2), 30), ((64, 3), 30),
+                                                            ((64, 3), 30)]
+
+
+def test_the_host_over_a_turn_is_the_mean_of_the_samples_taken_during_it():
+    def sample(mono, util, core):
+        return {"mono": mono, "gpu": {"utilization.gpu": str(util), "power.draw": "500"},
+                "top": [[7, "VLLM::EngineCore", core], [8, "python3", 0.4]]}
+
+    samples = [sample(10.0, 90, 0.9), sample(11.0, 50, 1.1), sample(20.0, 0, 0.1)]
+    host = serving_turns.host_over(samples, 10.0, 10.5)
+    assert host == {"gpu_util": 70.0, "power_w": 500.0, "engine_core": 1.0}
+    assert serving_turns.host_over(samples, 30.0, 31.0) == {}
