@@ -6,10 +6,14 @@ A turn is a run of steps at one length with the batch within 10 % below a batch 
 log's first step), steps, mean period, the median of its pure decode steps and of its
 prefill-carrying steps, and their share; with ``--host`` (host_sampler.py's JSON lines, matched
 on the monotonic clock the step log and the sampler share), the GPU's mean utilization and power
-and the engine core's CPU share (cores) over the turn.
+and the engine core's CPU share (cores) over the turn; with ``--trace`` (the graph-trace lines
+h200_lib.sh collects, ``TABLETUNE_TRACE_GRAPHS_EVERY_S`` under a second) and ``--trace-from``
+(the server log's path, or part of it, whose lines to read), the share of the target model's
+dispatches in each CUDA-graph mode over the turn (the lines stamped within it).
 
 usage: python benchmarks/gpu/serving_turns.py STEP_LOG[.xz] [--host host-samples.jsonl[.xz]]
-       [--sizes 64,96,128] [--min-steps 20]
+       [--trace graph-trace.log[.xz] --trace-from tune-cold/] [--sizes 64,96,128]
+       [--min-steps 20]
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import lzma
+import re
 import statistics
 import sys
 import tempfile
@@ -74,25 +79,63 @@ def host_over(samples: list[dict], start_s: float, end_s: float) -> dict:
             "engine_core": mean(engine_core(d) for d in inside)}
 
 
+TRACE_LINE = re.compile(r"TableTune graph trace \(dispatches since last line, "
+                        r"mono=(?P<mono>[0-9.]+)\): (?P<counts>.*)$")
+TRACE_COUNT = re.compile(r"(?P<role>[\w-]+)/(?P<mode>\w+)/q=(?P<q>\w+): (?P<n>\d+)")
+
+
+def read_trace(lines, source: str = "") -> list[tuple[float, dict[str, int]]]:
+    """[(mono, {mode: the target's dispatches in it since the previous line})] of the trace
+    lines whose text before the message contains ``source``."""
+    out = []
+    for line in lines:
+        match = TRACE_LINE.search(line)
+        if match is None or source not in line[:match.start()]:
+            continue
+        modes: dict[str, int] = {}
+        for count in TRACE_COUNT.finditer(match["counts"]):
+            if count["role"] == "target":
+                modes[count["mode"]] = modes.get(count["mode"], 0) + int(count["n"])
+        out.append((float(match["mono"]), modes))
+    return out
+
+
+def modes_over(trace: list[tuple[float, dict[str, int]]], start_s: float, end_s: float
+               ) -> dict[str, float]:
+    """{mode: its share of the target's dispatches} over the trace lines stamped between the
+    turn's start and its end (a line counts the dispatches before it)."""
+    total: dict[str, int] = {}
+    for mono, modes in trace:
+        if start_s < mono <= end_s:
+            for mode, n in modes.items():
+                total[mode] = total.get(mode, 0) + n
+    n = sum(total.values())
+    return {mode: count / n for mode, count in sorted(total.items())} if n else {}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("step_log", type=Path)
     ap.add_argument("--host", type=Path)
+    ap.add_argument("--trace", type=Path)
+    ap.add_argument("--trace-from", default="")
     ap.add_argument("--sizes", default="64,96,128")
     ap.add_argument("--min-steps", type=int, default=20)
     args = ap.parse_args()
     steps = read_steps(args.step_log)
     samples = ([json.loads(line) for line in open_text(args.host)] if args.host else [])
+    trace = read_trace(open_text(args.trace), args.trace_from) if args.trace else []
     t0 = steps[0].t_ns
     sizes = sorted(int(x) for x in args.sizes.split(","))
     print("| start s | B | k | steps | mean ms | pure decode median | prefill-carrying median "
-          "| prefill share | GPU util % | power W | engine core (cores) |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "| prefill share | GPU util % | power W | engine core (cores) | target graphs |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for t in turns(steps, sizes, args.min_steps):
         (b, k), ss = t["key"], t["steps"][1:]
         decode = [s.period_ms for s in ss if s.pure_decode_k() == k]
         mixed = [s.period_ms for s in ss if s.carries_prefill()]
         host = host_over(samples, ss[0].t_ns / 1e9, ss[-1].t_ns / 1e9)
+        graphs = modes_over(trace, ss[0].t_ns / 1e9, ss[-1].t_ns / 1e9)
 
         def fmt(values):
             return f"{statistics.median(values):.2f}" if values else "-"
@@ -101,7 +144,8 @@ def main() -> int:
               f"{statistics.mean(s.period_ms for s in ss):.2f} | {fmt(decode)} | {fmt(mixed)} | "
               f"{len(mixed) / len(ss):.2f} | {host.get('gpu_util', float('nan')):.0f} | "
               f"{host.get('power_w', float('nan')):.0f} | "
-              f"{host.get('engine_core', float('nan')):.2f} |")
+              f"{host.get('engine_core', float('nan')):.2f} | "
+              f"{', '.join(f'{m} {v:.0%}' for m, v in graphs.items()) or '-'} |")
     return 0
 
 

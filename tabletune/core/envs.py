@@ -16,8 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["EnvVar", "ENV_VARS", "cache_home", "flag_set", "on_unless_off", "prior_cache_dir",
-           "text_or_none"]
+__all__ = ["EnvVar", "ENV_VARS", "cache_home", "flag_set", "on_unless_off", "positive_seconds",
+           "prior_cache_dir", "text_or_none"]
 
 
 def flag_set(raw: str) -> bool:
@@ -33,6 +33,17 @@ def on_unless_off(raw: str) -> bool:
 def flag_on(raw: str) -> bool:
     """On only for ``1``/``true``/``yes``/``on`` (any case, spaces ignored)."""
     return raw.strip().lower() in ("1", "true", "yes", "on")
+
+
+def positive_seconds(raw: str) -> float:
+    """A number of seconds above 0."""
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError("is not a number of seconds") from None
+    if not value > 0 or value == float("inf"):
+        raise ValueError("must be a number of seconds above 0")
+    return value
 
 
 def text_or_none(raw: str) -> str | None:
@@ -128,6 +139,11 @@ COMPAT = EnvVar(
 TRACE_GRAPHS = EnvVar(
     "TABLETUNE_TRACE_GRAPHS", False, flag_set,
     "Log which CUDA graph each V2-runner step dispatched to (a diagnostic, not a fix).")
+TRACE_GRAPHS_EVERY_S = EnvVar(
+    "TABLETUNE_TRACE_GRAPHS_EVERY_S", 5.0, positive_seconds,
+    "Seconds between the graph trace's lines (each with the host's monotonic clock, which the "
+    "step log shares): under a second sets its counts beside the serving turns of a tune "
+    "(benchmarks/gpu/serving_turns.py).")
 COMPAT_TRY = EnvVar(
     "TABLETUNE_COMPAT_TRY", None, text_or_none,
     "Comma-separated compat fix names to apply on a vLLM version they are not verified on, to "
@@ -180,6 +196,6 @@ ENV_VARS: dict[str, EnvVar] = {var.name: var for var in (
     CONTROLLER_ALLOW_FOREIGN_PRIOR, CONTROLLER_START_TABLE, PRIOR_CACHE,
     CONTROLLER_FAULT_AFTER_STEPS, CONTROLLER_FAULT_SLOW_MS_PER_DRAFT, STEP_LOG, ENGINE_CPUS,
     COMPAT,
-    TRACE_GRAPHS, COMPAT_TRY, CACHE, ENGINE_QUEUE, ENGINE_POOL, TASK_RETRIES, RETRY_DELAY_S,
+    TRACE_GRAPHS, TRACE_GRAPHS_EVERY_S, COMPAT_TRY, CACHE, ENGINE_QUEUE, ENGINE_POOL, TASK_RETRIES, RETRY_DELAY_S,
     DEPLOYMENT_KEY, PROMPTS_BUCKET, PROMPTS_PREFIX, STAGING_PREFIX, STATE_DIR,
 )}

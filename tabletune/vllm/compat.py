@@ -249,6 +249,7 @@ def _install_graph_trace() -> None:
 
     counts: Counter = Counter()
     state = {"last": time.monotonic()}
+    every_s = envs.TRACE_GRAPHS_EVERY_S.get()
 
     def role(manager) -> str:
         # The drafter's managers are SpeculatorCudaGraphManager in both versions; a target
@@ -264,12 +265,13 @@ def _install_graph_trace() -> None:
                 uniform_token_count = uniform_token_count_of(args, kwargs)
                 counts[(role(self), desc.cg_mode.name, uniform_token_count)] += 1
                 now = time.monotonic()
-                if now - state["last"] >= 5.0:
+                if now - state["last"] >= every_s:
                     state["last"] = now
                     summary = ", ".join(f"{r}/{m}/q={q}: {n}" for (r, m, q), n in
                                         sorted(counts.items(), key=lambda kv: str(kv[0])))
-                    logger.info("TableTune graph trace (dispatches since last line): %s",
-                                summary)
+                    # mono: the host's monotonic clock, the step log's, to join the two.
+                    logger.info("TableTune graph trace (dispatches since last line, "
+                                "mono=%.3f): %s", now, summary)
                     counts.clear()
             except Exception:  # a diagnostic must never break a step
                 pass

@@ -42,3 +42,20 @@ def test_the_host_over_a_turn_is_the_mean_of_the_samples_taken_during_it():
     host = serving_turns.host_over(samples, 10.0, 10.5)
     assert host == {"gpu_util": 70.0, "power_w": 500.0, "engine_core": 1.0}
     assert serving_turns.host_over(samples, 30.0, 31.0) == {}
+
+
+def test_the_trace_gives_each_turn_the_target_s_graph_modes_of_the_lines_stamped_in_it():
+    lines = [
+        "w/tune-cold/logs/tune.log:(EngineCore pid=9) INFO TableTune graph trace (dispatches "
+        "since last line, mono=10.400): draft-decode/FULL/q=1: 90, target/FULL/q=4: 30",
+        "w/tune-cold/logs/tune.log:(EngineCore pid=9) INFO TableTune graph trace (dispatches "
+        "since last line, mono=10.900): target/FULL/q=4: 10, target/PIECEWISE/q=None: 30",
+        "w/tune-warm/logs/tune.log:(EngineCore pid=7) INFO TableTune graph trace (dispatches "
+        "since last line, mono=10.500): target/NONE/q=None: 5",
+        "w/tune-cold/logs/tune.log:(EngineCore pid=9) INFO TableTune compat: something else",
+    ]
+    trace = serving_turns.read_trace(lines, "tune-cold/")
+    assert trace == [(10.4, {"FULL": 30}), (10.9, {"FULL": 10, "PIECEWISE": 30})]
+    assert serving_turns.modes_over(trace, 10.0, 11.0) == {"FULL": 40 / 70, "PIECEWISE": 30 / 70}
+    assert serving_turns.modes_over(trace, 10.5, 11.0) == {"FULL": 0.25, "PIECEWISE": 0.75}
+    assert serving_turns.modes_over(trace, 11.0, 12.0) == {}

@@ -39,11 +39,18 @@ def test_each_variable_has_a_reason_and_its_default_when_unset(monkeypatch):
     (envs.TRACE_GRAPHS, "0", False), (envs.TRACE_GRAPHS, "yes", True),
     (envs.REJECT_ALL, "", False), (envs.CONTROLLER_ALLOW_FOREIGN_PRIOR, "TRUE", True),
     (envs.CONTROLLER_ALLOW_FOREIGN_PRIOR, "2", False), (envs.TASK_RETRIES, "3", 3),
-    (envs.CACHE, "", None),
+    (envs.CACHE, "", None), (envs.TRACE_GRAPHS_EVERY_S, "0.5", 0.5),
 ])
 def test_values_are_parsed_as_the_readers_always_read_them(monkeypatch, var, raw, value):
     monkeypatch.setenv(var.name, raw)
     assert var.get() == value
+
+
+@pytest.mark.parametrize("raw", ["0", "-1", "soon", "inf", "nan"])
+def test_a_trace_interval_must_be_seconds_above_zero(monkeypatch, raw):
+    monkeypatch.setenv(envs.TRACE_GRAPHS_EVERY_S.name, raw)
+    with pytest.raises(ValueError, match="TABLETUNE_TRACE_GRAPHS_EVERY_S"):
+        envs.TRACE_GRAPHS_EVERY_S.get()
 
 
 def test_only_the_table_reads_a_tabletune_variable_from_the_environment():

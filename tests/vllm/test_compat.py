@@ -303,6 +303,46 @@ def test_the_graph_trace_passes_both_signatures_through(monkeypatch, manager, ca
         assert Manager().dispatch(*args, **kwargs).result == expected
 
 
+def test_the_trace_writes_its_counts_at_the_interval_asked_for_with_the_monotonic_clock(
+        monkeypatch, caplog):
+    # TABLETUNE_TRACE_GRAPHS_EVERY_S = 0.5: a line once half a second has passed since the
+    # last, stamped with the clock the step log uses, so the two can be joined turn by turn.
+    class Manager(CudaGraphManager026):
+        def dispatch(self, *args, **kwargs):
+            super().dispatch(*args, **kwargs)
+            return _Desc033()
+
+    clock = [100.0]
+    monkeypatch.setattr(vllm_compat.time, "monotonic", lambda: clock[0])
+    monkeypatch.setenv("TABLETUNE_TRACE_GRAPHS_EVERY_S", "0.5")
+    _package_chain(monkeypatch, "vllm.v1.worker.gpu.cudagraph_utils")
+    _fake_vllm(monkeypatch, **{"vllm.v1.worker.gpu.cudagraph_utils":
+                               {"CudaGraphManager": Manager}})
+    caplog.set_level(logging.INFO, logger="vllm.tabletune.compat")
+    vllm_compat._install_graph_trace()
+    for t in (100.1, 100.3, 100.6, 100.7, 101.2):
+        clock[0] = t
+        Manager().dispatch(2, 8, 4, 0)
+    lines = [m for m in _messages(caplog) if "graph trace" in m]
+    assert lines == ["TableTune graph trace (dispatches since last line, mono=100.600): "
+                     "target/FULL/q=4: 3",
+                     "TableTune graph trace (dispatches since last line, mono=101.200): "
+                     "target/FULL/q=4: 2"]
+
+
+def test_a_trace_interval_that_is_not_seconds_leaves_the_trace_out_not_the_engine(monkeypatch,
+                                                                                   caplog):
+    monkeypatch.setenv("TABLETUNE_TRACE_GRAPHS_EVERY_S", "soon")
+    caplog.set_level(logging.INFO, logger="vllm.tabletune.compat")
+    _package_chain(monkeypatch, "vllm.v1.worker.gpu.cudagraph_utils")
+    _fake_vllm(monkeypatch, **{"vllm.v1.worker.gpu.cudagraph_utils":
+                               {"CudaGraphManager": CudaGraphManager026}})
+    vllm_compat._apply_trace()
+    assert not getattr(CudaGraphManager026.dispatch, "_tabletune_trace", False)
+    assert "graph trace not installed (ValueError: TABLETUNE_TRACE_GRAPHS_EVERY_S: 'soon'" in \
+        _messages(caplog)[-1]
+
+
 def test_the_trace_reads_the_query_length_by_position_or_keyword():
     assert vllm_compat.uniform_token_count_of((2, 8, 4, 0), {}) == 4
     assert vllm_compat.uniform_token_count_of((2, 8, 3), {"num_active_loras": 0,
