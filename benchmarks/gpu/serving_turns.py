@@ -24,23 +24,14 @@ import lzma
 import re
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 
-from tabletune.core.step_log import StepLogReader
+# Beside this script (its folder is on sys.path when it runs).
+from h200_s9_report import read_step_log
 
 
 def open_text(path: Path):
     return lzma.open(path, "rt") if path.suffix == ".xz" else open(path)
-
-
-def read_steps(path: Path) -> list:
-    if path.suffix != ".xz":
-        return StepLogReader(path).since(0)[0]
-    with tempfile.NamedTemporaryFile(suffix=".steps") as tmp:
-        tmp.write(lzma.decompress(path.read_bytes()))
-        tmp.flush()
-        return StepLogReader(tmp.name).since(0)[0]
 
 
 def turns(steps: list, sizes: list[int], min_steps: int) -> list[dict]:
@@ -122,7 +113,7 @@ def main() -> int:
     ap.add_argument("--sizes", default="64,96,128")
     ap.add_argument("--min-steps", type=int, default=20)
     args = ap.parse_args()
-    steps = read_steps(args.step_log)
+    steps = read_step_log(args.step_log)
     samples = ([json.loads(line) for line in open_text(args.host)] if args.host else [])
     trace = read_trace(open_text(args.trace), args.trace_from) if args.trace else []
     t0 = steps[0].t_ns

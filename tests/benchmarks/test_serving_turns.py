@@ -10,6 +10,9 @@ from pathlib import Path
 from tabletune.core.step_log import Step
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu" / "serving_turns.py"
+# The script imports its neighbours, as it does when run from its folder.
+if str(SCRIPT.parent) not in sys.path:
+    sys.path.insert(0, str(SCRIPT.parent))
 spec = importlib.util.spec_from_file_location("serving_turns", SCRIPT)
 serving_turns = importlib.util.module_from_spec(spec)
 sys.modules.setdefault("serving_turns", serving_turns)
