@@ -72,16 +72,7 @@ def graph_line_sizes(grid: Sequence[int], lengths: Sequence[int], graph_tokens: 
     alone (benchmarks/results/h200-s12). Profiling the line's own size puts the jump where it
     is, and the resolve pass times its serving step (``contested_serving``).
     """
-    if graph_tokens is None:
-        return {}
-    out: dict[int, int] = {}
-    for k in lengths:
-        line = math.floor((graph_tokens - prefill_tokens) / (1 + k))
-        on = [b for b in grid if not off_graphs(b, k, graph_tokens, prefill_tokens)]
-        off = [b for b in grid if off_graphs(b, k, graph_tokens, prefill_tokens)]
-        if on and off and line not in grid and max(on) < line < min(off):
-            out[k] = line
-    return out
+    return crowded_line_sizes(grid, lengths, graph_tokens, prefill_tokens, lambda b, k: 1.0)
 
 
 def crowded_line_sizes(grid: Sequence[int], lengths: Sequence[int], graph_tokens: int | None,

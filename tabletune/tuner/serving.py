@@ -616,8 +616,12 @@ def resolve_contested(server: VllmServer, control: Path, prompts: Sequence[str],
     return merged, record
 
 
+def _timed_lengths(cells: Sequence[ServingCell], batch_size: int) -> set[int]:
+    return {c.k for c in cells if c.batch_size == batch_size}
+
+
 def _all_timed(cells: Sequence[ServingCell], batch_size: int, lengths: Sequence[int]) -> bool:
-    return set(lengths) <= {c.k for c in cells if c.batch_size == batch_size}
+    return set(lengths) <= _timed_lengths(cells, batch_size)
 
 
 def _widen(pending: dict[int, tuple[int, ...]], record: dict[str, dict],
@@ -625,8 +629,7 @@ def _widen(pending: dict[int, tuple[int, ...]], record: dict[str, dict],
     """Into ``pending`` (and ``record``): each batch size of ``contested`` with a length that
     has no cell among ``cells`` there, with every length in question there."""
     for b, lengths in sorted(contested.items()):
-        timed = {c.k for c in cells if c.batch_size == b}
-        new = sorted(set(lengths) - timed)
+        new = sorted(set(lengths) - _timed_lengths(cells, b))
         if not new:
             continue
         done = record.setdefault(str(b), {"lengths": [], "loops": 0, "turns": 0,
