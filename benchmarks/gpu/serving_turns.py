@@ -14,6 +14,8 @@ dispatches in each CUDA-graph mode over the turn (the lines stamped within it).
 usage: python benchmarks/gpu/serving_turns.py STEP_LOG[.xz] [--host host-samples.jsonl[.xz]]
        [--trace graph-trace.log[.xz] --trace-from tune-cold/] [--sizes 64,96,128]
        [--min-steps 20]
+A file it cannot read or an option out of range: exit 2 with one line ``error: <file or
+option>: ...``, before any row is printed.
 """
 
 from __future__ import annotations
@@ -104,6 +106,11 @@ def modes_over(trace: list[tuple[float, dict[str, int]]], start_s: float, end_s:
     return {mode: count / n for mode, count in sorted(total.items())} if n else {}
 
 
+def fail(message: str) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return 2
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("step_log", type=Path)
@@ -113,11 +120,30 @@ def main() -> int:
     ap.add_argument("--sizes", default="64,96,128")
     ap.add_argument("--min-steps", type=int, default=20)
     args = ap.parse_args()
-    steps = read_step_log(args.step_log)
-    samples = ([json.loads(line) for line in open_text(args.host)] if args.host else [])
-    trace = read_trace(open_text(args.trace), args.trace_from) if args.trace else []
+    try:
+        sizes = sorted(int(x) for x in args.sizes.split(","))
+        if not sizes or min(sizes) < 1:
+            raise ValueError
+    except ValueError:
+        return fail(f"--sizes: {args.sizes!r} is not a comma-separated list of batch sizes >= 1")
+    if args.min_steps < 1:
+        return fail(f"--min-steps: {args.min_steps!r} must be >= 1")
+    # Every file is read before anything is printed: a bad one leaves no half table behind.
+    reading = args.step_log
+    try:
+        steps = read_step_log(args.step_log)
+        if not steps:
+            return fail(f"{args.step_log}: holds no step")
+        reading = args.host
+        samples = ([json.loads(line) for line in open_text(args.host)] if args.host else [])
+        if any(not isinstance(d, dict) or "mono" not in d for d in samples):
+            return fail(f"{args.host}: a line without a 'mono' stamp (not host_sampler.py's)")
+        reading = args.trace
+        trace = read_trace(open_text(args.trace), args.trace_from) if args.trace else []
+    except (OSError, EOFError, ValueError, lzma.LZMAError, UnicodeDecodeError) as exc:
+        # json.JSONDecodeError is a ValueError; the step log's reader raises ValueError.
+        return fail(f"{reading}: {exc}")
     t0 = steps[0].t_ns
-    sizes = sorted(int(x) for x in args.sizes.split(","))
     print("| start s | B | k | steps | mean ms | pure decode median | prefill-carrying median "
           "| prefill share | GPU util % | power W | engine core (cores) | target graphs |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")

@@ -29,6 +29,11 @@ class ProfileSettings:
     # own scatter can widen it: tuner.schedule) before the repeats timed since its last good
     # check are dropped (they are timed again).
     drift_bound: float = DEFAULT_REFERENCE_DRIFT_BOUND
+    # Tokens a request of a reference reading asks for (a cell's repeat asks output_tokens). A
+    # reading checks the machine's level, not a cell's value: the median of its ~24 pure decode
+    # steps reads it to ~2 % on the 2-core CPU runner (8 % robust scatter a step), a fifth of the
+    # drift bound, in a third of a 65-token repeat's time; the main job takes ~18 readings.
+    reference_tokens: int = 25
     # Re-checks of a moved reference (drift_wait_s apart) before its new level is accepted.
     drift_retries: int = 2
     drift_wait_s: float = 5.0
@@ -45,6 +50,8 @@ class ProfileSettings:
             raise ValueError(f"batch_sizes: {self.batch_sizes!r} must be non-empty, all >= 1")
         if self.reference_every < 0:
             raise ValueError(f"reference_every: {self.reference_every!r} must be >= 0")
+        if self.reference_tokens < 2:
+            raise ValueError(f"reference_tokens: {self.reference_tokens!r} must be >= 2")
         if not self.drift_bound > 0:
             raise ValueError(f"drift_bound: {self.drift_bound!r} must be > 0")
         if self.block_steps < 0:

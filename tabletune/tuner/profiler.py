@@ -96,7 +96,7 @@ def profile_step_times(spec: EngineSpec, *, batch_sizes: Sequence[int], checkpoi
             interleaved = (lambda b, ks, pin=pin: timer.repeat_lengths(b, ks, pin)
                            ) if settings.block_steps and len(phase) > 1 else None
             rr.attach(timer.one_repeat, pin, (min(settings.batch_sizes), phase[0]),
-                      measure_lengths=interleaved)
+                      measure_lengths=interleaved, measure_reference=timer.reference_reading)
             # Per-k mode has one length per server: nothing to compare across lengths there.
             run_schedule(rr, keys, settings, repair=len(phase) == len(lengths))
     finally:

@@ -56,6 +56,7 @@ class RoundRobin:
         self.progress = progress
         self.measure: Callable[[int, int], Repeat] | None = None
         self.measure_lengths: Callable[[int, Sequence[int]], dict[int, Repeat]] | None = None
+        self.measure_reference: Callable[[int, int], Repeat] | None = None
         self.pin: Callable[[int], None] | None = None
         self.pinned: int | None = None
         self.reference: tuple[int, int] | None = None
@@ -76,24 +77,28 @@ class RoundRobin:
     def attach(self, measure: Callable[[int, int], Repeat], pin: Callable[[int], None],
                reference: tuple[int, int],
                measure_lengths: Callable[[int, Sequence[int]], dict[int, Repeat]] | None = None,
-               ) -> None:
+               measure_reference: Callable[[int, int], Repeat] | None = None) -> None:
         """A (new) server: its own reference level, epoch and pinned length.
         ``measure_lengths(B, ks)``, when given, times one repeat of every (B, k) of a round in
-        one batch (the lengths in turn, ``tuner.interleave``)."""
+        one batch (the lengths in turn, ``tuner.interleave``); ``measure_reference(B, k)``, when
+        given, takes the reference cell's readings (a shorter repeat: a level check), else
+        ``measure`` does."""
         self.flush()
         self.measure, self.pin, self.pinned = measure, pin, None
         self.measure_lengths = measure_lengths
+        self.measure_reference = measure_reference
         self.reference = reference
         self.baseline = []
         if self.reference_ms or self.events:
             self.epoch += 1
 
-    def _time(self, b: int, k: int) -> Repeat:
+    def _time(self, b: int, k: int, measure: Callable[[int, int], Repeat] | None = None
+              ) -> Repeat:
         if self.pinned != k:
             self.pin(k)
             self.pinned = k
         self.repeats_timed += 1
-        return self.measure(b, k)
+        return (measure or self.measure)(b, k)
 
     def _time_lengths(self, b: int, ks: Sequence[int]) -> dict[int, Repeat]:
         self.pinned = None  # the rotation leaves whichever length came last
@@ -141,7 +146,7 @@ class RoundRobin:
 
     def _reference_once(self) -> float:
         b, k = self.reference
-        client, engine, _, *block = self._time(b, k)
+        client, engine, _, *block = self._time(b, k, self.measure_reference)
         # The median of the repeat's single steps where the step log has them: a pause of the
         # machine inside the repeat does not read as a moved reference.
         ms = engine if block and block[0] and engine is not None else client

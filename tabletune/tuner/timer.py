@@ -29,15 +29,23 @@ class CellTimer:
         self.server.guarded(run_batch, self.server.base_url, self.model,
                             self.prompts[:batch_size], max_tokens=8)
 
-    def one_repeat(self, batch_size: int, k: int) -> tuple[float, float | None, int, list]:
-        """B requests at once for ``output_tokens`` each; the repeat's pure decode steps (exactly
-        B requests, none prefilling, each verifying and drafting k) from the step log: they run
-        from the batch's prefill until its first request finishes."""
-        records, client_ms = self._timed_batch(batch_size, self.settings.output_tokens,
-                                               f"k={k}")
+    def one_repeat(self, batch_size: int, k: int, output_tokens: int | None = None
+                   ) -> tuple[float, float | None, int, list]:
+        """B requests at once for ``output_tokens`` each (the settings' unless given); the
+        repeat's pure decode steps (exactly B requests, none prefilling, each verifying and
+        drafting k) from the step log: they run from the batch's prefill until its first
+        request finishes."""
+        records, client_ms = self._timed_batch(
+            batch_size, output_tokens or self.settings.output_tokens, f"k={k}")
         periods = [round(st.period_ms, 4) for st in records
                    if st.requests == batch_size and st.pure_decode_k() == k]
         return client_ms, (median(periods) if periods else None), len(periods), periods
+
+    def reference_reading(self, batch_size: int, k: int
+                          ) -> tuple[float, float | None, int, list]:
+        """A reading of the drift guard's reference cell: ``one_repeat`` at the settings'
+        ``reference_tokens`` (``tuner.schedule``)."""
+        return self.one_repeat(batch_size, k, self.settings.reference_tokens)
 
     def repeat_lengths(self, batch_size: int, lengths: Sequence[int],
                        pin: Callable[[int], None]) -> dict[int, "Repeat"]:

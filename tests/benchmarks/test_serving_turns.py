@@ -62,3 +62,56 @@ def test_the_trace_gives_each_turn_the_target_s_graph_modes_of_the_lines_stamped
     assert serving_turns.modes_over(trace, 10.0, 11.0) == {"FULL": 40 / 70, "PIECEWISE": 30 / 70}
     assert serving_turns.modes_over(trace, 10.5, 11.0) == {"FULL": 0.25, "PIECEWISE": 0.75}
     assert serving_turns.modes_over(trace, 11.0, 12.0) == {}
+
+
+def _run(*args, cwd):
+    import subprocess
+
+    return subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], cwd=cwd,
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_bad_input_is_one_line_and_exit_2_before_any_table(tmp_path):
+    not_a_log = tmp_path / "tune.steps"
+    not_a_log.write_bytes(b"\x00" * 4096)
+    broken_xz = tmp_path / "tune.steps.xz"
+    broken_xz.write_bytes(b"not xz at all")
+    cases = [
+        ([tmp_path / "missing.steps"], "missing.steps"),
+        ([not_a_log], "tune.steps"),
+        ([broken_xz], "tune.steps.xz"),
+        ([not_a_log, "--sizes", "64,soon"], "--sizes: '64,soon'"),
+        ([not_a_log, "--sizes", "0,64"], "--sizes: '0,64'"),
+        ([not_a_log, "--min-steps", "0"], "--min-steps: 0"),
+    ]
+    for args, named in cases:
+        done = _run(*args, cwd=tmp_path)
+        assert done.returncode == 2, (args, done.stderr)
+        assert done.stdout == ""
+        assert done.stderr.startswith("error: ") and named in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr
+
+
+def test_a_bad_host_or_trace_file_is_named_after_a_good_step_log(tmp_path):
+    from tabletune.core.step_log import StepLogWriter
+
+    log = tmp_path / "tune.steps"
+    writer = StepLogWriter(log, capacity=64)
+    for st in _steps(1.0, 30, 64, 2):
+        writer.append(st.t_ns, st.period_ns, st.requests, st.new_requests, st.verifying, st.k,
+                      st.tokens, st.verified_drafts, st.accepted)
+    writer.close()
+    host = tmp_path / "host-samples.jsonl"
+    host.write_text('{"mono": 1.0}\n{"mono": \n')
+    stamped = tmp_path / "other.jsonl"
+    stamped.write_text('{"gpu": {}}\n')
+    for args, named in [(["--host", host], "host-samples.jsonl"),
+                        (["--host", stamped], "other.jsonl: a line without a 'mono'"),
+                        (["--trace", tmp_path / "graph-trace.log.xz"], "graph-trace.log.xz")]:
+        done = _run(log, *args, cwd=tmp_path)
+        assert done.returncode == 2, (args, done.stderr)
+        assert done.stdout == "" and "Traceback" not in done.stderr
+        assert done.stderr.startswith("error: ") and named in done.stderr, done.stderr
+    good = _run(log, "--sizes", "64", cwd=tmp_path)
+    assert good.returncode == 0, good.stderr
+    assert "| 0.0 | 64 | 2 | 29 | 10.00 | 10.00 |" in good.stdout

@@ -289,3 +289,28 @@ def test_with_shared_batches_the_reference_check_still_pins_its_own_length(tmp_p
     # Single repeats of the reference cell, pinned, between the shared batches.
     assert machine.pins and set(machine.pins) == {0}
     assert rr.meta()["reference_ms"]
+
+
+def test_the_reference_is_read_by_its_own_shorter_measure_and_still_guards(tmp_path):
+    # The readings come from measure_reference (a shorter repeat), never from measure, and
+    # the guard still drops the repeats timed while the machine ran 30 % slow.
+    machine = InterleavingMachine(load=lambda t: 1.3 if 5 <= t < 12 else 1.0)
+    readings: list[tuple[int, int]] = []
+
+    def reading(b, k):
+        readings.append((b, k))
+        assert machine.pinned == k, "a reading at a length that was not pinned"
+        ms = truth(b, k) * machine.load(machine.clock)
+        machine.clock += 0.3  # a third of a repeat's time
+        return ms, ms, 24
+
+    s = settings(reference_every=3)
+    ckpt = Checkpoint(tmp_path / "c.jsonl", {"engine": "fake"}, s)
+    rr = RoundRobin(ckpt, s, sleep=machine.sleep)
+    rr.attach(machine.measure, machine.pin, (1, 0), measure_lengths=machine.measure_lengths,
+              measure_reference=reading)
+    run_schedule(rr, KEYS, s, repair=True)
+    assert len(readings) == len(rr.meta()["reference_ms"]) >= 4 and set(readings) == {(1, 0)}
+    assert rr.meta()["drift_events"], "the slow stretch was not seen"
+    for key in KEYS:  # nothing timed in the slow stretch was kept
+        assert ckpt.cells[key].engine_samples_ms == [truth(*key)] * 3

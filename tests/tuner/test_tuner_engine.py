@@ -277,6 +277,12 @@ def test_two_profiles_of_the_real_engine_agree_within_their_intervals(pair_spec,
                     cell.engine_samples_ms.append(engine)
                     cell.engine_steps_seen += seen
                     cell.step_blocks_ms.append(block)
+        # The drift guard's reading is a shorter repeat: reference_tokens a request, its pure
+        # decode steps the tokens after the prefill's first (one step each at k = 0).
+        pin(0)
+        _, reading_ms, reading_steps, _ = timer.reference_reading(1, 0)
+        assert reading_ms is not None
+        assert settings.reference_tokens - 3 <= reading_steps <= settings.reference_tokens - 1
     finally:
         servers.close()  # leaves the server's `with`: stopped
     a, b = (assemble_profile(fingerprint, 2, list(raw[name].values()), settings)
