@@ -77,7 +77,7 @@ Progress = Callable[[int, int, float], None]
 
 async def _batch(base_url, model, prompts, max_tokens, temperature, ignore_eos, timeout_s,
                  progress: Progress | None = None, progress_every_s: float = 10.0,
-                 seed: int = 0):
+                 seed: int = 0, until_first: bool = False):
     url = base_url + "/v1/completions"
     done = 0
 
@@ -97,26 +97,38 @@ async def _batch(base_url, model, prompts, max_tokens, temperature, ignore_eos, 
     async with _session(timeout_s) as session:
         start = time.perf_counter()
         ticker = asyncio.create_task(report()) if progress else None
+        tasks = [asyncio.create_task(one(i, p)) for i, p in enumerate(prompts)]
         try:
-            answers = await asyncio.gather(*[one(i, p) for i, p in enumerate(prompts)])
+            if until_first:
+                finished, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+                answers = [task.result() for task in tasks if task in finished]
+            else:
+                answers = await asyncio.gather(*tasks)
         finally:
             if ticker:
                 ticker.cancel()
+            # A cancelled request closes its connection: vLLM aborts it at its next step.
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
         wall = time.perf_counter() - start
     if progress:
-        progress(len(prompts), len(prompts), wall)
+        progress(len(answers), len(prompts), wall)
     return BatchResult(wall, tuple(t for t, _ in answers), tuple(x for _, x in answers))
 
 
 def run_batch(base_url: str, model: str, prompts: Sequence[str], *, max_tokens: int,
               temperature: float = 0.0, ignore_eos: bool = True,
               timeout_s: float = 600.0, progress: Progress | None = None,
-              progress_every_s: float = 10.0, seed: int = 0) -> BatchResult:
-    """Send all ``prompts`` at once and wait for every answer; ``progress`` hears how many
-    have answered every ``progress_every_s`` and at the end. Request i samples with seed
-    ``request_seed(seed, i)``."""
+              progress_every_s: float = 10.0, seed: int = 0,
+              until_first: bool = False) -> BatchResult:
+    """Send all ``prompts`` at once and wait for every answer (``until_first``: for the first
+    one, the others cancelled, which vLLM aborts: the result holds the answers that were in);
+    ``progress`` hears how many have answered every ``progress_every_s`` and at the end.
+    Request i samples with seed ``request_seed(seed, i)``."""
     return asyncio.run(_batch(base_url, model, list(prompts), max_tokens, temperature,
-                              ignore_eos, timeout_s, progress, progress_every_s, seed))
+                              ignore_eos, timeout_s, progress, progress_every_s, seed,
+                              until_first))
 
 
 async def _token_counts(base_url: str, model: str, prompts: list[str],

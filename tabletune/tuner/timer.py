@@ -67,9 +67,12 @@ class CellTimer:
 
     def _timed_batch(self, batch_size: int, n_out: int, what: str, during=None):
         """B requests at once for ``n_out`` tokens each (inside ``during(reader)``, a context,
-        when given): the step log's records of the batch, and the client's view, kept as a
-        cross-check: the batch's wall time over the engine steps it took (its prefill and its
-        ramp-down included: a window's mean, not a cell value)."""
+        when given), ended when the first request has its tokens: the rest are cancelled, as
+        every step after that one holds fewer than B requests and times no cell (the batch's
+        ramp-down was ~40 s of a 515-s CPU main job and ~32 s of each H200 tune,
+        benchmarks/README.md). Returns the step log's records of the batch, and the client's
+        view, kept as a cross-check: the batch's wall time over the engine steps it took (its
+        prefill included: a window's mean, not a cell value)."""
         reader = self.server.step_log()
         if reader is None:
             raise EngineError(f"{self.server.log_path}: the server keeps no step log (TableTune's "
@@ -78,9 +81,10 @@ class CellTimer:
         with (during(reader) if during is not None else contextlib.nullcontext()):
             batch = self.server.guarded(run_batch, self.server.base_url, self.model,
                                         self.prompts[:batch_size], max_tokens=n_out,
-                                        temperature=self.settings.temperature)
+                                        temperature=self.settings.temperature,
+                                        until_first=True)
         self.server.check_alive()
-        if any(t != n_out for t in batch.completion_tokens):
+        if not batch.completion_tokens or any(t != n_out for t in batch.completion_tokens):
             raise EngineError(f"asked for {n_out} tokens per request at B={batch_size}, {what}, "
                               f"got {sorted(set(batch.completion_tokens))}")
         records, _lost = reader.since(position)

@@ -23,6 +23,18 @@ def test_every_request_of_a_batch_samples_with_its_own_seed_and_runs_repeat(engi
     assert len(set(first.texts)) == 6
 
 
+def test_a_batch_until_first_returns_the_first_answer_and_cancels_the_rest(engine_url):
+    begun = time.perf_counter()
+    result = run_batch(engine_url, "m", ["wait 0.05", "wait 5", "wait 5", "wait 5"],
+                       max_tokens=7, until_first=True)
+    # Back once the first answer is in, not after the slow ones: they were cancelled.
+    assert time.perf_counter() - begun < 3.0
+    assert result.completion_tokens == (7,) and result.texts == (f"seed {request_seed(0, 0)}",)
+    assert len(FakeEngine.seen) == 4
+    whole = run_batch(engine_url, "m", ["wait 0.05", "wait 0.3"], max_tokens=7)
+    assert whole.completion_tokens == (7, 7) and whole.wall_s >= 0.3
+
+
 def test_a_load_window_is_read_while_every_client_is_busy_and_cut_at_its_end(engine_url):
     begun = time.perf_counter()
     result = run_load(engine_url, "m", ["p"], concurrency=4, requests_per_worker=1,

@@ -1,5 +1,5 @@
 """A local HTTP server standing in for vLLM's OpenAI server: answers completions after a delay
-(recording each request), tokenizes a prompt as one token a word plus one, and serves /metrics counters that grow as if the engine ran one step
+(recording each request; a prompt "wait S" sets its own), tokenizes a prompt as one token a word plus one, and serves /metrics counters that grow as if the engine ran one step
 every ``STEP_S`` seconds with 2.5 tokens a step, one draft a step and a_1 = 0.75."""
 
 from __future__ import annotations
@@ -31,7 +31,10 @@ class FakeEngine(BaseHTTPRequestHandler):
         with self.lock:
             type(self).seen.append(body)
             type(self).in_flight += 1
-        time.sleep(ANSWER_S)
+        # A prompt "wait S" is answered after S seconds (requests that finish at different
+        # times); any other after ANSWER_S.
+        words = body["prompt"].split()
+        time.sleep(float(words[1]) if len(words) == 2 and words[0] == "wait" else ANSWER_S)
         with self.lock:
             type(self).in_flight -= 1
         data = json.dumps({"usage": {"completion_tokens": body["max_tokens"]},
