@@ -31,8 +31,8 @@ class ProfileSettings:
     drift_bound: float = DEFAULT_REFERENCE_DRIFT_BOUND
     # Tokens a request of a reference reading asks for (a cell's repeat asks output_tokens). A
     # reading checks the machine's level, not a cell's value: the median of its ~24 pure decode
-    # steps reads it to ~2 % on the 2-core CPU runner (8 % robust scatter a step), a fifth of the
-    # drift bound, in a third of a 65-token repeat's time; the main job takes ~18 readings.
+    # steps reads it to ~2 % on the 2-core CPU runner (3-8 % robust scatter a step), a fifth of
+    # the drift bound, in a third of a 65-token repeat's time; the main job takes 10-18 readings.
     reference_tokens: int = 25
     # Re-checks of a moved reference (drift_wait_s apart) before its new level is accepted.
     drift_retries: int = 2

@@ -68,8 +68,8 @@ class CellTimer:
     def _timed_batch(self, batch_size: int, n_out: int, what: str, during=None):
         """B requests at once for ``n_out`` tokens each (inside ``during(reader)``, a context,
         when given), ended when the first request has its tokens: the rest are cancelled, as
-        every step after that one holds fewer than B requests and times no cell (the batch's
-        ramp-down was ~40 s of a 515-s CPU main job and ~32 s of each H200 tune,
+        every step after that one holds fewer than B requests and times no cell (the batches'
+        ramp-downs were ~30 s of a 515-s CPU main job and ~9 s of an 84-s H200 profile,
         benchmarks/README.md). Returns the step log's records of the batch, and the client's
         view, kept as a cross-check: the batch's wall time over the engine steps it took (its
         prefill included: a window's mean, not a cell value)."""
