@@ -324,7 +324,8 @@ class VllmServer:
             return 0
 
     def iterations_since(self, offset: int) -> list[IterationRecord]:
-        """Engine steps logged after byte ``offset`` of the log."""
+        """Engine steps logged after byte ``offset`` of the log: only a server started with
+        ``--enable-logging-iteration-details`` in ``extra_args`` logs them."""
         # The frontend logs asynchronously; give it a moment to flush the last steps.
         time.sleep(0.3)
         with open(self.log_path, "rb") as f:

@@ -46,7 +46,9 @@ def api_server_command(spec: EngineSpec, *, port: int, speculative: dict | None,
         "--host", "127.0.0.1", "--port", str(port),
         "--max-num-seqs", str(spec.max_num_seqs), "--max-model-len", str(spec.max_model_len),
         "--dtype", spec.dtype, "--tensor-parallel-size", str(spec.tensor_parallel_size),
-        "--enable-logging-iteration-details", "--disable-uvicorn-access-log",
+        # No "--enable-logging-iteration-details": the step log (TableTune's scheduler) times
+        # every step; the API server's line per step is only work and log on the serving path.
+        "--disable-uvicorn-access-log",
         "--seed", "0",
     ]
     if spec.device == "cpu":

@@ -34,7 +34,9 @@ def spec() -> EngineSpec:
 def _server(spec, tmp_path, name, env, table=WRONG_TABLE):
     return VllmServer(spec, speculative=speculative_config(spec, table),
                       log_path=tmp_path / f"{name}.log", extra_env=env,
-                      extra_args=("--scheduler-cls", SCHEDULER_CLS))
+                      # vLLM's line per step: what these tests read the served lengths from.
+                      extra_args=("--scheduler-cls", SCHEDULER_CLS,
+                                  "--enable-logging-iteration-details"))
 
 
 def test_controller_converges_then_survives_its_own_failure_on_the_learned_table(spec, tmp_path):

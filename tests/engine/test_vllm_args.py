@@ -22,6 +22,8 @@ def test_the_command_line_carries_the_spec_the_port_and_the_extra_arguments_last
         "method": spec.method, "num_speculative_tokens": 2, "model": "/m/d",
         "num_speculative_tokens_per_batch_size": [[1, 8, 2]]}
     assert cmd[-2:] == ["--from-spec", "--from-call"]
+    # vLLM's log line per engine step stays off: the step log times the steps.
+    assert "--enable-logging-iteration-details" not in cmd
 
 
 def test_no_speculative_config_and_a_gpu_leave_their_flags_out():
