@@ -15,6 +15,7 @@ usage: python benchmarks/gpu/batch_ramp_down.py STEP_LOG[.xz]
 
 from __future__ import annotations
 
+import lzma
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -27,15 +28,16 @@ PARTS = ("first", "new requests", "full batch", "ramp-down")
 
 def batches(steps) -> list[list]:
     out: list[list] = []
-    ramping = True
+    ramping, peak = True, 0
     for s in steps:
         if s.new_requests > 0 and (ramping or s.requests == s.new_requests):
             out.append([])
-            ramping = False
+            ramping, peak = False, 0
         if not out:
             continue
         out[-1].append(s)
-        if s.requests < max(x.requests for x in out[-1]):
+        peak = max(peak, s.requests)
+        if s.requests < peak:
             ramping = True
     return out
 
@@ -63,7 +65,7 @@ def main() -> int:
     path = Path(sys.argv[1])
     try:
         steps = read_step_log(path)
-    except (OSError, EOFError, ValueError) as exc:
+    except (OSError, EOFError, ValueError, lzma.LZMAError) as exc:
         print(f"error: {path}: {exc}", file=sys.stderr)
         return 2
     table = split(steps)

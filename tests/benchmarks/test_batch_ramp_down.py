@@ -34,3 +34,14 @@ def test_each_batch_is_its_first_step_new_requests_full_steps_and_ramp_down():
                         "ramp-down": [0.02, 2]}
     assert table[2]["first"] == [0.04, 2]
     assert table[2]["full batch"] == [0.03, 3] and table[2]["ramp-down"] == [0.01, 1]
+
+
+def test_a_file_that_is_no_step_log_is_one_line_and_exit_2(tmp_path):
+    import subprocess
+
+    broken = tmp_path / "tune.steps.xz"
+    broken.write_bytes(b"not xz")
+    done = subprocess.run([sys.executable, str(SCRIPT), str(broken)], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.startswith(f"error: {broken}") and "Traceback" not in done.stderr
