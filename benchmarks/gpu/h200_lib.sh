@@ -60,10 +60,14 @@ h200_wait() {
 h200_collect() {
   cp "$WORK/job.out" "$OUT/"
   grep -h "TableTune\|graph trace\|Traceback\|Error" "$WORK"/*/logs/*.log 2>/dev/null \
-    | grep -v "TableTune graph trace" | cut -c1-400 | tail -400 > "$OUT/engine-lines.log"
+    | grep -v "TableTune graph trace\|TableTune host trace" | cut -c1-400 | tail -400 \
+    > "$OUT/engine-lines.log"
   # Every graph-trace line, by server log (serving_turns.py --trace joins them with the turns).
   grep -H "TableTune graph trace" "$WORK"/*/logs/*.log 2>/dev/null | xz -T8 -6 \
     > "$OUT/graph-trace.log.xz"
+  # Every host-trace line likewise (serving_turns.py --host-trace).
+  grep -H "TableTune host trace (" "$WORK"/*/logs/*.log 2>/dev/null | xz -T8 -6 \
+    > "$OUT/host-trace.log.xz"
   tar -C "$WORK" --exclude='*/logs/*.log' -cf - . | xz -T8 -6 > "$OUT/results.tar.xz"
 }
 
@@ -100,6 +104,10 @@ h200_tune() {
   # each serving turn: does a prefill-carrying step in h200-s13's slow state leave the full
   # graphs? (benchmarks/results/h200-s13/README.md)
   export TABLETUNE_TRACE_GRAPHS=1 TABLETUNE_TRACE_GRAPHS_EVERY_S=0.5
+  # Where the engine core's CPU goes per half second, by thread, with the collector's time
+  # (tabletune.vllm.host_trace): h200-s14's slow turns are those with the engine core process
+  # at one core; which thread holds it?
+  export TABLETUNE_TRACE_HOST=1 TABLETUNE_TRACE_HOST_EVERY_S=0.5
   # shellcheck disable=SC2046
   tt tune $(engine 24000000000 0.45) --batch-sizes "$GRID" \
     --num-prompts 160 --max-tokens 128 --serving-batch-sizes 1,16,64,128,256 \

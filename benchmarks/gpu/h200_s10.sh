@@ -8,6 +8,9 @@
 #    (h200_tune: h200-s8's command), the first on empty compile caches. New since h200-s8: the
 #    resolve pass re-times every length within 15 % of the best at a contested batch size
 #    (core/calibration.py CONTESTED_BAND), not only the kept and the best.
+#  - tune_warm_switch (folder tune-warm-switch): the warm tune with the interpreter's switch
+#    interval at SWITCH_INTERVAL_S (default 0.0005 s) in the servers (benchmarks/results/h200-s14:
+#    the slow serving turns are those with the engine core process at one core).
 #  - paired: issue 28, `evaluate --paired-lengths` at EVAL_LEVELS with the table of tune-warm
 #    (h200_paired): the arms compared within the second on one server.
 #  - convergence: issue 28 item 3, the controller started from tune-warm's table with that tune
@@ -30,6 +33,11 @@ prior() {
 }
 tune_cold() { h200_tune tune-cold; }
 tune_warm() { h200_tune tune-warm; }
+# The warm tune again with the interpreter's switch interval at SWITCH_INTERVAL_S (default
+# 0.5 ms, Python's is 5) in every vLLM process: does the engine core's slow state go?
+tune_warm_switch() {
+  ( export TABLETUNE_SWITCH_INTERVAL_S="${SWITCH_INTERVAL_S:-0.0005}"; h200_tune tune-warm-switch )
+}
 paired() { h200_paired "$(prior)"; }
 convergence() { h200_convergence "$(prior)"; }
 job() { h200_job_sampled; }
@@ -37,9 +45,10 @@ case "$1" in
   start)
     h200_plugin_metadata
     h200_machine_facts
-    export -f job prior tune_cold tune_warm paired convergence engine tt h200_tune h200_paired \
+    export -f job prior tune_cold tune_warm tune_warm_switch paired convergence engine tt \
+      h200_tune h200_paired \
       h200_convergence h200_job_sampled
-    export MODELS WORK GRID FALLBACK_PRIOR EVAL_LEVELS SAMPLER JOB PAIRED_BUDGET
+    export MODELS WORK GRID FALLBACK_PRIOR EVAL_LEVELS SAMPLER JOB PAIRED_BUDGET SWITCH_INTERVAL_S
     h200_launch ;;
   wait) h200_wait "${2:-500}" ;;
   collect) h200_collect ;;

@@ -9,11 +9,15 @@ on the monotonic clock the step log and the sampler share), the GPU's mean utili
 and the engine core's CPU share (cores) over the turn; with ``--trace`` (the graph-trace lines
 h200_lib.sh collects, ``TABLETUNE_TRACE_GRAPHS_EVERY_S`` under a second) and ``--trace-from``
 (the server log's path, or part of it, whose lines to read), the share of the target model's
-dispatches in each CUDA-graph mode over the turn (the lines stamped within it).
+dispatches in each CUDA-graph mode over the turn (the lines stamped within it); with
+``--host-trace`` (the host-trace lines of ``TABLETUNE_TRACE_HOST``, h200_lib.sh collects them;
+``--trace-from`` picks the server here too) the engine core process's CPU by thread over the
+turn (cores: its busy loop ``MainThread``, its input and output socket threads, native threads)
+and the milliseconds a second its garbage collector took.
 
 usage: python benchmarks/gpu/serving_turns.py STEP_LOG[.xz] [--host host-samples.jsonl[.xz]]
-       [--trace graph-trace.log[.xz] --trace-from tune-cold/] [--sizes 64,96,128]
-       [--min-steps 20]
+       [--trace graph-trace.log[.xz] --trace-from tune-cold/]
+       [--host-trace host-trace.log[.xz]] [--sizes 64,96,128] [--min-steps 20]
 A file it cannot read or an option out of range: exit 2 with one line ``error: <file or
 option>: ...``, before any row is printed.
 """
@@ -106,6 +110,55 @@ def modes_over(trace: list[tuple[float, dict[str, int]]], start_s: float, end_s:
     return {mode: count / n for mode, count in sorted(total.items())} if n else {}
 
 
+HOST_LINE = re.compile(
+    r"TableTune host trace \(pid=\d+, mono=(?P<mono>[0-9.]+), span=(?P<span>[0-9.]+) s\): "
+    r"cores process=(?P<process>[0-9.]+) native=(?P<native>[0-9.]+) ?(?P<threads>[^;]*); "
+    r"gc gen0=\d+ gen1=\d+ gen2=\d+ ms=(?P<gc_ms>[0-9.]+); switch_ms=[0-9.]+")
+
+
+def read_host_trace(lines, source: str = "") -> list[tuple[float, dict[str, float]]]:
+    """[(mono, {"process", "native", each thread's name: cores; "gc_ms_per_s"})] of the
+    engine core's host-trace lines (vLLM prefixes them ``(EngineCore``) whose text before the
+    message contains ``source``."""
+    out = []
+    for line in lines:
+        match = HOST_LINE.search(line)
+        if match is None or "EngineCore" not in line[:match.start()] \
+                or source not in line[:match.start()]:
+            continue
+        cores = {"process": float(match["process"]), "native": float(match["native"]),
+                 "gc_ms_per_s": float(match["gc_ms"]) / max(float(match["span"]), 1e-9)}
+        for item in match["threads"].split():
+            name, _, value = item.rpartition("=")
+            if name:
+                cores[name] = float(value)
+        out.append((float(match["mono"]), cores))
+    return out
+
+
+def host_trace_over(trace: list[tuple[float, dict[str, float]]], start_s: float, end_s: float
+                    ) -> str:
+    """The engine core's cores by thread (the busy loop, the socket threads, native) and its
+    collector's ms a second, averaged over the lines stamped within the turn; "-" for none."""
+    within = [cores for mono, cores in trace if start_s < mono <= end_s]
+    if not within:
+        return "-"
+    names = sorted({n for cores in within for n in cores})
+    mean = {n: sum(c.get(n, 0.0) for c in within) / len(within) for n in names}
+
+    def short(name: str) -> str:
+        for part in ("input", "output"):
+            if part in name:
+                return part
+        return "loop" if name == "MainThread" else name
+
+    threads = sorted((n for n in names if n not in ("process", "native", "gc_ms_per_s")),
+                     key=lambda n: -mean[n])
+    shown = [f"{short(n)} {mean[n]:.2f}" for n in threads if mean[n] >= 0.01][:3]
+    shown.append(f"native {mean['native']:.2f}")
+    return f"{mean['process']:.2f}: {', '.join(shown)}; gc {mean['gc_ms_per_s']:.1f} ms/s"
+
+
 def fail(message: str) -> int:
     print(f"error: {message}", file=sys.stderr)
     return 2
@@ -117,6 +170,7 @@ def main() -> int:
     ap.add_argument("--host", type=Path)
     ap.add_argument("--trace", type=Path)
     ap.add_argument("--trace-from", default="")
+    ap.add_argument("--host-trace", type=Path)
     ap.add_argument("--sizes", default="64,96,128")
     ap.add_argument("--min-steps", type=int, default=20)
     args = ap.parse_args()
@@ -140,13 +194,17 @@ def main() -> int:
             return fail(f"{args.host}: a line without a 'mono' stamp (not host_sampler.py's)")
         reading = args.trace
         trace = read_trace(open_text(args.trace), args.trace_from) if args.trace else []
+        reading = args.host_trace
+        host_trace = (read_host_trace(open_text(args.host_trace), args.trace_from)
+                      if args.host_trace else [])
     except (OSError, EOFError, ValueError, lzma.LZMAError, UnicodeDecodeError) as exc:
         # json.JSONDecodeError is a ValueError; the step log's reader raises ValueError.
         return fail(f"{reading}: {exc}")
     t0 = steps[0].t_ns
     print("| start s | B | k | steps | mean ms | pure decode median | prefill-carrying median "
-          "| prefill share | GPU util % | power W | engine core (cores) | target graphs |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| prefill share | GPU util % | power W | engine core (cores) | target graphs "
+          "| engine core by thread (cores) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for t in turns(steps, sizes, args.min_steps):
         (b, k), ss = t["key"], t["steps"][1:]
         decode = [s.period_ms for s in ss if s.pure_decode_k() == k]
@@ -162,7 +220,8 @@ def main() -> int:
               f"{len(mixed) / len(ss):.2f} | {host.get('gpu_util', float('nan')):.0f} | "
               f"{host.get('power_w', float('nan')):.0f} | "
               f"{host.get('engine_core', float('nan')):.2f} | "
-              f"{', '.join(f'{m} {v:.0%}' for m, v in graphs.items()) or '-'} |")
+              f"{', '.join(f'{m} {v:.0%}' for m, v in graphs.items()) or '-'} | "
+              f"{host_trace_over(host_trace, ss[0].t_ns / 1e9, ss[-1].t_ns / 1e9)} |")
     return 0
 
 

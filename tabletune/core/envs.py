@@ -144,6 +144,19 @@ TRACE_GRAPHS_EVERY_S = EnvVar(
     "Seconds between the graph trace's lines (each with the host's monotonic clock, which the "
     "step log shares): under a second sets its counts beside the serving turns of a tune "
     "(benchmarks/gpu/serving_turns.py).")
+TRACE_HOST = EnvVar(
+    "TABLETUNE_TRACE_HOST", False, flag_set,
+    "Log, in every vLLM process, where its CPU went: each Python thread's cores, the native "
+    "threads', the garbage collector's time (tabletune.vllm.host_trace; a diagnostic).")
+TRACE_HOST_EVERY_S = EnvVar(
+    "TABLETUNE_TRACE_HOST_EVERY_S", 0.5, positive_seconds,
+    "Seconds between the host trace's lines (each with the host's monotonic clock, the step "
+    "log's, so benchmarks/gpu/serving_turns.py sets them beside the serving turns).")
+SWITCH_INTERVAL_S = EnvVar(
+    "TABLETUNE_SWITCH_INTERVAL_S", None, positive_seconds,
+    "The interpreter's thread switch interval (sys.setswitchinterval) in every vLLM process. "
+    "Unset: Python's 5 ms. The engine core's threads share one interpreter lock; a thread that "
+    "wants it waits up to this long (an experiment of benchmarks/results/h200-s14).")
 COMPAT_TRY = EnvVar(
     "TABLETUNE_COMPAT_TRY", None, text_or_none,
     "Comma-separated compat fix names to apply on a vLLM version they are not verified on, to "
@@ -196,6 +209,7 @@ ENV_VARS: dict[str, EnvVar] = {var.name: var for var in (
     CONTROLLER_ALLOW_FOREIGN_PRIOR, CONTROLLER_START_TABLE, PRIOR_CACHE,
     CONTROLLER_FAULT_AFTER_STEPS, CONTROLLER_FAULT_SLOW_MS_PER_DRAFT, STEP_LOG, ENGINE_CPUS,
     COMPAT,
-    TRACE_GRAPHS, TRACE_GRAPHS_EVERY_S, COMPAT_TRY, CACHE, ENGINE_QUEUE, ENGINE_POOL, TASK_RETRIES, RETRY_DELAY_S,
+    TRACE_GRAPHS, TRACE_GRAPHS_EVERY_S, TRACE_HOST, TRACE_HOST_EVERY_S, SWITCH_INTERVAL_S,
+    COMPAT_TRY, CACHE, ENGINE_QUEUE, ENGINE_POOL, TASK_RETRIES, RETRY_DELAY_S,
     DEPLOYMENT_KEY, PROMPTS_BUCKET, PROMPTS_PREFIX, STAGING_PREFIX, STATE_DIR,
 )}

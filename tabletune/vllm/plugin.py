@@ -7,7 +7,11 @@ unless asked, so installing TableTune never changes an engine that does not opt 
   version that let it serve a draft-length table; on other versions it applies nothing;
 * ``TABLETUNE_REJECT_ALL=1`` — reject every draft after the drafter and the verifier have both
   run. The profiler uses it where vLLM's synthetic rejection mode is unavailable (the CPU build),
-  so each of B requests advances exactly one token per step and the batch stays at B.
+  so each of B requests advances exactly one token per step and the batch stays at B;
+* ``TABLETUNE_SWITCH_INTERVAL_S`` — the interpreter's thread switch interval, and
+  ``TABLETUNE_TRACE_HOST=1`` — a log line of where the process's CPU went
+  (:mod:`tabletune.vllm.host_trace`): an experiment on the engine core's one core, which never
+  takes the engine down (a bad value is logged and ignored).
 """
 
 from __future__ import annotations
@@ -27,6 +31,28 @@ def register() -> None:
     install()  # logs what it applied; never raises
     if envs.REJECT_ALL.get():
         _install_reject_all()
+    _apply_host_settings()
+
+
+def _apply_host_settings() -> None:
+    import sys
+
+    try:
+        interval = envs.SWITCH_INTERVAL_S.get()
+        if interval is not None and interval != sys.getswitchinterval():
+            sys.setswitchinterval(interval)
+            logger.info("TableTune: thread switch interval %.3f ms", interval * 1e3)
+    except ValueError as exc:
+        logger.warning("TableTune: %s; Python's switch interval kept", exc)
+    try:
+        if envs.TRACE_HOST.get():
+            from tabletune.vllm import host_trace
+
+            if host_trace.start(envs.TRACE_HOST_EVERY_S.get(), logger.info):
+                logger.info("TableTune host trace on (every %.2f s)",
+                            envs.TRACE_HOST_EVERY_S.get())
+    except ValueError as exc:
+        logger.warning("TableTune: %s; no host trace", exc)
 
 
 def _install_reject_all() -> None:

@@ -64,6 +64,26 @@ def test_the_trace_gives_each_turn_the_target_s_graph_modes_of_the_lines_stamped
     assert serving_turns.modes_over(trace, 11.0, 12.0) == {}
 
 
+def test_the_host_trace_gives_each_turn_the_engine_core_s_threads_and_collector():
+    def line(process, mono, loop, output, native, gc_ms, span=0.5, who="EngineCore pid=9"):
+        return (f"w/tune-cold/logs/tune.log:({who}) INFO TableTune host trace (pid=9, "
+                f"mono={mono:.3f}, span={span:.3f} s): cores process={process:.3f} "
+                f"native={native:.3f} MainThread={loop:.3f} "
+                f"Thread-2_(process_output_sockets)={output:.3f}; gc gen0=3 gen1=0 gen2=0 "
+                f"ms={gc_ms:.2f}; switch_ms=5.000")
+
+    lines = [line(1.0, 10.4, 0.8, 0.1, 0.1, 1.0), line(0.8, 10.9, 0.6, 0.1, 0.1, 3.0),
+             line(2.0, 10.6, 1.0, 0.0, 1.0, 0.0, who="APIServer pid=8"),  # not the engine
+             "w/tune-cold/logs/tune.log:(EngineCore pid=9) INFO TableTune graph trace (...)"]
+    trace = serving_turns.read_host_trace(lines, "tune-cold/")
+    assert [mono for mono, _ in trace] == [10.4, 10.9]
+    assert trace[0][1]["gc_ms_per_s"] == 2.0
+    assert serving_turns.host_trace_over(trace, 10.0, 11.0) == (
+        "0.90: loop 0.70, output 0.10, native 0.10; gc 4.0 ms/s")
+    assert serving_turns.host_trace_over(trace, 11.0, 12.0) == "-"
+    assert serving_turns.read_host_trace(lines, "tune-warm/") == []
+
+
 def _run(*args, cwd):
     import subprocess
 
@@ -107,7 +127,8 @@ def test_a_bad_host_or_trace_file_is_named_after_a_good_step_log(tmp_path):
     stamped.write_text('{"gpu": {}}\n')
     for args, named in [(["--host", host], "host-samples.jsonl"),
                         (["--host", stamped], "other.jsonl: a line without a 'mono'"),
-                        (["--trace", tmp_path / "graph-trace.log.xz"], "graph-trace.log.xz")]:
+                        (["--trace", tmp_path / "graph-trace.log.xz"], "graph-trace.log.xz"),
+                        (["--host-trace", tmp_path / "host-trace.log.xz"], "host-trace.log.xz")]:
         done = _run(log, *args, cwd=tmp_path)
         assert done.returncode == 2, (args, done.stderr)
         assert done.stdout == "" and "Traceback" not in done.stderr

@@ -106,13 +106,21 @@ def test_a_corrupt_prior_is_refused_and_the_static_table_serves(spec, tmp_path):
     bad = tmp_path / "prior"
     shutil.copytree(PRIOR, bad)
     (bad / "profile.json").write_text('{"schema": "tabletune.profile/v1", "cells": [')
-    server = _server(spec, tmp_path, "corrupt", {"TABLETUNE_CONTROLLER": str(bad)})
+    # The host trace and a switch interval ride along (tabletune.vllm.host_trace): they must
+    # reach the engine core's own process and leave it serving.
+    server = _server(spec, tmp_path, "corrupt", {"TABLETUNE_CONTROLLER": str(bad),
+                                                 "TABLETUNE_TRACE_HOST": "1",
+                                                 "TABLETUNE_SWITCH_INTERVAL_S": "0.002"})
     with server:
         offset = server.log_size()
         run_batch(server.base_url, spec.served_model_name, synthetic_prompts(4), max_tokens=16)
         steps = server.iterations_since(offset)
     log = (tmp_path / "corrupt.log").read_text()
     assert "refused its prior" in log and "profile.json" in log
+    traced = [line for line in log.splitlines()
+              if "TableTune host trace (" in line and "(EngineCore" in line]
+    assert traced and all("switch_ms=2.000" in line for line in traced), log[-2000:]
+    assert any("MainThread=" in line for line in traced)
     # The static wrong table ran: k = 0 at B = 4.
     decode = [s for s in steps if s.context_requests == 0 and s.generation_requests == 4]
     assert decode and all(s.generation_tokens == 4 for s in decode)

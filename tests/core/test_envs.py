@@ -40,6 +40,7 @@ def test_each_variable_has_a_reason_and_its_default_when_unset(monkeypatch):
     (envs.REJECT_ALL, "", False), (envs.CONTROLLER_ALLOW_FOREIGN_PRIOR, "TRUE", True),
     (envs.CONTROLLER_ALLOW_FOREIGN_PRIOR, "2", False), (envs.TASK_RETRIES, "3", 3),
     (envs.CACHE, "", None), (envs.TRACE_GRAPHS_EVERY_S, "0.5", 0.5),
+    (envs.SWITCH_INTERVAL_S, "0.0005", 0.0005), (envs.TRACE_HOST, "1", True),
 ])
 def test_values_are_parsed_as_the_readers_always_read_them(monkeypatch, var, raw, value):
     monkeypatch.setenv(var.name, raw)
