@@ -106,7 +106,7 @@ class HostTrace:
         return (f"{LINE_PREFIX} (pid={os.getpid()}, mono={mono:.3f}, span={span_s:.3f} s): "
                 f"cores process={process_cores:.3f} native={native:.3f} {busy}; "
                 f"gc gen0={collections[0]} gen1={collections[1]} gen2={collections[2]} "
-                f"ms={gc_ms:.2f}; switch_ms={sys.getswitchinterval() * 1e3:.3f}")
+                f"ms={gc_ms:.3f}; switch_ms={sys.getswitchinterval() * 1e3:.3f}")
 
 
 _started_in: int | None = None
