@@ -202,7 +202,7 @@ def contested_serving(goodput: Any, lengths: Sequence[int], chosen: Sequence[int
                       loss: float = CONTESTED_LOSS, band: float = CONTESTED_BAND,
                       graph_tokens: int | None = None,
                       prefill_tokens: float = 0.0,
-                      also: Sequence[int] = ()) -> dict[int, tuple[int, ...]]:
+                      lines: Mapping[int, int] | None = None) -> dict[int, tuple[int, ...]]:
     """Where more serving time would settle the table: {serving batch size: lengths}.
 
     ``goodput[b - 1, j]`` for B = 1.. and ``lengths[j]`` (a build's goodput grid), ``chosen``
@@ -220,8 +220,8 @@ def contested_serving(goodput: Any, lengths: Sequence[int], chosen: Sequence[int
     With ``graph_tokens``, a length whose graph line (``off_graphs``) falls inside the grid
     adds the last profiled batch size before the line (not a serving size), at that length and
     those near the best there: its factor is the one held up to the line. Each profiled
-    batch size of ``also`` that is not a serving size (the tune's ``crowded_line_sizes``) is
-    timed at the lengths in question there.
+    batch size of ``lines`` ({k: B}, the tune's ``crowded_line_sizes``) that is not a serving
+    size is timed at its length k and at the lengths in question there.
     """
     import numpy as np
 
@@ -292,7 +292,11 @@ def contested_serving(goodput: Any, lengths: Sequence[int], chosen: Sequence[int
                    and off_graphs(x, k, graph_tokens, prefill_tokens)]
             if on and off and max(on) < min(off) and max(on) not in sizes:
                 out.setdefault(max(on), set()).update({k} | in_question(max(on)))
-    for b in also:
+    # A crowded line's size was profiled to time its length where the steps start leaving the
+    # graphs; left to the band, that length can drop out there. On the H200 the cold tune of
+    # h200-s14 timed B = 235 (k = 3's crowded line) at k = 1 and 2 only, and k = 3 there came
+    # from the cells at 192 and 248 after all (benchmarks/results/h200-s14).
+    for k, b in sorted((lines or {}).items()):
         if b in grid and b not in sizes and b <= len(chosen):
-            out.setdefault(b, set()).update(in_question(b))
+            out.setdefault(b, set()).update({k} | in_question(b))
     return {b: tuple(sorted(ks)) for b, ks in sorted(out.items())}

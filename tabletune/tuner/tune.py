@@ -325,7 +325,8 @@ def contested_cells(profile: Profile, acceptance: Acceptance, cells: Sequence, f
     crowded = (profile.meta.get("graph_line_sizes") or {}).get("crowded") or {}
     return contested_serving(result.goodput, result.lengths, result.chosen,
                              plan.serving.batch_sizes, profile.batch_sizes,
-                             **_graph_line(facts, workload), also=sorted(crowded.values()))
+                             **_graph_line(facts, workload),
+                             lines={int(k): b for k, b in crowded.items()})
 
 
 def tune(spec: EngineSpec, plan: TunePlan, out_dir: Path, *, prompts: Sequence[str] | None,
