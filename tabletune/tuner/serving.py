@@ -565,9 +565,9 @@ def resolve_contested(server: VllmServer, control: Path, prompts: Sequence[str],
     ``settled_at`` says so (with ``workload``, ``rates`` and the profile's ``decode`` steps;
     without the first two, each takes loops until the budget ends).
 
-    ``recheck(pooled cells)`` names what is contested now ({B: lengths}); after each round of
-    loops, a length it names that has no cell at its batch size yet joins that batch size's
-    loops (the batch size too, settled or new). A length's first cells can move the question
+    ``recheck(pooled cells)`` names what is contested now ({B: lengths}); after each loop, a
+    length it names that has no cell at its batch size yet joins that batch size's loops (the
+    batch size too, settled or new), and that batch size has its next loop first. A length's first cells can move the question
     to one nobody timed there: on the H200 (benchmarks/results/h200-s13) k = 2 and 3 timed at
     B = 96 came out a third above their neighbours' interpolation, which left k = 1, untimed
     there and interpolated, the best by 7 %; measured in a paired run at c = 96, k = 1 was 15 %
@@ -583,35 +583,45 @@ def resolve_contested(server: VllmServer, control: Path, prompts: Sequence[str],
     record = {str(b): {"lengths": list(ks), "loops": 0, "turns": 0, "settled": False}
               for b, ks in contested.items()}
     pending = dict(contested)
+    looped: set[int] = set()  # the batch sizes that had their loop in this round
     while pending:
-        # A batch size with a length it has no cell for goes first: its step there is only
-        # interpolated, while the others re-time steps the first loops measured (h200-s13's
-        # cold tune ran out of its 45 s before B = 256, a serving size, had a loop).
-        for b in sorted(pending, key=lambda x: (_all_timed(merged, x, pending[x]), x)):
-            lengths = pending[b]
-            left = deadline - time.monotonic()
-            # (+0.05: a budget of exactly n turns stays n turns with the clock's first reading)
-            rounds = min(RESOLVE_LOOP_ROUNDS,
-                         int((left - plan.warm_up_s) / (turn_s * len(lengths)) + 0.05))
-            if rounds < 1:
-                return merged, record
-            done = record[str(b)]
-            log.info("serving: B=%d contested between k %s: %d more turns of %.1f s each",
-                     b, list(lengths), rounds, turn_s)
-            merged = merge_cells(merged, measure_serving(
-                server, control, prompts, batch_sizes=[b], lengths=lengths,
-                output_tokens=plan.output_tokens, temperature=temperature,
-                warm_up_s=plan.warm_up_s, window_s=rounds * turn_s, rounds=rounds,
-                seed=7 + done["loops"], warm_lengths=False))
-            done["loops"] += 1
-            done["turns"] += rounds
-            if workload is not None and rates is not None and settled_at(
-                    merged, b, lengths, workload, rates, decode):
-                done["settled"] = True
-                log.info("serving: B=%d settled after %d more turns a length", b,
-                         done["turns"])
-                del pending[b]
+        # A batch size with a length it has no cell for goes first, in this round again if
+        # the recheck gave it one after its loop: its step there is only interpolated, while
+        # the others re-time steps the first loops measured (h200-s13's cold tune ran out of
+        # its 45 s before B = 256, a serving size, had a loop; h200-s14's cold tune spent its
+        # 45 s on one round of 7 sizes, so a recheck after the round came too late).
+        due = [x for x in pending if x not in looped or not _all_timed(merged, x, pending[x])]
+        if not due:
+            looped.clear()
+            continue
+        b = min(due, key=lambda x: (_all_timed(merged, x, pending[x]), x))
+        lengths = pending[b]
+        left = deadline - time.monotonic()
+        # (+0.05: a budget of exactly n turns stays n turns with the clock's first reading)
+        rounds = min(RESOLVE_LOOP_ROUNDS,
+                     int((left - plan.warm_up_s) / (turn_s * len(lengths)) + 0.05))
+        if rounds < 1:
+            return merged, record
+        done = record[str(b)]
+        log.info("serving: B=%d contested between k %s: %d more turns of %.1f s each",
+                 b, list(lengths), rounds, turn_s)
+        merged = merge_cells(merged, measure_serving(
+            server, control, prompts, batch_sizes=[b], lengths=lengths,
+            output_tokens=plan.output_tokens, temperature=temperature,
+            warm_up_s=plan.warm_up_s, window_s=rounds * turn_s, rounds=rounds,
+            seed=7 + done["loops"], warm_lengths=False))
+        done["loops"] += 1
+        done["turns"] += rounds
+        looped.add(b)
+        if workload is not None and rates is not None and settled_at(
+                merged, b, lengths, workload, rates, decode):
+            done["settled"] = True
+            log.info("serving: B=%d settled after %d more turns a length", b,
+                     done["turns"])
+            del pending[b]
         if recheck is not None:
+            # After every loop, not every round: a loop's cells can put a length in question
+            # at a batch size still to come in this round (a build takes about a millisecond).
             _widen(pending, record, recheck(merged), merged)
     return merged, record
 

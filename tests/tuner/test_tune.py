@@ -368,3 +368,41 @@ def test_without_graphs_or_serving_windows_the_profile_keeps_its_grid(fake_engin
     result = tune(EngineSpec(model="/m", drafter="/d"), plan(), tmp_path, prompts=["p"] * 8)
     assert ("profile", 64, [1, 8, 64], "one-launch", "on the tune's server") in fake_engine
     assert "graph_line_sizes" not in result.profile.meta
+
+
+def test_a_loop_s_cells_can_send_the_next_loop_back_to_a_batch_size_of_the_same_round(
+        monkeypatch):
+    """h200-s14's cold tune: its 45 s held one round of 7 sizes, so a recheck after the round
+    came too late; k = 3's cells at 248 put k = 3 in question at 235, timed at k = 1 and 2 only.
+    Asked after every loop, 235 gets k = 3 before the round's later sizes."""
+    from tabletune.core.workload import Workload
+    from tabletune.tuner.serving import ServingPlan, resolve_contested
+
+    loops = []
+    clock = [0.0]
+
+    def measure(server, control, prompts, *, batch_sizes, lengths, window_s, rounds,
+                warm_up_s, warm_lengths, **kw):
+        (b,) = batch_sizes
+        loops.append((b, tuple(lengths)))
+        clock[0] += warm_up_s + window_s * len(lengths) + 0.5
+        ms = {1: 11.4, 2: 13.8, 3: 15.0}  # far apart and tight: each loop settles
+        return [_noisy_cell(b, k, ms[k], 0.01) for k in lengths]
+
+    def recheck(pooled):
+        timed = {(c.batch_size, c.k) for c in pooled}
+        return {235: (1, 2, 3)} if (248, 3) in timed else {}
+
+    monkeypatch.setattr(serving, "measure_serving", measure)
+    monkeypatch.setattr(serving.time, "monotonic", lambda: clock[0])
+    # Loops of 5.5 s (two lengths) and 7.5 s (three): room for three of them.
+    plan = ServingPlan(batch_sizes=(1, 64, 128), output_tokens=256, warm_up_s=1.0,
+                       window_s=2.0, rounds=3, resolve_s=21.0)
+    cells, record = resolve_contested(
+        None, None, [], [], {235: (1, 2), 248: (1, 2, 3), 256: (1, 2, 3)}, plan=plan,
+        temperature=0.0, workload=Workload(256.0, 29.0, "default"), rates=(0.75, 0.55, 0.40),
+        recheck=recheck)
+    assert loops == [(235, (1, 2)), (248, (1, 2, 3)), (235, (1, 2, 3))]
+    assert record["235"]["added"] == [3] and record["235"]["loops"] == 2
+    assert record["256"]["loops"] == 0
+    assert (235, 3) in {(c.batch_size, c.k) for c in cells}
