@@ -257,13 +257,10 @@ def test_the_resolve_pass_drops_a_settled_batch_size_and_gives_its_time_to_the_r
     assert len(loops) > 1
 
 
-def test_a_length_that_becomes_contested_where_nobody_timed_it_joins_the_resolve_loops(
-        monkeypatch):
-    """h200-s13: k = 2 and 3 timed at B = 96 came out far above the interpolation, which made
-    k = 1, untimed there, the best; the loops must time k = 1 there before the table uses it."""
-    from tabletune.core.workload import Workload
-    from tabletune.tuner.serving import ServingPlan, resolve_contested
-
+def _settling_loops(monkeypatch):
+    """A fake ``measure_serving`` whose cells are far apart and tight (each loop settles its
+    batch size at once), on a fake clock that each loop moves on by its warm-up and windows.
+    Returns (the loops as (B, lengths), the clock)."""
     loops = []
     clock = [0.0]
 
@@ -272,9 +269,22 @@ def test_a_length_that_becomes_contested_where_nobody_timed_it_joins_the_resolve
         (b,) = batch_sizes
         loops.append((b, tuple(lengths)))
         clock[0] += warm_up_s + window_s * len(lengths) + 0.5
-        # Far apart and tight: each loop settles its batch size at once.
         ms = {1: 11.4, 2: 13.8, 3: 15.0}
         return [_noisy_cell(b, k, ms[k], 0.01) for k in lengths]
+
+    monkeypatch.setattr(serving, "measure_serving", measure)
+    monkeypatch.setattr(serving.time, "monotonic", lambda: clock[0])
+    return loops, clock
+
+
+def test_a_length_that_becomes_contested_where_nobody_timed_it_joins_the_resolve_loops(
+        monkeypatch):
+    """h200-s13: k = 2 and 3 timed at B = 96 came out far above the interpolation, which made
+    k = 1, untimed there, the best; the loops must time k = 1 there before the table uses it."""
+    from tabletune.core.workload import Workload
+    from tabletune.tuner.serving import ServingPlan, resolve_contested
+
+    loops, clock = _settling_loops(monkeypatch)
 
     asked = []
 
@@ -284,8 +294,6 @@ def test_a_length_that_becomes_contested_where_nobody_timed_it_joins_the_resolve
         # only between lengths it has cells for, which adds nothing.
         return {96: (1, 2, 3), 64: (2, 3)} if len(asked) == 1 else {96: (1, 3)}
 
-    monkeypatch.setattr(serving, "measure_serving", measure)
-    monkeypatch.setattr(serving.time, "monotonic", lambda: clock[0])
     plan = ServingPlan(batch_sizes=(1, 64, 128), output_tokens=256, warm_up_s=1.0,
                        window_s=2.0, rounds=3, resolve_s=45.0)
     first = [_noisy_cell(64, k, 7.0, 0.01) for k in (2, 3)]
@@ -378,23 +386,12 @@ def test_a_loop_s_cells_can_send_the_next_loop_back_to_a_batch_size_of_the_same_
     from tabletune.core.workload import Workload
     from tabletune.tuner.serving import ServingPlan, resolve_contested
 
-    loops = []
-    clock = [0.0]
-
-    def measure(server, control, prompts, *, batch_sizes, lengths, window_s, rounds,
-                warm_up_s, warm_lengths, **kw):
-        (b,) = batch_sizes
-        loops.append((b, tuple(lengths)))
-        clock[0] += warm_up_s + window_s * len(lengths) + 0.5
-        ms = {1: 11.4, 2: 13.8, 3: 15.0}  # far apart and tight: each loop settles
-        return [_noisy_cell(b, k, ms[k], 0.01) for k in lengths]
+    loops, clock = _settling_loops(monkeypatch)
 
     def recheck(pooled):
         timed = {(c.batch_size, c.k) for c in pooled}
         return {235: (1, 2, 3)} if (248, 3) in timed else {}
 
-    monkeypatch.setattr(serving, "measure_serving", measure)
-    monkeypatch.setattr(serving.time, "monotonic", lambda: clock[0])
     # Loops of 5.5 s (two lengths) and 7.5 s (three): room for three of them.
     plan = ServingPlan(batch_sizes=(1, 64, 128), output_tokens=256, warm_up_s=1.0,
                        window_s=2.0, rounds=3, resolve_s=21.0)
