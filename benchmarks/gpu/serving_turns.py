@@ -35,6 +35,8 @@ from pathlib import Path
 # Beside this script (its folder is on sys.path when it runs).
 from h200_s9_report import read_step_log
 
+from tabletune.vllm import host_trace
+
 
 def open_text(path: Path):
     return lzma.open(path, "rt") if path.suffix == ".xz" else open(path)
@@ -110,29 +112,20 @@ def modes_over(trace: list[tuple[float, dict[str, int]]], start_s: float, end_s:
     return {mode: count / n for mode, count in sorted(total.items())} if n else {}
 
 
-HOST_LINE = re.compile(
-    r"TableTune host trace \(pid=\d+, mono=(?P<mono>[0-9.]+), span=(?P<span>[0-9.]+) s\): "
-    r"cores process=(?P<process>[0-9.]+) native=(?P<native>[0-9.]+) ?(?P<threads>[^;]*); "
-    r"gc gen0=\d+ gen1=\d+ gen2=\d+ ms=(?P<gc_ms>[0-9.]+); switch_ms=[0-9.]+")
-
-
 def read_host_trace(lines, source: str = "") -> list[tuple[float, dict[str, float]]]:
     """[(mono, {"process", "native", each thread's name: cores; "gc_ms_per_s"})] of the
-    engine core's host-trace lines (vLLM prefixes them ``(EngineCore``) whose text before the
-    message contains ``source``."""
+    engine core's host-trace lines (``tabletune.vllm.host_trace``; vLLM prefixes them
+    ``(EngineCore``) whose text before the message contains ``source``."""
     out = []
     for line in lines:
-        match = HOST_LINE.search(line)
-        if match is None or "EngineCore" not in line[:match.start()] \
-                or source not in line[:match.start()]:
+        fields = host_trace.parse(line)
+        if fields is None or "EngineCore" not in fields["before"] \
+                or source not in fields["before"]:
             continue
-        cores = {"process": float(match["process"]), "native": float(match["native"]),
-                 "gc_ms_per_s": float(match["gc_ms"]) / max(float(match["span"]), 1e-9)}
-        for item in match["threads"].split():
-            name, _, value = item.rpartition("=")
-            if name:
-                cores[name] = float(value)
-        out.append((float(match["mono"]), cores))
+        out.append((fields["mono"], {
+            "process": fields["process"], "native": fields["native"],
+            "gc_ms_per_s": fields["gc_ms"] / max(fields["span_s"], 1e-9),
+            **fields["threads"]}))
     return out
 
 

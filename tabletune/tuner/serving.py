@@ -567,11 +567,11 @@ def resolve_contested(server: VllmServer, control: Path, prompts: Sequence[str],
 
     ``recheck(pooled cells)`` names what is contested now ({B: lengths}); after each loop, a
     length it names that has no cell at its batch size yet joins that batch size's loops (the
-    batch size too, settled or new), and that batch size has its next loop first. A length's first cells can move the question
-    to one nobody timed there: on the H200 (benchmarks/results/h200-s13) k = 2 and 3 timed at
-    B = 96 came out a third above their neighbours' interpolation, which left k = 1, untimed
-    there and interpolated, the best by 7 %; measured in a paired run at c = 96, k = 1 was 15 %
-    behind k = 3.
+    batch size too, settled or new), and that batch size has its next loop first. A length's
+    first cells can move the question to one nobody timed there: on the H200
+    (benchmarks/results/h200-s13) k = 2 and 3 timed at B = 96 came out a third above their
+    neighbours' interpolation, which left k = 1, untimed there and interpolated, the best by
+    7 %; measured in a paired run at c = 96, k = 1 was 15 % behind k = 3.
 
     Returns the pooled cells and, per batch size, what it took: {B: {"lengths", "loops",
     "turns", "settled"}, and "added": the lengths that joined after the first loops}."""

@@ -29,10 +29,15 @@ import threading
 import time
 from collections.abc import Callable
 
-__all__ = ["GcClock", "HostTrace", "LINE_PREFIX", "thread_cpu_ns", "start"]
+__all__ = ["GcClock", "HostTrace", "LINE_PREFIX", "parse", "thread_cpu_ns", "start"]
 
 LINE_PREFIX = "TableTune host trace"
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.()-]")
+_LINE = re.compile(
+    LINE_PREFIX + r" \(pid=(?P<pid>\d+), mono=(?P<mono>[0-9.]+), span=(?P<span>[0-9.]+) s\): "
+    r"cores process=(?P<process>[0-9.]+) native=(?P<native>[0-9.]+) ?(?P<threads>[^;]*); "
+    r"gc gen0=(?P<gen0>\d+) gen1=(?P<gen1>\d+) gen2=(?P<gen2>\d+) ms=(?P<gc_ms>[0-9.]+); "
+    r"switch_ms=(?P<switch_ms>[0-9.]+)")
 
 
 class GcClock:
@@ -89,12 +94,9 @@ class HostTrace:
         """The line since the last one, and the state moved on to now."""
         mono, process, threads = time.monotonic(), time.process_time_ns(), thread_cpu_ns()
         span_s = max(mono - self._mono, 1e-9)
-        cores = {name: (used - self._threads.get(name, used)) / 1e9 / span_s
+        # A thread born in the span counts from 0: its whole CPU so far is the span's.
+        cores = {name: (used - self._threads.get(name, 0)) / 1e9 / span_s
                  for name, used in threads.items()}
-        # A thread born in the span counts from 0: the first sample took its whole CPU so far.
-        for name, used in threads.items():
-            if name not in self._threads:
-                cores[name] = used / 1e9 / span_s
         process_cores = (process - self._process) / 1e9 / span_s
         native = max(process_cores - sum(cores.values()), 0.0)
         collections = [n - n0 for n, n0 in zip(self.gc_clock.collections, self._gc[0])]
@@ -107,6 +109,26 @@ class HostTrace:
                 f"cores process={process_cores:.3f} native={native:.3f} {busy}; "
                 f"gc gen0={collections[0]} gen1={collections[1]} gen2={collections[2]} "
                 f"ms={gc_ms:.3f}; switch_ms={sys.getswitchinterval() * 1e3:.3f}")
+
+
+def parse(text: str) -> dict | None:
+    """One line's fields ({"before": the text before the message (vLLM's process prefix, a
+    log's path), "pid", "mono", "span_s", "process", "native", "threads": {name: cores},
+    "gc_collections": [gen0, gen1, gen2], "gc_ms", "switch_ms"}), or None for another line."""
+    match = _LINE.search(text)
+    if match is None:
+        return None
+    threads = {}
+    for item in match["threads"].split():
+        name, _, value = item.rpartition("=")
+        if name:
+            threads[name] = float(value)
+    return {"before": text[:match.start()], "pid": int(match["pid"]),
+            "mono": float(match["mono"]), "span_s": float(match["span"]),
+            "process": float(match["process"]), "native": float(match["native"]),
+            "threads": threads,
+            "gc_collections": [int(match["gen0"]), int(match["gen1"]), int(match["gen2"])],
+            "gc_ms": float(match["gc_ms"]), "switch_ms": float(match["switch_ms"])}
 
 
 _started_in: int | None = None

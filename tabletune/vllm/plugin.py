@@ -48,9 +48,9 @@ def _apply_host_settings() -> None:
         if envs.TRACE_HOST.get():
             from tabletune.vllm import host_trace
 
-            if host_trace.start(envs.TRACE_HOST_EVERY_S.get(), logger.info):
-                logger.info("TableTune host trace on (every %.2f s)",
-                            envs.TRACE_HOST_EVERY_S.get())
+            every_s = envs.TRACE_HOST_EVERY_S.get()
+            if host_trace.start(every_s, logger.info):
+                logger.info("TableTune host trace on (every %.2f s)", every_s)
     except ValueError as exc:
         logger.warning("TableTune: %s; no host trace", exc)
 
