@@ -13,7 +13,9 @@ dispatches in each CUDA-graph mode over the turn (the lines stamped within it); 
 ``--host-trace`` (the host-trace lines of ``TABLETUNE_TRACE_HOST``, h200_lib.sh collects them;
 ``--trace-from`` picks the server here too) the engine core process's CPU by thread over the
 turn (cores: its busy loop ``MainThread``, its input and output socket threads, native threads)
-and the milliseconds a second its garbage collector took.
+and the milliseconds a second its garbage collector took; after the table, over the turns
+that carry prefills, those quantities' spread and their correlation with the turn's mean
+period relative to its (B, k)'s median turn (``summary``).
 
 usage: python benchmarks/gpu/serving_turns.py STEP_LOG[.xz] [--host host-samples.jsonl[.xz]]
        [--trace graph-trace.log[.xz] --trace-from tune-cold/]
@@ -27,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import lzma
+import math
 import re
 import statistics
 import sys
@@ -129,15 +132,24 @@ def read_host_trace(lines, source: str = "") -> list[tuple[float, dict[str, floa
     return out
 
 
+def host_trace_means(trace: list[tuple[float, dict[str, float]]], start_s: float,
+                     end_s: float) -> dict[str, float] | None:
+    """Each host-trace quantity (``read_host_trace``) averaged over the lines stamped within the
+    turn; None for none."""
+    within = [cores for mono, cores in trace if start_s < mono <= end_s]
+    if not within:
+        return None
+    names = sorted({n for cores in within for n in cores})
+    return {n: sum(c.get(n, 0.0) for c in within) / len(within) for n in names}
+
+
 def host_trace_over(trace: list[tuple[float, dict[str, float]]], start_s: float, end_s: float
                     ) -> str:
     """The engine core's cores by thread (the busy loop, the socket threads, native) and its
     collector's ms a second, averaged over the lines stamped within the turn; "-" for none."""
-    within = [cores for mono, cores in trace if start_s < mono <= end_s]
-    if not within:
+    mean = host_trace_means(trace, start_s, end_s)
+    if mean is None:
         return "-"
-    names = sorted({n for cores in within for n in cores})
-    mean = {n: sum(c.get(n, 0.0) for c in within) / len(within) for n in names}
 
     def short(name: str) -> str:
         for part in ("input", "output"):
@@ -145,11 +157,69 @@ def host_trace_over(trace: list[tuple[float, dict[str, float]]], start_s: float,
                 return part
         return "loop" if name == "MainThread" else name
 
-    threads = sorted((n for n in names if n not in ("process", "native", "gc_ms_per_s")),
-                     key=lambda n: -mean[n])
+    threads = sorted((n for n in mean if n not in NOT_THREADS), key=lambda n: -mean[n])
     shown = [f"{short(n)} {mean[n]:.2f}" for n in threads if mean[n] >= 0.01][:3]
     shown.append(f"native {mean['native']:.2f}")
     return f"{mean['process']:.2f}: {', '.join(shown)}; gc {mean['gc_ms_per_s']:.1f} ms/s"
+
+
+NOT_THREADS = ("process", "native", "gc_ms_per_s")
+# A turn "carries prefills" when at least half its steps do: the serving turns, where the
+# H200's step time wanders (benchmarks/results/h200-s14, serving-turns.md).
+PREFILL_TURN_SHARE = 0.5
+BUSY_LOOP_CORES = 0.95
+
+
+def summary(rows: list[dict]) -> list[str]:
+    """Markdown lines on where the slow prefill-carrying turns are. ``rows``: per turn
+    {"key": (B, k), "mean_ms", "prefill_share", "gpu_util" (nan: none), "engine" (the
+    ``host_trace_means`` of the turn, or None)}. Each turn's mean period is taken relative to
+    the median of its (B, k)'s turns among those kept, so that the batch size and length drop
+    out."""
+    kept = [r for r in rows if r["prefill_share"] >= PREFILL_TURN_SHARE and r["engine"]]
+    by_key: dict[tuple[int, int], list[float]] = {}
+    for r in kept:
+        by_key.setdefault(r["key"], []).append(r["mean_ms"])
+    kept = [dict(r, relative=r["mean_ms"] / statistics.median(by_key[r["key"]])) for r in kept]
+    head = (f"Turns with prefills in at least {PREFILL_TURN_SHARE:.0%} of their steps and a "
+            f"host-trace line: {len(kept)}.")
+    if len(kept) < 3:
+        return [head]
+
+    def spread(values: list[float], fmt: str = "{:.2f}") -> str:
+        q = statistics.quantiles(values, n=10)
+        return (f"{fmt.format(statistics.median(values))} "
+                f"({fmt.format(q[0])}-{fmt.format(q[-1])}, 10-90 %)")
+
+    def r_with(values: list[float]) -> str:
+        relative = [r["relative"] for r in kept]
+        if len(set(values)) < 2 or len(set(relative)) < 2:
+            return "-"
+        return f"{statistics.correlation(values, relative):+.2f}"
+
+    loop = [r["engine"].get("MainThread", 0.0) for r in kept]
+    others = [sum(v for n, v in r["engine"].items() if n not in NOT_THREADS + ("MainThread",))
+              for r in kept]
+    gc = [r["engine"]["gc_ms_per_s"] for r in kept]
+    lines = [head, "",
+             "| quantity over a turn | median (10-90 %) | r with the turn's relative mean period |",
+             "|---|---|---|",
+             f"| engine core's busy loop (cores) | {spread(loop)} | {r_with(loop)} |",
+             f"| its other Python threads together (cores) | {spread(others)} | "
+             f"{r_with(others)} |",
+             f"| its garbage collector (ms a second) | {spread(gc, '{:.1f}')} | {r_with(gc)} |"]
+    gpu = [r["gpu_util"] for r in kept]
+    if not any(math.isnan(g) for g in gpu):
+        lines.append(f"| GPU utilization (%) | {spread(gpu, '{:.0f}')} | {r_with(gpu)} |")
+    busy = [r["relative"] for r, c in zip(kept, loop) if c >= BUSY_LOOP_CORES]
+    idle = [r["relative"] for r, c in zip(kept, loop) if c < BUSY_LOOP_CORES]
+    lines += ["", f"Relative mean period, median: {statistics.median(busy):.3f} over the "
+              f"{len(busy)} turns with the busy loop at >= {BUSY_LOOP_CORES} cores" if busy
+              else f"No turn with the busy loop at >= {BUSY_LOOP_CORES} cores",
+              f"; {statistics.median(idle):.3f} over the {len(idle)} below." if idle
+              else "; none below."]
+    lines[-2:] = ["".join(lines[-2:])]
+    return lines
 
 
 def fail(message: str) -> int:
@@ -198,23 +268,31 @@ def main() -> int:
           "| prefill share | GPU util % | power W | engine core (cores) | target graphs "
           "| engine core by thread (cores) |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    rows = []
     for t in turns(steps, sizes, args.min_steps):
         (b, k), ss = t["key"], t["steps"][1:]
         decode = [s.period_ms for s in ss if s.pure_decode_k() == k]
         mixed = [s.period_ms for s in ss if s.carries_prefill()]
-        host = host_over(samples, ss[0].t_ns / 1e9, ss[-1].t_ns / 1e9)
-        graphs = modes_over(trace, ss[0].t_ns / 1e9, ss[-1].t_ns / 1e9)
+        start_s, end_s = ss[0].t_ns / 1e9, ss[-1].t_ns / 1e9
+        host = host_over(samples, start_s, end_s)
+        graphs = modes_over(trace, start_s, end_s)
+        mean_ms = statistics.mean(s.period_ms for s in ss)
+        rows.append({"key": (b, k), "mean_ms": mean_ms, "prefill_share": len(mixed) / len(ss),
+                     "gpu_util": host.get("gpu_util", float("nan")),
+                     "engine": host_trace_means(host_trace, start_s, end_s)})
 
         def fmt(values):
             return f"{statistics.median(values):.2f}" if values else "-"
 
         print(f"| {(ss[0].t_ns - t0) / 1e9:.1f} | {b} | {k} | {len(ss)} | "
-              f"{statistics.mean(s.period_ms for s in ss):.2f} | {fmt(decode)} | {fmt(mixed)} | "
+              f"{mean_ms:.2f} | {fmt(decode)} | {fmt(mixed)} | "
               f"{len(mixed) / len(ss):.2f} | {host.get('gpu_util', float('nan')):.0f} | "
               f"{host.get('power_w', float('nan')):.0f} | "
               f"{host.get('engine_core', float('nan')):.2f} | "
               f"{', '.join(f'{m} {v:.0%}' for m, v in graphs.items()) or '-'} | "
-              f"{host_trace_over(host_trace, ss[0].t_ns / 1e9, ss[-1].t_ns / 1e9)} |")
+              f"{host_trace_over(host_trace, start_s, end_s)} |")
+    if host_trace:
+        print("\n" + "\n".join(summary(rows)))
     return 0
 
 

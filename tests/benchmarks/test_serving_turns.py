@@ -136,3 +136,27 @@ def test_a_bad_host_or_trace_file_is_named_after_a_good_step_log(tmp_path):
     good = _run(log, "--sizes", "64", cwd=tmp_path)
     assert good.returncode == 0, good.stderr
     assert "| 0.0 | 64 | 2 | 29 | 10.00 | 10.00 |" in good.stdout
+
+
+def test_the_summary_sets_the_busy_loop_beside_each_turn_s_step_against_its_cell_s_median():
+    def row(key, mean_ms, loop, gc=0.0, share=0.9, gpu=60.0):
+        return {"key": key, "mean_ms": mean_ms, "prefill_share": share, "gpu_util": gpu,
+                "engine": {"process": loop + 0.04, "native": 0.02, "MainThread": loop,
+                           "Thread-2_(process_output_sockets)": 0.02, "gc_ms_per_s": gc}}
+
+    rows = [row((128, 2), 10.0, 0.90), row((128, 2), 12.0, 0.97), row((128, 2), 11.0, 0.96),
+            row((235, 3), 20.0, 0.88), row((235, 3), 24.0, 0.98), row((235, 3), 22.0, 0.95),
+            row((235, 3), 30.0, 1.0, share=0.2),  # mostly pure decode: left out
+            {**row((64, 1), 5.0, 0.5), "engine": None}]  # no host-trace line: left out
+    lines = serving_turns.summary(rows)
+    assert lines[0].endswith(": 6.")
+    text = "\n".join(lines)
+    # Each turn against its own (B, k)'s median: 10/11, 12/11, 11/11 and 20/22, 24/22, 22/22.
+    assert "1.045 over the 4 turns with the busy loop at >= 0.95 cores" in text
+    assert "0.909 over the 2 below" in text
+    loop_row = next(line for line in lines if line.startswith("| engine core's busy loop"))
+    assert loop_row.endswith("| +0.94 |")  # the slower the turn, the busier the loop here
+    gc_row = next(line for line in lines if "garbage collector" in line)
+    assert gc_row.endswith("| - |")  # no variation, no correlation
+    assert serving_turns.summary(rows[:2]) == [
+        "Turns with prefills in at least 50% of their steps and a host-trace line: 2."]
