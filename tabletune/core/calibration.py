@@ -33,8 +33,8 @@ from tabletune.core.contracts import Profile
 from tabletune.core.errors import check_nonnegative, check_step_ms, fail
 
 __all__ = ["serving_factors", "calibrate_profile", "contested_serving", "off_graphs",
-           "graph_line_sizes", "crowded_line_sizes", "UNTIMED_UNCERTAINTY", "CONTESTED_LOSS",
-           "CONTESTED_BAND"]
+           "graph_line_sizes", "crowded_line_sizes", "knee_line_sizes", "UNTIMED_UNCERTAINTY",
+           "CONTESTED_LOSS", "CONTESTED_BAND", "KNEE_OFF_SHARE"]
 
 # (serving step ms, relative uncertainty of that time) per measured (B, k)
 Measured = Mapping[tuple[int, int], tuple[float, float]]
@@ -49,6 +49,9 @@ CONTESTED_LOSS = 0.02
 # tune of benchmarks/results/h200-s8 re-timed k = 2 and 3 and its final build then chose k = 1,
 # whose serving steps nothing had re-timed (serving cells there are uncertain by 10-20 %).
 CONTESTED_BAND = 0.15
+# A length's knee size (knee_line_sizes) is the last batch size at which at most this share of
+# its serving steps passes the largest captured graph.
+KNEE_OFF_SHARE = 0.1
 
 
 def off_graphs(batch_size: int, k: int, graph_tokens: int | None,
@@ -91,16 +94,64 @@ def crowded_line_sizes(grid: Sequence[int], lengths: Sequence[int], graph_tokens
     """
     if graph_tokens is None:
         return {}
+    return _last_fitting(
+        grid, lengths, lambda k: math.floor((graph_tokens - prompt_tokens) / (1 + k)),
+        lambda b, k: b * (1 + k) + prefills(b, k) * prompt_tokens > graph_tokens)
+
+
+def knee_line_sizes(grid: Sequence[int], lengths: Sequence[int], graph_tokens: int | None,
+                    prompt_tokens: float, arrivals: Callable[[int, int], float], *,
+                    off_share: float = KNEE_OFF_SHARE) -> dict[int, int]:
+    """{k: the largest batch size at which at most ``off_share`` of length k's serving steps
+    pass the largest captured graph}, where that falls strictly between two sizes of ``grid``
+    and is not one of them. The requests that join a step are taken as Poisson with mean
+    ``arrivals(B, k)`` (``core.workload.prefill_mix``: q n), each a prefill of
+    ``prompt_tokens``; a step of B (1 + k) tokens passes the graph with more than
+    (graph_tokens - B (1 + k)) / prompt_tokens of them.
+
+    The crowded line (``crowded_line_sizes``) is where a step with the mean number of
+    prefills fits, so about half the steps there already run off the graphs: the knee where a
+    length's serving step climbs begins below it. On the H200 k = 3's steps passed 1 024 tokens
+    in 4.7 % of a closed loop at c = 224 and in 27.5 % at c = 240; k = 3 was ahead of k = 2 by
+    7.7 % at the first and behind by 9.1 % at the second, and the three tunes drew k = 3's
+    end from the cells at 192 and at the crowded line 235, inside the knee, to 219, 233 and 236
+    (benchmarks/results/h200-s15). A size timed where the knee begins puts a cell on each side
+    of it.
+    """
+    if graph_tokens is None or not 0.0 < off_share < 1.0:
+        return {}
+    return _last_fitting(
+        grid, lengths, lambda k: graph_tokens // (1 + k),
+        lambda b, k: _share_past(graph_tokens - b * (1 + k), prompt_tokens,
+                                 arrivals(b, k)) > off_share)
+
+
+def _last_fitting(grid: Sequence[int], lengths: Sequence[int], start: Callable[[int], int],
+                  passes: Callable[[int, int], bool]) -> dict[int, int]:
+    """{k: the largest batch size from ``start(k)`` down at which ``passes(B, k)`` is false},
+    for each length where that falls strictly between two sizes of ``grid`` and is not one."""
     out: dict[int, int] = {}
     for k in lengths:
-        line = math.floor((graph_tokens - prompt_tokens) / (1 + k))
-        while line >= 1 and line * (1 + k) + prefills(line, k) * prompt_tokens > graph_tokens:
+        line = start(k)
+        while line >= 1 and passes(line, k):
             line -= 1
-        below = [b for b in grid if b < line]
-        above = [b for b in grid if b > line]
-        if below and above and line not in grid:
+        if any(b < line for b in grid) and any(b > line for b in grid) and line not in grid:
             out[k] = line
     return out
+
+
+def _share_past(room: int, prompt_tokens: float, mean_arrivals: float) -> float:
+    """P(N prompt_tokens > room) for N Poisson with mean ``mean_arrivals``."""
+    if room < 0:
+        return 1.0
+    if prompt_tokens <= 0 or mean_arrivals <= 0:
+        return 0.0
+    fits = math.floor(room / prompt_tokens)  # the most prefills a step can carry on the graph
+    term = cumulative = math.exp(-mean_arrivals)
+    for i in range(1, fits + 1):
+        term *= mean_arrivals / i
+        cumulative += term
+    return max(0.0, 1.0 - cumulative)
 
 
 def serving_factors(profile: Profile, measured: Measured, *, graph_tokens: int | None = None,
@@ -202,7 +253,7 @@ def contested_serving(goodput: Any, lengths: Sequence[int], chosen: Sequence[int
                       loss: float = CONTESTED_LOSS, band: float = CONTESTED_BAND,
                       graph_tokens: int | None = None,
                       prefill_tokens: float = 0.0,
-                      lines: Mapping[int, int] | None = None) -> dict[int, tuple[int, ...]]:
+                      lines: Sequence[tuple[int, int]] = ()) -> dict[int, tuple[int, ...]]:
     """Where more serving time would settle the table: {serving batch size: lengths}.
 
     ``goodput[b - 1, j]`` for B = 1.. and ``lengths[j]`` (a build's goodput grid), ``chosen``
@@ -220,8 +271,9 @@ def contested_serving(goodput: Any, lengths: Sequence[int], chosen: Sequence[int
     With ``graph_tokens``, a length whose graph line (``off_graphs``) falls inside the grid
     adds the last profiled batch size before the line (not a serving size), at that length and
     those near the best there: its factor is the one held up to the line. Each profiled
-    batch size of ``lines`` ({k: B}, the tune's ``crowded_line_sizes``) that is not a serving
-    size is timed at its length k and at the lengths in question there.
+    batch size of ``lines`` ((k, B) pairs: the tune's ``crowded_line_sizes`` and
+    ``knee_line_sizes``) that is not a serving size is timed at its length k and at the lengths
+    in question there.
     """
     import numpy as np
 
@@ -292,11 +344,11 @@ def contested_serving(goodput: Any, lengths: Sequence[int], chosen: Sequence[int
                    and off_graphs(x, k, graph_tokens, prefill_tokens)]
             if on and off and max(on) < min(off) and max(on) not in sizes:
                 out.setdefault(max(on), set()).update({k} | in_question(max(on)))
-    # A crowded line's size was profiled to time its length where the steps start leaving the
-    # graphs; left to the band, that length can drop out there. On the H200 the cold tune of
+    # A crowded line's or a knee's size was profiled to time its length where the steps leave
+    # the graphs; left to the band, that length can drop out there. On the H200 the cold tune of
     # h200-s14 timed B = 235 (k = 3's crowded line) at k = 1 and 2 only, and k = 3 there came
     # from the cells at 192 and 248 after all (benchmarks/results/h200-s14).
-    for k, b in sorted((lines or {}).items()):
+    for k, b in sorted(lines):
         if b in grid and b not in sizes and b <= len(chosen):
             out.setdefault(b, set()).update({k} | in_question(b))
     return {b: tuple(sorted(ks)) for b, ks in sorted(out.items())}

@@ -252,10 +252,12 @@ def grid_with_graph_lines(grid: tuple[int, ...], server: Any, prompts: Sequence[
     between two of its sizes (``core.calibration.graph_line_sizes``; the prefill is the prompts'
     length as the tune server tokenizes them) and, with the acceptance ``rates``, the last one
     at which a step carrying the workload's mean number of prefills fits
-    (``crowded_line_sizes``), and the record of what was added ({} when nothing was: an engine
+    (``crowded_line_sizes``) and the last one at which nearly every step does
+    (``knee_line_sizes``), and the record of what was added ({} when nothing was: an engine
     without graphs, no serving windows to calibrate past a line, no prompts, or no line inside
     the grid)."""
-    from tabletune.core.calibration import crowded_line_sizes, graph_line_sizes
+    from tabletune.core.calibration import (KNEE_OFF_SHARE, crowded_line_sizes,
+                                            graph_line_sizes, knee_line_sizes)
     from tabletune.core.workload import prefill_mix
     from tabletune.tuner.serving import sampled_prompt_tokens
 
@@ -268,18 +270,27 @@ def grid_with_graph_lines(grid: tuple[int, ...], server: Any, prompts: Sequence[
     lengths = plan.lengths if plan.lengths is not None else tuple(range(max_k + 1))
     added = graph_line_sizes(grid, lengths, int(graph_tokens), prefill)
     crowded: dict[int, int] = {}
+    knee: dict[int, int] = {}
     prefills: dict[str, float] = {}
     if rates:
         output_tokens = plan.serving.output_tokens
+        timed = [k for k in lengths if k <= len(rates)]
 
         def mean_prefills(b: int, k: int) -> float:
             return prefill_mix(b, output_tokens, 1.0 + sum(rates[:k]))[1]
 
+        def arrivals(b: int, k: int) -> float:
+            q, n = prefill_mix(b, output_tokens, 1.0 + sum(rates[:k]))
+            return q * n
+
         crowded = {k: b for k, b in crowded_line_sizes(
-            grid, [k for k in lengths if k <= len(rates)], int(graph_tokens), prefill,
-            mean_prefills).items() if b != added.get(k)}
+            grid, timed, int(graph_tokens), prefill, mean_prefills).items()
+            if b != added.get(k)}
         prefills = {str(k): round(mean_prefills(b, k), 2) for k, b in sorted(crowded.items())}
-    if not added and not crowded:
+        knee = {k: b for k, b in knee_line_sizes(
+            grid, timed, int(graph_tokens), prefill, arrivals).items()
+            if b not in (added.get(k), crowded.get(k))}
+    if not added and not crowded and not knee:
         return grid, {}
     for k, b in sorted(added.items()):
         log.info("tune: profiling B=%d too: the last batch size at which k=%d fits the captured "
@@ -289,11 +300,18 @@ def grid_with_graph_lines(grid: tuple[int, ...], server: Any, prompts: Sequence[
         log.info("tune: profiling B=%d too: the last batch size at which k=%d fits the captured "
                  "graphs with the %s prefills a step carries there on average", b, k,
                  prefills[str(k)])
+    for k, b in sorted(knee.items()):
+        log.info("tune: profiling B=%d too: the last batch size at which at most %.0f%% of "
+                 "k=%d's serving steps pass the captured graphs (where its step starts to climb)",
+                 b, 100 * KNEE_OFF_SHARE, k)
     record = {"graph_tokens": int(graph_tokens), "prompt_tokens": prefill,
               "added": {str(k): b for k, b in sorted(added.items())},
               "crowded": {str(k): b for k, b in sorted(crowded.items())},
-              "crowded_prefills": prefills}
-    return tuple(sorted(set(grid) | set(added.values()) | set(crowded.values()))), record
+              "crowded_prefills": prefills,
+              "knee": {str(k): b for k, b in sorted(knee.items())},
+              "knee_off_share": KNEE_OFF_SHARE}
+    sizes = set(grid) | set(added.values()) | set(crowded.values()) | set(knee.values())
+    return tuple(sorted(sizes)), record
 
 
 def profile_decode(profile: Profile) -> dict[tuple[int, int], float]:
@@ -322,11 +340,12 @@ def contested_cells(profile: Profile, acceptance: Acceptance, cells: Sequence, f
                                     **_graph_line(facts, workload))
     result = build_table(StepTimes.from_profile(provisional), rates, lengths=plan.lengths,
                          tie_margin=plan.tie_margin, max_batch_size=plan.table_max_batch_size)
-    crowded = (profile.meta.get("graph_line_sizes") or {}).get("crowded") or {}
+    added = profile.meta.get("graph_line_sizes") or {}
+    lines = [(int(k), b) for kind in ("crowded", "knee")
+             for k, b in (added.get(kind) or {}).items()]
     return contested_serving(result.goodput, result.lengths, result.chosen,
                              plan.serving.batch_sizes, profile.batch_sizes,
-                             **_graph_line(facts, workload),
-                             lines={int(k): b for k, b in crowded.items()})
+                             **_graph_line(facts, workload), lines=lines)
 
 
 def tune(spec: EngineSpec, plan: TunePlan, out_dir: Path, *, prompts: Sequence[str] | None,

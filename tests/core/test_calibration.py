@@ -238,6 +238,40 @@ def test_the_line_for_a_step_crowded_with_prefills_falls_below_the_one_prefill_l
     assert crowded_line_sizes(grid, (3,), None, 29.8, mean_prefills) == {}
 
 
+def test_the_knee_is_where_a_tenth_of_the_steps_would_leave_the_graphs():
+    from tabletune.core.calibration import _share_past, crowded_line_sizes, knee_line_sizes
+    from tabletune.core.workload import prefill_mix
+
+    grid = (1, 2, 4, 8, 16, 32, 64, 96, 128, 192, 256)
+    rates = (0.749, 0.549, 0.408)  # h200-s15's acceptance, 256-token requests, 29.8-token prompts
+
+    def arrivals(b, k):
+        q, n = prefill_mix(b, 256, 1 + sum(rates[:k]))
+        return q * n
+
+    def mean_prefills(b, k):
+        return prefill_mix(b, 256, 1 + sum(rates[:k]))[1]
+
+    knee = knee_line_sizes(grid, (0, 1, 2, 3), 1024, 29.8, arrivals)
+    # Below the crowded line (235), where a step with the mean number of prefills fits.
+    assert knee == {3: 226}
+    assert knee[3] < crowded_line_sizes(grid, (3,), 1024, 29.8, mean_prefills)[3]
+    # At the knee at most a tenth of the steps passes 1 024 tokens; one size up, more.
+    assert _share_past(1024 - 4 * 226, 29.8, arrivals(226, 3)) <= 0.1
+    assert _share_past(1024 - 4 * 227, 29.8, arrivals(227, 3)) > 0.1
+    # A stricter share moves it down; no arrivals at all puts it at the bare line G / 4.
+    assert knee_line_sizes(grid, (3,), 1024, 29.8, arrivals, off_share=0.02)[3] < 226
+    assert knee_line_sizes(grid, (3,), 1024, 29.8, lambda b, k: 0.0) == {}  # 256 is in the grid
+    assert knee_line_sizes(grid, (3,), 1000, 29.8, lambda b, k: 0.0) == {3: 250}
+    # Already profiled, no graphs, or a share out of (0, 1): nothing.
+    assert knee_line_sizes(grid + (226,), (3,), 1024, 29.8, arrivals) == {}
+    assert knee_line_sizes(grid, (3,), None, 29.8, arrivals) == {}
+    assert knee_line_sizes(grid, (3,), 1024, 29.8, arrivals, off_share=1.0) == {}
+    # Poisson tail: P(N > 1) for mean 1 is 1 - 2/e; a negative room is always past.
+    assert abs(_share_past(59, 29.8, 1.0) - (1 - 2 / 2.718281828459045)) < 1e-9
+    assert _share_past(-1, 29.8, 0.0) == 1.0 and _share_past(10, 29.8, 0.0) == 0.0
+
+
 def test_a_size_the_tune_names_is_timed_at_the_lengths_in_question_there():
     from tabletune.core.calibration import contested_serving
 
@@ -248,16 +282,16 @@ def test_a_size_the_tune_names_is_timed_at_the_lengths_in_question_there():
     sizes = [1, 16, 64, 128, 256]
     assert contested_serving(g, [0, 1, 2, 3], [3] * 256, sizes, grid) == {}
     assert contested_serving(g, [0, 1, 2, 3], [3] * 256, sizes, grid,
-                             lines={3: 235}) == {235: (2, 3)}
+                             lines=[(3, 235)]) == {235: (2, 3)}
     # Not profiled, or a serving size: nothing added.
     assert contested_serving(g, [0, 1, 2, 3], [3] * 256, sizes, grid,
-                             lines={3: 240, 2: 256}) == {}
+                             lines=[(3, 240), (2, 256)]) == {}
     # The line's own length is timed there even where the band leaves it out (h200-s14's
     # cold tune: k = 3 at its crowded line 235 was not in question when the round began).
     g[:, 3] = 1.0
     assert contested_serving(g, [0, 1, 2, 3], [2] * 256, sizes, grid) == {}
     assert contested_serving(g, [0, 1, 2, 3], [2] * 256, sizes, grid,
-                             lines={3: 235}) == {235: (2, 3)}
+                             lines=[(3, 235)]) == {235: (2, 3)}
 
 
 def test_the_last_batch_size_on_the_graphs_is_added_where_a_length_s_line_falls_between_two():

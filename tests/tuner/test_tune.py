@@ -176,6 +176,28 @@ def test_nothing_is_contested_without_serving_time_for_it_or_where_the_table_is_
     assert contested_cells(*args, on) == {}
 
 
+def test_the_crowded_line_and_the_knee_are_timed_at_their_length():
+    import dataclasses
+
+    from factories import step_ms
+    from tabletune.tuner.serving import ServingPlan
+    from tabletune.tuner.tune import contested_cells
+
+    grid = (1, 8, 13, 14, 64)
+    cells = [_serving_cell(b, k, step_ms(b, k)) for b in (1, 8, 64) for k in range(4)]
+    on = plan(serving=ServingPlan(batch_sizes=(1, 8, 64), output_tokens=32, resolve_s=30.0))
+    profile = make_profile(batch_sizes=grid)
+    args = (make_acceptance(), cells, {"cudagraphs": False})
+    assert 13 not in contested_cells(profile, *args, on)  # (14: nearest an edge of the table)
+    # The sizes the tune added for k = 3's graph lines (grid_with_graph_lines) are timed at
+    # k = 3 and the lengths in question there, though nothing else puts them in question.
+    for kind, size in (("crowded", 13), ("knee", 13)):
+        lines = {kind: {"3": size}}
+        contested = contested_cells(dataclasses.replace(profile, meta={"graph_line_sizes": lines}),
+                                    *args, on)
+        assert 3 in contested[13], kind
+
+
 def _noisy_cell(b, k, ms, spread):
     """A serving cell of 40 pure decode steps at B, ``ms`` with a relative spread ``spread``
     (uniform, seeded), in 4 blocks."""
@@ -355,15 +377,19 @@ def test_the_profile_adds_the_last_batch_size_before_a_length_s_graph_line(fake_
     result = tune(EngineSpec(model="/m", drafter="/d"), plan(serving=served), tmp_path,
                   prompts=["p"] * 8)
     # B (1 + k) + 3 prompt tokens <= 64: k = 0 up to 61, 1 up to 30, 2 up to 20, 3 up to 15;
-    # with the 2-3 prefills a step carries there (32-token requests), a few sizes lower.
+    # with the 2-3 prefills a step carries there (32-token requests), a few sizes lower; where
+    # nearly every step still fits, lower again.
     profiled = next(c for c in fake_engine if c[0] == "profile")
-    assert profiled[2] == [1, 8, 14, 15, 19, 20, 29, 30, 57, 61, 64]
+    assert profiled[2] == [1, 8, 13, 14, 15, 18, 19, 20, 27, 29, 30, 55, 57, 61, 64]
     assert ("tokenize", 8) in fake_engine
     lines = result.profile.meta["graph_line_sizes"]
-    assert {key: lines[key] for key in ("graph_tokens", "prompt_tokens", "added", "crowded")} == {
+    assert {key: lines[key] for key in ("graph_tokens", "prompt_tokens", "added", "crowded",
+                                        "knee", "knee_off_share")} == {
         "graph_tokens": 64, "prompt_tokens": 3.0,
         "added": {"0": 61, "1": 30, "2": 20, "3": 15},
-        "crowded": {"0": 57, "1": 29, "2": 19, "3": 14}}
+        "crowded": {"0": 57, "1": 29, "2": 19, "3": 14},
+        # where at most a tenth of the steps carries more prefills than fit (Poisson arrivals)
+        "knee": {"0": 55, "1": 27, "2": 18, "3": 13}, "knee_off_share": 0.1}
     for k, b in lines["crowded"].items():
         n = lines["crowded_prefills"][k]
         assert 1.0 < n and b * (1 + int(k)) + n * 3.0 <= 64 < (b + 1) * (1 + int(k)) + n * 3.0
