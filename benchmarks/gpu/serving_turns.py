@@ -132,6 +132,10 @@ def read_host_trace(lines, source: str = "") -> list[tuple[float, dict[str, floa
     return out
 
 
+# The host trace's per-process quantities, not threads (read_host_trace).
+NOT_THREADS = ("process", "native", "gc_ms_per_s")
+
+
 def host_trace_means(trace: list[tuple[float, dict[str, float]]], start_s: float,
                      end_s: float) -> dict[str, float] | None:
     """Each host-trace quantity (``read_host_trace``) averaged over the lines stamped within the
@@ -163,7 +167,6 @@ def host_trace_over(trace: list[tuple[float, dict[str, float]]], start_s: float,
     return f"{mean['process']:.2f}: {', '.join(shown)}; gc {mean['gc_ms_per_s']:.1f} ms/s"
 
 
-NOT_THREADS = ("process", "native", "gc_ms_per_s")
 # A turn "carries prefills" when at least half its steps do: the serving turns, where the
 # H200's step time wanders (benchmarks/results/h200-s14, serving-turns.md).
 PREFILL_TURN_SHARE = 0.5
@@ -213,13 +216,12 @@ def summary(rows: list[dict]) -> list[str]:
         lines.append(f"| GPU utilization (%) | {spread(gpu, '{:.0f}')} | {r_with(gpu)} |")
     busy = [r["relative"] for r, c in zip(kept, loop) if c >= BUSY_LOOP_CORES]
     idle = [r["relative"] for r, c in zip(kept, loop) if c < BUSY_LOOP_CORES]
-    lines += ["", f"Relative mean period, median: {statistics.median(busy):.3f} over the "
-              f"{len(busy)} turns with the busy loop at >= {BUSY_LOOP_CORES} cores" if busy
-              else f"No turn with the busy loop at >= {BUSY_LOOP_CORES} cores",
-              f"; {statistics.median(idle):.3f} over the {len(idle)} below." if idle
-              else "; none below."]
-    lines[-2:] = ["".join(lines[-2:])]
-    return lines
+    above = (f"Relative mean period, median: {statistics.median(busy):.3f} over the {len(busy)} "
+             f"turns with the busy loop at >= {BUSY_LOOP_CORES} cores" if busy
+             else f"No turn with the busy loop at >= {BUSY_LOOP_CORES} cores")
+    below = (f"; {statistics.median(idle):.3f} over the {len(idle)} below." if idle
+             else "; none below.")
+    return lines + ["", above + below]
 
 
 def fail(message: str) -> int:
