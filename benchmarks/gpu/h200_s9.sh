@@ -4,8 +4,9 @@
 # 27's question of where the host's step-time drift comes from, in one detached job (setsid, so
 # it outlives a device call):
 #  - evaluate: the six arms a user would compare (fixed K = 1, 2, 3 without a table, the docs
-#    table, the tuned table of benchmarks/results/h200-s8/tune-warm, the controller started from
-#    that table with that tune as its prior), each on a server of its own, six side by side,
+#    table, the tuned table of $PRIOR (default benchmarks/results/h200-s8/tune-warm), the
+#    controller started from that table with that tune as its prior), each on a server of its
+#    own, six side by side,
 #    at EVAL_LEVELS (the most telling first, so a run cut short keeps them: evaluate.json is
 #    written after every level), rotating order, steady windows of 1 s warm-up + 2 s, 3 rounds
 #    and a 4th while an arm's 90 % interval is wider than +-2 % and the level has used under
@@ -25,7 +26,10 @@ set -uo pipefail
 export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
 MODELS=/tmp/tt-models; WORK=/tmp/tt-work; mkdir -p "$WORK"
-PRIOR="$PWD/benchmarks/results/h200-s8/tune-warm"
+# PRIOR: the tune whose table and profile the table and controller arms take (a folder with
+# table.json and profile.json; h200-s9 ran h200-s8's warm tune, the next run takes a newer one).
+PRIOR="${PRIOR:-$PWD/benchmarks/results/h200-s8/tune-warm}"
+[ -f "$PRIOR/table.json" ] || { echo "error: PRIOR: $PRIOR has no table.json" >&2; exit 2; }
 EVAL_LEVELS="${EVAL_LEVELS:-64,128,256,192,96,32,8,1}"; EVAL_BUDGET="${EVAL_BUDGET:-75}"
 SAMPLER="$PWD/benchmarks/gpu/host_sampler.py"
 # shellcheck source=benchmarks/gpu/h200_lib.sh
