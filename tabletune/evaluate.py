@@ -31,7 +31,8 @@ from tabletune.engine.spec import EngineSpec
 from tabletune.engine_args import add_engine_args, engine_spec_from_args
 from tabletune.evaluation.arms import (ADAPTIVE_KINDS, WORKLOAD_OUTPUT_SPREAD, Arm,
                                        check_adaptive_arms, controller_env,
-                                       controller_start_table, parse_arm, traffic)
+                                       controller_start_table, distinct_arms, parse_arm,
+                                       traffic)
 from tabletune.evaluation.paired import arm_length, check_paired_arms, run_paired
 from tabletune.evaluation.results import (RESULTS_SCHEMA, ArmResult, format_losses,
                                           format_versus, level_stats, loss_table, unresolved)
@@ -338,7 +339,7 @@ def cmd_evaluate(args) -> int:
     arm_texts = args.arms.split(",") if args.arms else (
         ["none"] + [f"fixed:{k}" for k in range(1, spec.max_k + 1)] + ["docs"]
         + ([f"table:{args.table}"] if args.table else []))
-    arms = [parse_arm(t.strip(), spec.max_k) for t in arm_texts]
+    arms = distinct_arms([parse_arm(t.strip(), spec.max_k) for t in arm_texts])
     if any(a.kind in ADAPTIVE_KINDS for a in arms):
         from tabletune.engine.fingerprint import engine_version
 

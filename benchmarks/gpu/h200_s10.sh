@@ -15,14 +15,16 @@
 #    (h200_paired): the arms compared within the second on one server.
 #  - convergence: issue 28 item 3, the controller started from tune-warm's table with that tune
 #    as its prior, steady 60-s windows at c = 64, 128, 256 (h200_convergence).
-#  A part after the tunes uses $WORK/tune-warm when it holds a table, else h200-s8's.
+#  A part after the tunes uses $WORK/tune-warm when it holds a table, else $FALLBACK_PRIOR.
 # usage (device, repo root): benchmarks/gpu/h200_s10.sh start | wait SECONDS | collect
 set -uo pipefail
 export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
 MODELS=/tmp/tt-models; WORK=/tmp/tt-work; mkdir -p "$WORK"
 GRID="${GRID:-1,2,4,8,16,32,64,96,128,192,256}"  # the tunes' --batch-sizes
-FALLBACK_PRIOR="$PWD/benchmarks/results/h200-s8/tune-warm"
+# The table a part after the tunes takes when no tune ran in this job (FALLBACK_PRIOR; the newest
+# committed warm tune, h200-s8's until h200-s15).
+FALLBACK_PRIOR="${FALLBACK_PRIOR:-$PWD/benchmarks/results/h200-s16/tune-warm}"
 EVAL_LEVELS="${EVAL_LEVELS:-64,128,256,192,96,32,8,1}"; PAIRED_BUDGET="${PAIRED_BUDGET:-}"
 SAMPLER="$PWD/benchmarks/gpu/host_sampler.py"
 # shellcheck source=benchmarks/gpu/h200_lib.sh

@@ -18,8 +18,8 @@
 # GRID replaces the tunes' --batch-sizes (default 1..256 in 11 sizes): h200-s12 found k = 3's
 # end decided between 192 and its graph line at 248 where nothing was timed, so
 # GRID=1,2,4,8,16,32,64,96,128,192,224,248,256 times both sides of the line.
-# It is h200_s10.sh with these defaults (a part after the tunes falls back to h200-s8's table
-# when tune-warm has none).
+# It is h200_s10.sh with these defaults (a part after the tunes falls back to FALLBACK_PRIOR's
+# table, h200-s16's warm tune, when tune-warm has none).
 # usage (device, repo root): benchmarks/gpu/h200_s11.sh start | wait SECONDS | collect
 export JOB="${JOB:-tune_cold tune_warm paired}" EVAL_LEVELS="${EVAL_LEVELS:-8,96,32,192}" \
   PAIRED_BUDGET="${PAIRED_BUDGET:-75}" PAIRED_ARMS="${PAIRED_ARMS:-fixed:1,fixed:2,fixed:3,docs}"

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Sequence
 
@@ -19,8 +19,8 @@ from tabletune.engine.vllm_args import speculative_config
 from tabletune.engine.spec import EngineSpec
 
 __all__ = ["ADAPTIVE_KINDS", "Arm", "WORKLOAD_OUTPUT_SPREAD", "check_adaptive_arms",
-           "controller_env", "controller_start_table", "parse_arm", "stated_workload",
-           "traffic"]
+           "controller_env", "controller_start_table", "distinct_arms", "parse_arm",
+           "stated_workload", "traffic"]
 
 # vLLM's own adaptive verification (``enable_adaptive_verification``, vLLM >= 0.28): K drafted,
 # a step-cost model profiled at start-up and an online acceptance estimator decide how many of
@@ -107,6 +107,30 @@ def parse_arm(text: str, max_k: int) -> Arm:
     raise ContractError(f"--arms: {text!r} is not none, fixed:K, fixed-table:K, adaptive:K "
                         f"(1 <= K <= {max_k}), docs, table:PATH, adaptive-table:PATH or "
                         "controller:DIR")
+
+
+def distinct_arms(arms: Sequence[Arm]) -> list[Arm]:
+    """``arms`` with a name each that no other has: results, losses and plots are keyed by the
+    arm's name, so two arms of one name would be pooled as one. Arms from files of one base
+    name (two tunes' ``table.json``) are named by the path as given instead; an arm given twice
+    is refused (measuring it twice adds nothing a longer level budget would not)."""
+    counts: dict[str, int] = {}
+    for arm in arms:
+        counts[arm.name] = counts.get(arm.name, 0) + 1
+    named = [replace(arm, name=_name_by_path(arm)) if counts[arm.name] > 1 and arm.source
+             else arm for arm in arms]
+    seen: set[str] = set()
+    for arm in named:
+        if arm.name in seen:
+            raise ContractError(f"--arms: {arm.name!r}: given twice; give each arm once")
+        seen.add(arm.name)
+    return named
+
+
+def _name_by_path(arm: Arm) -> str:
+    prefix = {"table": "table", "adaptive-table": "adaptive + table",
+              "controller": "controller"}[arm.kind]
+    return f"{prefix} {arm.source}"
 
 
 def check_adaptive_arms(arms: Sequence[Arm], spec: EngineSpec,

@@ -376,6 +376,7 @@ def test_bad_evaluate_arms_exit_2_naming_the_arm_or_file_before_any_engine(tmp_p
             ("fixed:9", "--arms: 'fixed:9' is not none, fixed:K, fixed-table:K, adaptive:K "
                         "(1 <= K <= 3)"),
             ("fixed:x", "--arms: 'fixed:x' is not none"),
+            ("fixed:2,docs,fixed:2", "--arms: 'fixed k=2': given twice"),
             (f"table:{tmp_path / 'missing.json'}", f"{tmp_path / 'missing.json'}"),
             (f"table:{bad_workload}",
              f"{bad_workload}: provenance.workload.output_tokens: 0.5 must be >= 1")):
