@@ -111,12 +111,12 @@ def knee_line_sizes(grid: Sequence[int], lengths: Sequence[int], graph_tokens: i
 
     The crowded line (``crowded_line_sizes``) is where a step with the mean number of
     prefills fits, so a large share of the steps there already runs off the graphs: the knee
-    where a length's serving step climbs begins below it. On the H200 k = 3's steps passed 1 024 tokens
-    in 4.7 % of a closed loop at c = 224 and in 27.5 % at c = 240; k = 3 was ahead of k = 2 by
-    7.7 % at the first and behind by 9.1 % at the second, and the three tunes drew k = 3's
-    end from the cells at 192 and at the crowded line 235, inside the knee, to 219, 233 and 236
-    (benchmarks/results/h200-s15). A size timed where the knee begins puts a cell on each side
-    of it.
+    where a length's serving step climbs begins below it. On the H200 k = 3's steps passed
+    1 024 tokens in 4.7 % of a closed loop at c = 224 and in 27.5 % at c = 240; k = 3 was ahead
+    of k = 2 by 7.7 % at the first and behind by 9.1 % at the second, and the three tunes drew
+    k = 3's end from the cells at 192 and at the crowded line 235, inside the knee, to 219, 233
+    and 236 (benchmarks/results/h200-s15). A size timed where the knee begins puts a cell on
+    each side of it.
     """
     if graph_tokens is None or not 0.0 < off_share < 1.0:
         return {}

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Sequence
@@ -114,9 +115,7 @@ def distinct_arms(arms: Sequence[Arm]) -> list[Arm]:
     arm's name, so two arms of one name would be pooled as one. Arms from files of one base
     name (two tunes' ``table.json``) are named by the path as given instead; an arm given twice
     is refused (measuring it twice adds nothing a longer level budget would not)."""
-    counts: dict[str, int] = {}
-    for arm in arms:
-        counts[arm.name] = counts.get(arm.name, 0) + 1
+    counts = Counter(arm.name for arm in arms)
     named = [replace(arm, name=_name_by_path(arm)) if counts[arm.name] > 1 and arm.source
              else arm for arm in arms]
     seen: set[str] = set()
