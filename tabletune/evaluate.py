@@ -426,8 +426,13 @@ def cmd_evaluate(args) -> int:
         baselines = [name for name in fixed if any(r.arm == name for r in results)]
         losses = loss_table(results, baselines) if baselines else None
         against = {"against_adaptive": versus(results)} if adaptive else {}
+        more = extra()
+        if args.paired_lengths and complete:
+            # A level whose loops held no turn (a host too busy for two timed steps a block)
+            # is in no verdict: said here, not left to a reader to find missing.
+            more["paired_lengths"]["unscored_levels"] = _unscored(results, concurrency)
         return _write_results(out, "evaluate", spec, results, losses,
-                              {**extra(), **against}, complete=complete), losses
+                              {**more, **against}, complete=complete), losses
 
     if args.paired_lengths:
         results = run_paired(
@@ -455,6 +460,9 @@ def cmd_evaluate(args) -> int:
     path, losses = save(results, True)
     for name, reason in failed.items():
         print(f"not measured: {name}: its server did not start ({reason})")
+    for c in _unscored(results, concurrency) if args.paired_lengths else ():
+        print(f"not scored: c={c}: no turn of the paired loop held two timed steps of every "
+              "length (a busy host); --paired-window gives each block more time")
     if losses is not None:
         print("\n".join(format_losses(losses)))
     else:
@@ -463,6 +471,11 @@ def cmd_evaluate(args) -> int:
         print("\n".join(format_versus(table, name)))
     print(f"results → {path}")
     return 0
+
+
+def _unscored(results: Sequence[ArmResult], concurrency: Sequence[int]) -> list[int]:
+    """The levels no result came from (a paired level whose loops held no turn)."""
+    return [c for c in concurrency if not any(r.concurrency == c for r in results)]
 
 
 def add_evaluate_parsers(sub) -> None:

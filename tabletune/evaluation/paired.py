@@ -91,6 +91,16 @@ def paired_turns(blocks: Mapping[int, Sequence[Sequence[Step]]],
     return turns
 
 
+def _block_counts(blocks: Mapping[int, Sequence[Sequence[Step]]], needed: Iterable[int]) -> str:
+    """What a loop without a turn held: each needed length's blocks, and how many of them
+    had the two timed steps a turn needs."""
+    from tabletune.tuner.serving import window_from_steps
+
+    return ", ".join(f"k={k}: {len(blocks.get(k, ()))} blocks, "
+                     f"{sum(window_from_steps(b) is not None for b in blocks.get(k, ()))} timed"
+                     for k in sorted(set(needed)))
+
+
 def paired_results(arms: Sequence[Arm], concurrency: int,
                    blocks: Mapping[int, Sequence[Sequence[Step]]],
                    wall_offset_s: float = 0.0) -> list[ArmResult]:
@@ -149,7 +159,10 @@ def run_paired(spec, arms: Sequence[Arm], *, concurrency: Sequence[int],
     ``rounds`` turns, and score the arms (``paired_results``). With ``level_budget_s``, a
     level runs another such loop while some arm's loss against the ``baselines`` is unresolved
     (``paired_unresolved``) and the level has used less than the budget; each loop's turns
-    are found within it (a loop's warm-up lies between two loops) and numbered on."""
+    are found within it (a loop's warm-up lies between two loops) and numbered on. A loop
+    that held no turn is run again, its blocks twice as long, while the budget lasts (three
+    loops in all without one); a level still without a turn is left out of the results, and
+    says so."""
     from tabletune.tuner.serving import launch_tune_server, measure_serving
 
     lengths = list(range(spec.max_k + 1))
@@ -164,6 +177,7 @@ def run_paired(spec, arms: Sequence[Arm], *, concurrency: Sequence[int],
         for c in concurrency:
             level: list[ArmResult] = []
             turns = 0  # the level's turns so far: a further loop's are numbered on from them
+            stretch = 1  # doubled by each loop that held no turn: longer blocks, more steps
             began = time.monotonic()
             for loop in itertools.count():
                 # A further loop at this level needs no untimed first batches: the level's
@@ -171,18 +185,34 @@ def run_paired(spec, arms: Sequence[Arm], *, concurrency: Sequence[int],
                 cells = measure_serving(server, control, prompts, batch_sizes=[c],
                                         lengths=lengths, output_tokens=output_tokens,
                                         output_range=output_range, temperature=temperature,
-                                        window_s=window_s, rounds=rounds, seed=1 + 10 * loop,
+                                        window_s=window_s * stretch, rounds=rounds,
+                                        seed=1 + 10 * loop,
                                         warm_lengths=loop == 0)
                 blocks = {cell.k: cell.blocks for cell in cells}
                 more = paired_results(arms, c, blocks, time.time() - time.monotonic())
                 level += [dataclasses.replace(r, repeat=r.repeat + turns) for r in more]
                 turns += 1 + max((r.repeat for r in more), default=-1)
-                if (level_budget_s is None or target_interval is None
-                        or time.monotonic() - began >= level_budget_s
+                spent = level_budget_s is not None and time.monotonic() - began >= level_budget_s
+                if not level:
+                    # No turn yet (a host so busy that the blocks hold too few steps, or
+                    # none side by side): scoring nothing is no verdict, so the level runs
+                    # another loop, its blocks twice as long, while its budget lasts
+                    # (without one: three loops in all).
+                    print(f"  c={c}: no turn in loop {loop + 1} "
+                          f"({_block_counts(blocks, set(arm_length(a, c) for a in arms))})",
+                          flush=True)
+                    if spent or (level_budget_s is None and loop >= 2):
+                        break
+                    stretch *= 2
+                    continue
+                if (level_budget_s is None or target_interval is None or spent
                         or not paired_unresolved(level, baselines, target_interval)):
                     break
                 print(f"  c={c}: a loss interval is wider than +-{target_interval:.1%} after "
                       f"{turns} turns: another loop", flush=True)
+            if not level:
+                print(f"  c={c}: not scored: no turn in {loop + 1} loops "
+                      f"({time.monotonic() - began:.0f} s)", flush=True)
             for arm in arms:
                 mine = [r for r in level if r.arm == arm.name]
                 if mine:

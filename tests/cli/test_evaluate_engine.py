@@ -93,7 +93,8 @@ def test_paired_lengths_scores_each_arm_by_its_length_turn_by_turn_in_one_loop(
                # 3-s slots: several steps a block even when another engine shares the cores;
                # and where it shares them with more (CI once saw 0.9-s steps at c = 8 and one
                # turn of four), the level runs more loops until it holds three turns (an
-               # interval of +-100 % needs one) or 100 s have passed (a loop there took 50).
+               # interval of +-100 % needs one) or 100 s have passed (a loop there took 50);
+               # a loop without any turn is run again with 6-s slots.
                "--paired-window", "12", "--paired-rounds", "4", "--max-tokens", "24",
                "--level-budget", "100", "--target-interval", "1",
                "--num-prompts", "16", "--out-dir", str(tmp_path)])
@@ -101,6 +102,7 @@ def test_paired_lengths_scores_each_arm_by_its_length_turn_by_turn_in_one_loop(
     assert rc == 0, err
     doc = json.loads((tmp_path / "evaluate.json").read_text())
     assert doc["complete"] is True and list(doc["startup_s"]) == ["paired.log"]
+    assert doc["paired_lengths"]["unscored_levels"] == [], out
     # The CPU table serves k = 2 up to B = 7 and k = 1 from B = 8.
     assert doc["paired_lengths"]["length_at"] == {
         "2": {"fixed k=1": 1, "fixed k=2": 2, "table table.json": 2},
@@ -109,7 +111,7 @@ def test_paired_lengths_scores_each_arm_by_its_length_turn_by_turn_in_one_loop(
     for c, twin in ((2, "fixed k=2"), (8, "fixed k=1")):
         turns = sorted(rep for (arm, cc, rep) in by if arm == twin and cc == c)
         # Four turns of the rotation; the window's edges cut a block or two short.
-        assert len(turns) >= 2, turns
+        assert len(turns) >= 2, (turns, out)
         for rep in turns:
             table, fixed = by[("table table.json", c, rep)], by[(twin, c, rep)]
             # the same length in the same turn: the same measurement

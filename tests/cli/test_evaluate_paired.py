@@ -181,3 +181,70 @@ def test_a_level_runs_more_loops_while_a_loss_is_unresolved_and_its_budget_lasts
     assert warmed[-4:] == [True, False, False, True]  # a level's first loop only
     assert sorted({r.repeat for r in results if r.concurrency == 8}) == list(range(9))
     assert sorted({r.repeat for r in results if r.concurrency == 64}) == [0, 1, 2]
+
+
+def test_a_loop_without_a_turn_is_run_again_and_a_level_that_never_holds_one_says_so(
+        tmp_path, monkeypatch, capsys):
+    from types import SimpleNamespace
+
+    from tabletune.evaluation import paired
+    from tabletune.tuner import serving
+
+    class Server:
+        startup_s, log_path = 1.0, tmp_path / "paired.log"
+
+        def wait_ready(self):
+            pass
+
+        def stop(self):
+            pass
+
+    monkeypatch.setattr(serving, "launch_tune_server", lambda *a, **k: (Server(), tmp_path))
+    loops: list[int] = []
+    windows: list[float] = []
+
+    def measure(server, control, prompts, *, batch_sizes, lengths, seed, window_s, **kwargs):
+        # A busy host: at c = 2 every block holds one step (nothing to time), at c = 8 the
+        # first loop is starved and the second holds three turns.
+        loops.append(batch_sizes[0])
+        windows.append(window_s)
+        starved = batch_sizes[0] == 2 or loops.count(8) == 1
+        blocks = {k: [_block(10**10 * len(loops) + 10**9 * turn + 10**8 * k, 4.0 + k, k,
+                             steps=1 if starved else 10) for turn in range(3)]
+                  for k in (1, 2)}
+        return [SimpleNamespace(k=k, blocks=blocks[k]) for k in lengths if k in blocks]
+
+    monkeypatch.setattr(serving, "measure_serving", measure)
+    arms = [parse_arm("fixed:1", 3), parse_arm("fixed:2", 3)]
+    results = paired.run_paired(
+        SimpleNamespace(max_k=2), arms, concurrency=[2, 8], prompts=["p"], output_tokens=16,
+        output_range=(8, 24), log_dir=tmp_path, window_s=1.0, rounds=3,
+        baselines=[a.name for a in arms], target_interval=0.5)
+    # Without a budget a level tries three loops for a turn; a level with one stops there.
+    assert loops == [2, 2, 2, 8, 8]
+    # each loop after one without a turn gives every block twice the time
+    assert windows == [1.0, 2.0, 4.0, 1.0, 2.0]
+    assert {r.concurrency for r in results} == {8}
+    assert sorted(r.repeat for r in results if r.arm == "fixed k=2") == [0, 1, 2]
+    out = capsys.readouterr().out
+    assert "c=2: no turn in loop 1 (k=1: 3 blocks, 0 timed, k=2: 3 blocks, 0 timed)" in out
+    assert "c=2: not scored: no turn in 3 loops" in out
+    assert "c=8: not scored" not in out
+
+
+def test_evaluate_names_the_levels_its_paired_loop_could_not_score(tmp_path, capsys,
+                                                                   monkeypatch):
+    from tabletune import evaluate
+
+    arms = [parse_arm("fixed:1", 2), parse_arm("fixed:2", 2)]
+    # The loop held turns at c = 8 only (c = 2's blocks never held two timed steps).
+    monkeypatch.setattr(evaluate, "run_paired", lambda *a, **k: paired_results(
+        arms, 8, _turns({1: 4.0, 2: 5.0}, 3)))
+    out = tmp_path / "eval"
+    assert main(["evaluate", "--max-k", "2", "--paired-lengths", "--arms", "fixed:1,fixed:2",
+                 "--concurrency", "2,8", "--out-dir", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "not scored: c=2: no turn of the paired loop" in printed
+    assert "not scored: c=8" not in printed
+    doc = json.loads((out / "evaluate.json").read_text())
+    assert doc["complete"] is True and doc["paired_lengths"]["unscored_levels"] == [2]
