@@ -307,25 +307,27 @@ def measure_serving(server: VllmServer, control: Path, prompts: Sequence[str], *
     for b in batch_sizes:
         by_length: dict[int, list[list[Step]]] = {}
         # A loop whose window holds no step of some length (a busy machine starving the API
-        # server) is timed again, up to twice.
-        for _attempt in range(3):
+        # server) is timed again, up to twice, its blocks twice as long each time.
+        for attempt in range(3):
+            stretch = 2 ** attempt
             reader = server.step_log()
             if reader is None:
                 raise EngineError(f"{server.log_path}: the server keeps no step log: the "
                                   "serving windows cannot tell the lengths apart")
             position = reader.position()
-            with _Rotation(control, lengths, switch_s):
+            with _Rotation(control, lengths, switch_s * stretch):
                 result = server.guarded(
                     run_load, server.base_url, server.spec.served_model_name, prompts,
                     concurrency=b, requests_per_worker=1, max_tokens=(low, high),
-                    temperature=temperature, window=(warm_up_s, window_s * len(lengths)),
+                    temperature=temperature,
+                    window=(warm_up_s, window_s * stretch * len(lengths)),
                     cut_tail=True, seed=seed + b)
             by_length = length_blocks(window_steps(server.step_log(), position, result) or [])
             if all(window_from_steps([st for blk in by_length.get(k, []) for st in blk])
                    is not None for k in lengths):
                 break
             log.warning("serving: B=%d: a length ran fewer than two steps in the window; "
-                        "timing the loop again", b)
+                        "timing the loop again with blocks twice as long", b)
         for k in lengths:
             blocks = by_length.get(k, [])
             window = window_from_steps([st for blk in blocks for st in blk])

@@ -256,3 +256,46 @@ def test_a_window_without_prefills_is_its_own_mean_and_turns_that_differ_are_unc
     w = workload_step(cell, Workload(32), (0.8, 0.6), decode_ms=9.0)
     assert w["serving_step_ms"] == pytest.approx(10.0)
     assert w["uncertainty"] > 0.05
+
+
+def test_a_serving_loop_short_of_steps_is_timed_again_with_blocks_twice_as_long(
+        tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from tabletune.tuner import serving
+
+    windows: list[float] = []
+
+    class Server:
+        base_url, spec, log_path = "http://engine", SimpleNamespace(served_model_name="m"), None
+
+        def step_log(self):
+            return SimpleNamespace(position=lambda: 0)
+
+        def guarded(self, fn, *args, window, **kwargs):
+            windows.append(window[1])
+            return SimpleNamespace()
+
+    def steps(k: int, n: int, t0: int) -> list[Step]:
+        return [Step(t_ns=t0 + i * 10**7, period_ns=10**7, requests=4, new_requests=0,
+                     verifying=4 if k else 0, k=k, tokens=4 * (1 + k),
+                     verified_drafts=4 * k, accepted=2 * k) for i in range(n)]
+
+    # A starved first loop: length 1 ran one step (nothing to time); the second holds both.
+    loops = iter([steps(0, 5, 0) + steps(1, 1, 10**8),
+                  steps(0, 5, 0) + steps(1, 5, 10**8)])
+    monkeypatch.setattr(serving, "window_steps", lambda *a: next(loops))
+    monkeypatch.setattr(serving.time, "sleep", lambda s: None)
+    cells = serving.measure_serving(Server(), tmp_path / "control", ["p"], batch_sizes=[4],
+                                    lengths=[0, 1], output_tokens=16, window_s=2.0, rounds=4,
+                                    warm_lengths=False)
+    assert windows == [4.0, 8.0]  # two lengths x 2 s, then each block twice as long
+    assert [(c.k, c.window.steps) for c in cells] == [(0, 5.0), (1, 5.0)]
+    # Three starved loops: the tune stops with the length and the batch size named.
+    loops = iter([steps(0, 5, 0)] * 3)
+    windows.clear()
+    with pytest.raises(serving.EngineError, match="B=4: length 1 ran fewer than two"):
+        serving.measure_serving(Server(), tmp_path / "control", ["p"], batch_sizes=[4],
+                                lengths=[0, 1], output_tokens=16, window_s=2.0, rounds=4,
+                                warm_lengths=False)
+    assert windows == [4.0, 8.0, 16.0]
