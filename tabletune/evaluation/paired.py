@@ -199,7 +199,7 @@ def run_paired(spec, arms: Sequence[Arm], *, concurrency: Sequence[int],
                     # another loop, its blocks twice as long, while its budget lasts
                     # (without one: three loops in all).
                     print(f"  c={c}: no turn in loop {loop + 1} "
-                          f"({_block_counts(blocks, set(arm_length(a, c) for a in arms))})",
+                          f"({_block_counts(blocks, (arm_length(a, c) for a in arms))})",
                           flush=True)
                     if spent or (level_budget_s is None and loop >= 2):
                         break
