@@ -19,7 +19,7 @@ import numpy as np
 from tabletune.core.step_log import Step
 
 __all__ = ["StepEstimate", "estimate_step_ms", "mean_step_ms", "noise_summary",
-           "window_step_summary", "DEFAULT_CONFIDENCE"]
+           "window_step_summary", "length_shares", "DEFAULT_CONFIDENCE"]
 
 DEFAULT_CONFIDENCE = 0.90
 DEFAULT_RESAMPLES = 400
@@ -151,6 +151,14 @@ def noise_summary(blocks: Sequence[Sequence[float]]) -> dict:
     }
 
 
+def length_shares(steps: Sequence[Step]) -> dict[str, float]:
+    """{k: share of ``steps`` that drafted k}, keyed by the length as a string (JSON's keys)."""
+    counts: dict[int, int] = {}
+    for st in steps:
+        counts[st.k] = counts.get(st.k, 0) + 1
+    return {str(k): n / len(steps) for k, n in sorted(counts.items())} if steps else {}
+
+
 def window_step_summary(steps: Sequence[Step]) -> dict | None:
     """What one serving window's steps were, split by kind, so that a window that ran slower
     than another at the same tokens a step can be traced to its steps: the pure decode steps
@@ -158,7 +166,8 @@ def window_step_summary(steps: Sequence[Step]) -> dict | None:
     steps that carry a prefill (vLLM runs them off the full graphs: host-bound) and the rest
     (mixed lengths, the step after a change of length). Each kind: how many, its share of the
     window's steps and of its time, its median step. ``pauses``: steps over ``PAUSE_FACTOR`` x
-    the window's median. None for a window without timed steps."""
+    the window's median. ``k_shares``: the share of the window's steps that drafted each length
+    (what the arm served, whatever its table says). None for a window without timed steps."""
     timed = [st for st in steps if st.period_ns > 0 and st.requests > 0]
     if not timed:
         return None
@@ -187,6 +196,7 @@ def window_step_summary(steps: Sequence[Step]) -> dict | None:
     out = {"steps": len(timed), "median_ms": median, "mean_ms": total_ms / len(timed),
            "scheduled_tokens_per_step": float(np.mean([st.tokens for st in timed])),
            "pauses": int((periods > PAUSE_FACTOR * median).sum()),
+           "k_shares": length_shares(timed),
            **{name: part(idx) for name, idx in kinds.items()}}
     pure = out["pure_decode"]
     if pure is not None:

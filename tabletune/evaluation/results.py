@@ -11,10 +11,15 @@ from typing import Sequence
 from tabletune.core.arm_stats import (DEFAULT_CONFIDENCE, MIN_REPEATS, loss_intervals,
                                       median_interval, relative_half_width)
 
-__all__ = ["RESULTS_SCHEMA", "ArmResult", "format_losses", "format_versus", "level_stats",
-           "loss_table", "unresolved"]
+__all__ = ["RESULTS_SCHEMA", "SERVED_LENGTH_SHARE", "ArmResult", "format_losses",
+           "format_versus", "level_stats", "loss_table", "pooled_length_shares", "served_length",
+           "unresolved"]
 
 RESULTS_SCHEMA = "tabletune.evaluation/v1"
+
+# An arm served length k at a level when at least this share of its windows' steps drafted k
+# (a controller's timing probes take a few percent of the steps at another length).
+SERVED_LENGTH_SHARE = 0.95
 
 
 @dataclass(frozen=True)
@@ -76,6 +81,9 @@ def level_stats(results: Sequence[ArmResult]) -> dict[tuple[str, int], dict]:
             stats["median_step_ms"] = statistics.median(w["step_ms"] for w in windows)
             stats["median_tokens_per_step"] = statistics.median(
                 w["generation_tokens"] / w["steps"] if w["steps"] else 0.0 for w in windows)
+            shares = pooled_length_shares(rs)
+            if shares:
+                stats["k_shares"] = shares
             drafts = sum(w["drafts"] for w in windows)
             if drafts:
                 stats["rates"] = [sum(w["accepted_per_position"][i] for w in windows) / drafts
@@ -85,13 +93,47 @@ def level_stats(results: Sequence[ArmResult]) -> dict[tuple[str, int], dict]:
     return out
 
 
+def pooled_length_shares(results: Sequence[ArmResult]) -> dict[str, float]:
+    """The share of steps that drafted each length over the windows of ``results`` (each
+    window weighted by its steps; ``window_step_summary``'s ``k_shares``); {} without step
+    logs."""
+    counts: dict[str, float] = {}
+    total = 0
+    for r in results:
+        if not r.steps or not r.steps.get("k_shares"):
+            continue
+        n = r.steps["steps"]
+        total += n
+        for k, share in r.steps["k_shares"].items():
+            counts[k] = counts.get(k, 0.0) + share * n
+    return {k: v / total for k, v in sorted(counts.items())} if total else {}
+
+
+def served_length(shares: dict[str, float] | None) -> int | None:
+    """The one length drafted in at least ``SERVED_LENGTH_SHARE`` of the steps, else None."""
+    for k, share in (shares or {}).items():
+        if share >= SERVED_LENGTH_SHARE:
+            return int(k)
+    return None
+
+
 def loss_table(results: Sequence[ArmResult], fixed_arms: Sequence[str]) -> dict:
     """Per arm: loss vs the best fixed arm at each load, and the worst-load loss (medians of
-    the repeats), each with its interval (``core.arm_stats.loss_intervals``)."""
-    by = {key: s["median_tokens_per_s"] for key, s in level_stats(results).items()}
+    the repeats), each with its interval (``core.arm_stats.loss_intervals``).
+
+    With step logs, also where the arm served the same one length as the level's best fixed
+    arm (``same_length_as_best``: {c: that arm}). There the two are one configuration on two
+    servers, so their gap measures the servers, not the arm's choice of length; the worst loss
+    over the other levels, with its interval, is ``worst_loss_where_lengths_differ`` (None
+    when there is no other level)."""
+    stats = level_stats(results)
+    by = {key: s["median_tokens_per_s"] for key, s in stats.items()}
     levels = sorted({r.concurrency for r in results})
     arms = list(dict.fromkeys(r.arm for r in results))
-    best = {c: max(by[(a, c)] for a in fixed_arms if (a, c) in by) for c in levels}
+    best_arm = {c: max((a for a in fixed_arms if (a, c) in by), key=lambda a: by[(a, c)])
+                for c in levels}
+    best = {c: by[(best_arm[c], c)] for c in levels}
+    served = {key: served_length(s.get("k_shares")) for key, s in stats.items()}
     out = {}
     for a in arms:
         losses = {c: 1.0 - by[(a, c)] / best[c] for c in levels if (a, c) in by and best[c] > 0}
@@ -103,6 +145,24 @@ def loss_table(results: Sequence[ArmResult], fixed_arms: Sequence[str]) -> dict:
         rounds.setdefault((r.arm, r.concurrency), {})[r.repeat] = r.tokens_per_s
     for a, row in loss_intervals(rounds, fixed_arms).items():
         out[a].update(row)
+    for a, row in out.items():
+        same = {c: best_arm[c] for c in row["loss_by_concurrency"]
+                if a != best_arm[c] and served.get((a, c)) is not None
+                and served.get((a, c)) == served.get((best_arm[c], c))}
+        if not same:
+            continue
+        row["same_length_as_best"] = same
+        differ = {c: loss for c, loss in row["loss_by_concurrency"].items() if c not in same}
+        if not differ:
+            row["worst_loss_where_lengths_differ"] = None
+            continue
+        worst_c = max(differ, key=differ.get)
+        # The interval of the worst over those levels alone, from the same resampled rounds.
+        apart = {key: by_round for key, by_round in rounds.items() if key[1] in differ}
+        interval = loss_intervals(apart, fixed_arms)[a]["worst_loss_interval"]
+        row["worst_loss_where_lengths_differ"] = {"loss": differ[worst_c],
+                                                  "concurrency": worst_c,
+                                                  "interval": interval}
     return {"best_fixed_tokens_per_s": best, "arms": out,
             "intervals": f"{DEFAULT_CONFIDENCE:.0%} percentile bootstrap of the medians, whole "
                          "rounds resampled (every arm of a round together); none below "
@@ -126,6 +186,21 @@ def format_losses(losses: dict) -> list[str]:
             note = f"  (loss inside the interval at c={','.join(map(str, blurred))})"
         lines.append(f"{arm:>24}  {row['worst_loss']:6.1%} (c={row['worst_concurrency']})"
                      f"{bounds}{note}")
+        same = row.get("same_length_as_best")
+        if same:
+            levels = ",".join(map(str, sorted(same)))
+            lines.append(f"{'':>24}  served the best fixed server's one length at c={levels}: "
+                         "the gaps there are between two servers of one configuration")
+            differ = row.get("worst_loss_where_lengths_differ")
+            if differ is None:
+                lines.append(f"{'':>24}  no level where its lengths differ from the best "
+                             "fixed server's")
+            else:
+                interval = differ["interval"]
+                bounds = (f" [{interval[0]:.1%}, {interval[1]:.1%}]" if interval is not None
+                          else " [no interval]")
+                lines.append(f"{'':>24}  where its lengths differ: worst loss "
+                             f"{differ['loss']:6.1%} (c={differ['concurrency']}){bounds}")
     return lines
 
 

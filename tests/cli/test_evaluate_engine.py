@@ -60,6 +60,11 @@ def test_evaluate_counts_every_token_and_switches_arms_on_one_server(tmp_path, c
         assert steps["with_prefill"]["steps"] >= 1, steps
         assert steps["steps"] == sum(steps[kind]["steps"] for kind in
                                      ("pure_decode", "with_prefill", "other") if steps[kind])
+        # ... and they say which lengths the arm served: the pinned arm, k = 1 most of all.
+        shares = steps["k_shares"]
+        assert sum(shares.values()) == pytest.approx(1.0)
+        if r["arm"] == "k=1 via table":
+            assert max(shares, key=shares.get) == "1", shares
     assert doc["step_log"] is True
     # Level by level: every arm ran at c=1 before any arm ran at c=3.
     measured = [re.search(r" c=(\d+) ", line).group(1) for line in out.splitlines()

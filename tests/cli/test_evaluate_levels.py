@@ -47,6 +47,68 @@ def test_a_loss_inside_its_interval_is_reported_as_not_told_apart(capsys):
     assert "2.9% (c=8) [" in line and "not told apart from the best fixed length" in line
 
 
+def _served(arm, c, rate, repeat, shares):
+    """A windowed result whose step log says which lengths its steps drafted."""
+    return ArmResult(arm, c, rate, 1, 1, 1.0, repeat,
+                     window={"step_ms": 5.0, "steps": 100, "generation_tokens": 300,
+                             "drafts": 0, "accepted_per_position": []},
+                     steps={"steps": 100, "k_shares": shares})
+
+
+def test_an_arm_serving_the_best_fixed_servers_length_has_its_gap_there_called_server_noise(
+        capsys):
+    # c = 8: the table serves k = 3 like the best fixed server (K = 3) and trails it by 8 %:
+    # one configuration on two servers. c = 64: it serves k = 2 where K = 3 is best, 2 % behind.
+    results = []
+    for rep, wobble in enumerate((0.0, 2.0, -2.0)):
+        results += [_served("fixed k=2", 8, 90.0 + wobble, rep, {"2": 1.0}),
+                    _served("fixed k=3", 8, 100.0 + wobble, rep, {"3": 1.0}),
+                    _served("table", 8, 92.0 + wobble, rep, {"2": 0.03, "3": 0.97}),
+                    _served("fixed k=2", 64, 95.0 + wobble, rep, {"2": 1.0}),
+                    _served("fixed k=3", 64, 100.0 + wobble, rep, {"3": 1.0}),
+                    _served("table", 64, 98.0 + wobble, rep, {"2": 1.0})]
+    assert level_stats(results)[("table", 8)]["k_shares"] == pytest.approx({"2": 0.03,
+                                                                            "3": 0.97})
+    losses = loss_table(results, ["fixed k=2", "fixed k=3"])
+    table = losses["arms"]["table"]
+    assert table["worst_loss"] == pytest.approx(0.08) and table["worst_concurrency"] == 8
+    assert table["same_length_as_best"] == {8: "fixed k=3"}
+    differ = table["worst_loss_where_lengths_differ"]
+    assert differ["concurrency"] == 64 and differ["loss"] == pytest.approx(0.02)
+    low, high = differ["interval"]
+    assert low <= 0.02 <= high
+    # K = 2 serves another length than K = 3 at both levels: nothing to set aside.
+    assert "same_length_as_best" not in losses["arms"]["fixed k=2"]
+    print("\n".join(format_losses(losses)))
+    out = capsys.readouterr().out
+    assert "served the best fixed server's one length at c=8" in out
+    assert "where its lengths differ: worst loss   2.0% (c=64)" in out
+
+
+def test_a_mixed_or_unlogged_arm_is_not_matched_to_a_fixed_servers_length(capsys):
+    # 10 % of the steps at another length is no longer one configuration; no step log at all
+    # (an older results file) is not one either.
+    results = []
+    for rep in range(3):
+        results += [_served("fixed k=3", 8, 100.0, rep, {"3": 1.0}),
+                    _served("controller", 8, 90.0, rep, {"2": 0.1, "3": 0.9}),
+                    _r("table", 8, 90.0, rep)]
+    losses = loss_table(results, ["fixed k=3"])
+    assert "same_length_as_best" not in losses["arms"]["controller"]
+    assert "same_length_as_best" not in losses["arms"]["table"]
+
+
+def test_an_arm_that_serves_the_best_length_everywhere_says_no_level_differs(capsys):
+    results = []
+    for rep in range(3):
+        results += [_served("fixed k=3", 8, 100.0, rep, {"3": 1.0}),
+                    _served("table", 8, 95.0, rep, {"3": 1.0})]
+    losses = loss_table(results, ["fixed k=3"])
+    assert losses["arms"]["table"]["worst_loss_where_lengths_differ"] is None
+    print("\n".join(format_losses(losses)))
+    assert "no level where its lengths differ" in capsys.readouterr().out
+
+
 def test_a_level_gets_another_round_while_an_arm_is_unresolved():
     tight = [_r("fixed k=1", 8, 100.0 + i * 0.5, i) for i in range(3)]
     loose = [_r("table", 8, v, i) for i, v in enumerate((90.0, 120.0, 99.0))]

@@ -76,6 +76,16 @@ def test_a_window_s_steps_are_split_into_pure_decode_prefill_and_the_rest():
     assert s["with_prefill"]["share_of_time"] == pytest.approx(27.0 / 63.0)
     assert s["other"]["steps"] == 1
     assert s["mean_ms"] == pytest.approx(6.3) and s["pauses"] == 0
+    # What the window served: every timed step drafted k = 2 (the idle step is not timed).
+    assert s["k_shares"] == {"2": 1.0}
+
+
+def test_a_window_s_length_shares_count_each_length_it_drafted():
+    from tabletune.core.step_stats import window_step_summary
+
+    steps = [_step(i, 5.0, k=3) for i in range(1, 19)] + [_step(19, 4.0, k=2),
+                                                          _step(20, 4.0, k=2)]
+    assert window_step_summary(steps)["k_shares"] == {"2": 0.1, "3": 0.9}
 
 
 def test_a_window_without_timed_steps_has_no_summary_and_a_stall_counts_as_a_pause():
