@@ -135,12 +135,15 @@ h200_paired() {
 
 # The controller alone under steady load at c = 64, 128, 256 (one 60-s window each), started
 # from the table of the prior folder $1 with that tune as its prior; its rebuilds in
-# $WORK/convergence/controller/rebuilds.jsonl (issue 28 item 3).
+# $WORK/convergence/controller/rebuilds.jsonl (issue 28 item 3). CONVERGENCE_ARMS adds arms
+# beside it, each on a server of its own (h200-s17: the controller ran 24 ms steps at c = 256
+# over the minute against 18-20 in the evaluation's 2-s windows; `controller:$1,table:$1/
+# table.json` tells whether the minute or the controller makes the difference).
 h200_convergence() {
   echo "convergence start $(date +%s)"
   # shellcheck disable=SC2046
   tt evaluate $(engine 24000000000 0.45) --max-num-seqs 256 --concurrency 64,128,256 \
-    --requests-per-client 1 --window 2,60 --arms "controller:$1" \
+    --requests-per-client 1 --window 2,60 --arms "${CONVERGENCE_ARMS:-controller:$1}" \
     --controller-start "$1/table.json" --startup-timeout 1200 \
     --out-dir "$WORK/convergence" 2>&1 | grep -v "Iteration("
   echo "convergence end $(date +%s)"

@@ -49,6 +49,7 @@ case "$1" in
     export -f job evaluate paired convergence engine tt h200_evaluate h200_job_sampled \
       h200_paired h200_convergence
     export MODELS WORK PRIOR EVAL_LEVELS EVAL_BUDGET SAMPLER JOB
+    [ -n "${CONVERGENCE_ARMS:-}" ] && export CONVERGENCE_ARMS
     h200_launch ;;
   wait) h200_wait "${2:-500}" ;;
   collect) h200_collect ;;

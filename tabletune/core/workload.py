@@ -30,7 +30,7 @@ from typing import Any
 from tabletune.core.errors import check_dict, check_positive, check_str, fail
 
 __all__ = ["Workload", "DEFAULT_OUTPUT_TOKENS", "steps_per_request", "prefill_mix",
-           "serving_step_ms", "goodput_step_ms"]
+           "serving_step_ms", "goodput_step_ms", "steady_first_lengths"]
 
 # Output tokens per request when the user states none: a chat-style answer. (The acceptance
 # run's 64-token requests are a measuring device, not traffic.)
@@ -117,3 +117,35 @@ def goodput_step_ms(serving_ms: float, *, output_tokens: float, tokens_per_step:
     a request's prefill step yields one token, not 1 + A_k."""
     steps = steps_per_request(output_tokens, tokens_per_step)
     return serving_ms * steps * tokens_per_step / output_tokens
+
+
+def steady_first_lengths(low: int, high: int, clients: int) -> list[int]:
+    """Output lengths for the first requests of ``clients`` closed-loop clients that start
+    together, chosen so that the loop starts as it runs once steady.
+
+    Started with full-length requests, no client finishes before ``low`` tokens and then all
+    finish within one request's life: prefills come in a wave, and a window that waits for the
+    loop to turn over waits that long (3 s at c = 256 on the H200,
+    ``benchmarks/results/h200-s17/``). With one fixed length (low == high) the wave never
+    ends: clients started together finish together for as long as the load runs. In steady
+    state a request seen at a random moment has r tokens left with probability proportional to
+    P(L >= r), L the lengths spread evenly over [low, high] (the residual life of a renewal
+    process); client i's first request asks for that distribution's ((i + 0.5) / clients)-
+    quantile, so the first requests finish one by one from the first steps, as later ones do.
+    """
+    if not (isinstance(low, int) and isinstance(high, int) and 1 <= low <= high):
+        raise ValueError(f"lengths: ({low!r}, {high!r}) is not a range 1 <= low <= high")
+    if not (isinstance(clients, int) and clients >= 1):
+        raise ValueError(f"clients: {clients!r} is not an integer >= 1")
+    span = high - low + 1
+    # P(L >= r) for r = 1 .. high: 1 up to low, then falling by 1/span a token.
+    weights = [1.0 if r <= low else (high - r + 1) / span for r in range(1, high + 1)]
+    total = sum(weights)
+    out, cumulative, r = [], 0.0, 0
+    for i in range(clients):
+        target = (i + 0.5) / clients * total
+        while cumulative < target and r < high:
+            cumulative += weights[r]
+            r += 1
+        out.append(max(r, 1))
+    return out

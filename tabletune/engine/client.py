@@ -10,6 +10,8 @@ from typing import Callable, Sequence
 
 import aiohttp
 
+from tabletune.core.workload import steady_first_lengths
+
 
 class RequestFailed(RuntimeError):
     pass
@@ -190,13 +192,17 @@ async def _load(base_url, model, prompts, concurrency, requests_per_worker, max_
         return i < requests_per_worker or (
             min_seconds is not None and time.perf_counter() - start < min_seconds)
 
+    low, high = max_tokens if isinstance(max_tokens, tuple) else (max_tokens, max_tokens)
+    # A steady window wants the loop as it runs once steady from the start: the clients'
+    # first requests ask for what a steady loop's requests have left (core.workload).
+    first = steady_first_lengths(low, high, concurrency) if window is not None else []
+
     def length(n: int) -> int:
+        if n < len(first):
+            return first[n]
         # max_tokens may be a (low, high) range: request n asks for a length spread evenly over
         # it, so requests finish one by one and the batch keeps a steady mix of prefills.
-        if isinstance(max_tokens, tuple):
-            low, high = max_tokens
-            return low + (n * 7919) % (high - low + 1)
-        return max_tokens
+        return low + (n * 7919) % (high - low + 1)
 
     async def worker(worker_id: int, session):
         i = 0
@@ -261,6 +267,8 @@ def run_load(base_url: str, model: str, prompts: Sequence[str], *, concurrency: 
     ``window=(warm_up_s, length_s)``: read the server's /metrics when the window opens (after
     ``warm_up_s`` and once as many requests have finished as there are clients), again at the
     window's middle and at its end, and start no request after it; ``cut_tail`` then cancels the requests still running instead of waiting for them.
+    With a window, each client's first request asks for what a steady loop's requests have
+    left (``core.workload.steady_first_lengths``), so the loop starts as it runs once steady.
     ``max_tokens`` may be a (low, high) range of output lengths, spread over the requests.
     Every request gets its own sampling seed (``request_seed``).
     """

@@ -9,7 +9,7 @@ import pytest
 
 from tabletune.core.errors import ContractError
 from tabletune.core.workload import (Workload, goodput_step_ms, prefill_mix, serving_step_ms,
-                                     steps_per_request)
+                                     steady_first_lengths, steps_per_request)
 
 
 def test_a_request_lives_its_prefill_step_and_its_decode_steps():
@@ -64,3 +64,66 @@ def test_a_workload_round_trips_and_bad_fields_are_named():
     with pytest.raises(ContractError, match="workload.output_tokens"):
         Workload(0.5)
     assert not math.isnan(Workload(2).output_tokens)
+
+
+def _completions_per_step(first: list[int], low: int, high: int, steps: int) -> list[int]:
+    """A closed loop of len(first) clients decoding one token a step: how many requests finish
+    in each step, the clients' first requests asking for ``first`` and later ones for lengths
+    spread over [low, high] as the load client spreads them."""
+    left = list(first)
+    issued = len(first)
+    done = []
+    for _ in range(steps):
+        finished = 0
+        for i in range(len(left)):
+            left[i] -= 1
+            if left[i] == 0:
+                finished += 1
+                left[i] = low + (issued * 7919) % (high - low + 1)
+                issued += 1
+        done.append(finished)
+    return done
+
+
+def test_clients_started_on_steady_lengths_finish_at_the_steady_rate_from_the_first_step():
+    clients, low, high = 200, 50, 150
+    steady_rate = clients / 100.0  # c / E[L] requests a step
+    steady = _completions_per_step(steady_first_lengths(low, high, clients), low, high, 400)
+    full = _completions_per_step([low + (n * 7919) % (high - low + 1) for n in range(clients)],
+                                 low, high, 400)
+    # Full-length first requests: nothing finishes for `low` steps, then a wave.
+    assert sum(full[:low - 1]) == 0
+    # Steady first lengths: the first `low` steps already finish requests at the steady rate,
+    # as the steps long after the start do.
+    assert sum(steady[:low]) == pytest.approx(steady_rate * low, rel=0.1)
+    assert sum(steady[300:400]) == pytest.approx(steady_rate * 100, rel=0.15)
+
+
+def test_one_fixed_length_started_together_finishes_in_waves_unless_started_steady():
+    clients, length = 100, 50
+    full = _completions_per_step([length] * clients, length, length, 500)
+    steady = _completions_per_step(steady_first_lengths(length, length, clients), length,
+                                   length, 500)
+    # Started together: every client finishes in the same step, once a request's life, forever.
+    assert max(full) == clients and sum(1 for n in full if n) == 500 // length
+    # Started steady: two requests a step, every step.
+    assert set(steady) == {2}
+
+
+def test_steady_first_lengths_are_the_residual_lengths_quantiles():
+    # One fixed length L: what is left is spread evenly over 1 .. L.
+    assert steady_first_lengths(12, 12, 4) == [2, 5, 8, 11]
+    lengths = steady_first_lengths(128, 384, 2000)
+    assert lengths == sorted(lengths) and 1 <= lengths[0] and lengths[-1] <= 384
+    # The residual's mean, E[L (L + 1)] / (2 E[L]) for L spread evenly over 128 .. 384.
+    span = range(128, 385)
+    mean_l = sum(span) / len(span)
+    mean_l2 = sum(n * (n + 1) for n in span) / len(span)
+    assert sum(lengths) / len(lengths) == pytest.approx(mean_l2 / (2 * mean_l), rel=0.01)
+
+
+@pytest.mark.parametrize("low, high, clients", [(0, 10, 4), (10, 5, 4), (1, 10, 0),
+                                                (1.5, 10, 4), (1, 10, 2.0)])
+def test_steady_first_lengths_refuse_a_range_or_count_that_is_none(low, high, clients):
+    with pytest.raises(ValueError):
+        steady_first_lengths(low, high, clients)

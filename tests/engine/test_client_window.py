@@ -8,6 +8,7 @@ import time
 import pytest
 from fake_engine import ANSWER_S, STEP_S, FakeEngine, engine_url  # noqa: F401 - the fixture
 
+from tabletune.core.workload import steady_first_lengths
 from tabletune.engine.client import prompt_token_counts, request_seed, run_batch, run_load
 from tabletune.engine.server import EngineError, VllmServer
 from tabletune.engine.window import serving_window
@@ -52,7 +53,10 @@ def test_a_load_window_is_read_while_every_client_is_busy_and_cut_at_its_end(eng
     # waited for: the load ends right after the window (0.9 s), not a request later.
     assert wall < 0.9 + ANSWER_S * 0.9
     lengths = [r["max_tokens"] for r in FakeEngine.seen]
-    assert all(8 <= n <= 24 for n in lengths) and len(set(lengths)) > 1
+    # The clients' first requests ask for what a steady loop's requests have left (so the
+    # loop starts steady), every later one for a length spread over the range.
+    assert sorted(lengths[:4]) == steady_first_lengths(8, 24, 4) == [2, 6, 11, 17]
+    assert all(8 <= n <= 24 for n in lengths[4:]) and len(set(lengths[4:])) > 1
     assert len({r["seed"] for r in FakeEngine.seen}) == len(FakeEngine.seen)
     # Clients kept a request in flight through the window (4 clients, 0.15 s answers).
     assert len(FakeEngine.seen) >= 4 * int(0.9 / ANSWER_S) - 4
