@@ -3,7 +3,9 @@
 # fit one device call each beside the tracked tree: a call carries 64 MiB at most, tracked files
 # included, and the tree passed 30 MB with the H200 results (h200-s14), so a 43-MB part no longer
 # fits. Writes .gpu/part.NN.d/part.NN and prints the calls. Run from the project root, after the
-# stage script.
+# stage script. Only a commit makes the tree that travels smaller: tracked files moved out of
+# the working tree, their deletion staged or not, still arrived on the device (2026-12-04, two
+# calls: 44.4 MB there either way, h200-s17's README).
 set -euo pipefail
 root="$(git rev-parse --show-toplevel)"
 cd "$root"
