@@ -11,6 +11,7 @@ machine's state of that moment, so the interval resamples blocks first and steps
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -153,10 +154,8 @@ def noise_summary(blocks: Sequence[Sequence[float]]) -> dict:
 
 def length_shares(steps: Sequence[Step]) -> dict[str, float]:
     """{k: share of ``steps`` that drafted k}, keyed by the length as a string (JSON's keys)."""
-    counts: dict[int, int] = {}
-    for st in steps:
-        counts[st.k] = counts.get(st.k, 0) + 1
-    return {str(k): n / len(steps) for k, n in sorted(counts.items())} if steps else {}
+    counts = Counter(st.k for st in steps)
+    return {str(k): n / len(steps) for k, n in sorted(counts.items())}
 
 
 def window_step_summary(steps: Sequence[Step]) -> dict | None:
