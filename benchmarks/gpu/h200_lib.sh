@@ -88,11 +88,19 @@ h200_evaluate() {
 }
 
 # Every part JOB names, in order, with host_sampler.py ($SAMPLER) writing the host's state once
-# a second beside them ($WORK/host-samples.jsonl).
+# a second beside them ($WORK/host-samples.jsonl). PROBE_CORES (e.g. "7 15"): host_speed.py's
+# Python loop pinned to each of those cores five times a second ($WORK/host-speed-cpuN.jsonl):
+# does a core's speed move with the others' and with the engine core's steps (issue 27 item 3:
+# a probe that tracks the engine core's host could flag or normalise a turn)?
 h200_job_sampled() {
   python3 "$SAMPLER" "$WORK/host-samples.jsonl" & local sampler=$!
+  local probes=() core
+  for core in ${PROBE_CORES:-}; do
+    taskset -c "$core" python3 "$(dirname "$SAMPLER")/host_speed.py" \
+      "$WORK/host-speed-cpu$core.jsonl" 86400 --host-only & probes+=($!)
+  done
   for part in $JOB; do "$part"; done
-  kill "$sampler"; wait "$sampler"
+  kill "$sampler" "${probes[@]}"; wait "$sampler" "${probes[@]}"
   echo "job end $(date +%s)"
 }
 

@@ -5,6 +5,12 @@ bf16 matrix product on the GPU (CUDA events). If the host's single-core speed dr
 scale of tens of seconds while the GPU's does not, a host-bound engine step drifts with it.
 
 usage: python3 host_speed.py OUT.json [SECONDS]   (torch with CUDA for the GPU parts)
+       python3 host_speed.py OUT.jsonl SECONDS --host-only
+With --host-only it runs the Python loop alone (no CUDA context: it can run beside an engine on
+the GPU) and writes each sample as a JSON line when it is taken, so a probe killed at the end of
+a job keeps what it measured. One loop of ~15 ms then 0.2 s asleep: ~7 % of its core, so a probe
+pinned beside a measurement (``taskset``) tells whether that core's speed moves with the engine
+core's without taking much of either.
 """
 
 from __future__ import annotations
@@ -24,7 +30,10 @@ def python_work() -> float:
 
 
 def main() -> int:
-    out, seconds = sys.argv[1], float(sys.argv[2]) if len(sys.argv) > 2 else 120.0
+    args = [a for a in sys.argv[1:] if a != "--host-only"]
+    out, seconds = args[0], float(args[1]) if len(args) > 1 else 120.0
+    if "--host-only" in sys.argv[1:]:
+        return host_only(out, seconds)
     rows = []
     try:
         import torch
@@ -55,6 +64,16 @@ def main() -> int:
         time.sleep(0.2)
     with open(out, "w") as f:
         json.dump(rows, f)
+    return 0
+
+
+def host_only(out: str, seconds: float) -> int:
+    began = time.monotonic()
+    with open(out, "a", buffering=1) as f:  # line-buffered: a killed probe keeps its lines
+        while time.monotonic() - began < seconds:
+            t = time.time()
+            f.write(json.dumps({"t": round(t, 3), "python_ms": round(python_work(), 4)}) + "\n")
+            time.sleep(0.2)
     return 0
 
 
