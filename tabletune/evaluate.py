@@ -424,7 +424,8 @@ def cmd_evaluate(args) -> int:
     def save(results, complete):
         # Losses need a baseline (no speculation or a fixed length); else throughput only.
         baselines = [name for name in fixed if any(r.arm == name for r in results)]
-        losses = loss_table(results, baselines) if baselines else None
+        losses = (loss_table(results, baselines, shared_turns=args.paired_lengths)
+                  if baselines else None)
         against = {"against_adaptive": versus(results)} if adaptive else {}
         more = extra()
         if args.paired_lengths and complete:

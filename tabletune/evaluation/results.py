@@ -117,7 +117,8 @@ def served_length(shares: dict[str, float] | None) -> int | None:
     return None
 
 
-def loss_table(results: Sequence[ArmResult], fixed_arms: Sequence[str]) -> dict:
+def loss_table(results: Sequence[ArmResult], fixed_arms: Sequence[str], *,
+               shared_turns: bool = False) -> dict:
     """Per arm: loss vs the best fixed arm at each load, and the worst-load loss (medians of
     the repeats), each with its interval (``core.arm_stats.loss_intervals``).
 
@@ -125,7 +126,10 @@ def loss_table(results: Sequence[ArmResult], fixed_arms: Sequence[str]) -> dict:
     arm (``same_length_as_best``: {c: that arm}). There the two are one configuration on two
     servers, so their gap measures the servers, not the arm's choice of length; the worst loss
     over the other levels, with its interval, is ``worst_loss_where_lengths_differ`` (None
-    when there is no other level)."""
+    when there is no other level). ``shared_turns`` (``--paired-lengths``: every arm scored
+    on the same turns of one server by the length it serves): an arm serving the best fixed
+    arm's length there has its turns, so its gap is 0 by construction and no servers'; nothing
+    is set aside."""
     stats = level_stats(results)
     by = {key: s["median_tokens_per_s"] for key, s in stats.items()}
     levels = sorted({r.concurrency for r in results})
@@ -145,7 +149,7 @@ def loss_table(results: Sequence[ArmResult], fixed_arms: Sequence[str]) -> dict:
         rounds.setdefault((r.arm, r.concurrency), {})[r.repeat] = r.tokens_per_s
     for a, row in loss_intervals(rounds, fixed_arms).items():
         out[a].update(row)
-    for a, row in out.items():
+    for a, row in out.items() if not shared_turns else ():
         same = {c: best_arm[c] for c in row["loss_by_concurrency"]
                 if a != best_arm[c] and served.get((a, c)) is not None
                 and served.get((a, c)) == served.get((best_arm[c], c))}

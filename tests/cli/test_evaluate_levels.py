@@ -85,6 +85,28 @@ def test_an_arm_serving_the_best_fixed_servers_length_has_its_gap_there_called_s
     assert "where its lengths differ: worst loss   2.0% (c=64)" in out
 
 
+def test_paired_turns_set_no_gap_aside_as_two_servers(capsys):
+    # --paired-lengths scores every arm on the same turns of one server: the table serving
+    # K = 3's length at c = 8 has K = 3's turns, and there are no two servers to blame.
+    results = []
+    for rep in range(3):
+        results += [_served("fixed k=3", 8, 100.0 + rep, rep, {"3": 1.0}),
+                    _served("fixed k=2", 8, 90.0 + rep, rep, {"2": 1.0}),
+                    _served("table", 8, 100.0 + rep, rep, {"3": 1.0}),
+                    _served("fixed k=3", 64, 90.0 + rep, rep, {"3": 1.0}),
+                    _served("fixed k=2", 64, 100.0 + rep, rep, {"2": 1.0}),
+                    _served("table", 64, 90.0 + rep, rep, {"3": 1.0})]
+    losses = loss_table(results, ["fixed k=2", "fixed k=3"], shared_turns=True)
+    table = losses["arms"]["table"]
+    assert "same_length_as_best" not in table and "worst_loss_where_lengths_differ" not in table
+    assert table["worst_loss"] == pytest.approx(1 - 91 / 101) and table["worst_concurrency"] == 64
+    print("\n".join(format_losses(losses)))
+    assert "two servers" not in capsys.readouterr().out
+    # The same results from servers of their own: c = 8 is set aside.
+    assert loss_table(results, ["fixed k=2", "fixed k=3"])["arms"]["table"][
+        "same_length_as_best"] == {8: "fixed k=3"}
+
+
 def test_a_mixed_or_unlogged_arm_is_not_matched_to_a_fixed_servers_length(capsys):
     # 10 % of the steps at another length is no longer one configuration; no step log at all
     # (an older results file) is not one either.
