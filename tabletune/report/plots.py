@@ -46,6 +46,18 @@ def _log_batch_axis(ax, batch_sizes: Sequence[int]) -> None:
     ax.xaxis.set_minor_formatter(NullFormatter())
 
 
+def _level_axis(ax, levels: Sequence[int]) -> None:
+    """Concurrency on a log-2 axis with the measured levels as its ticks: levels within one
+    power of two (a paired run at c = 224, 232, 240) would otherwise get no tick at all."""
+    from matplotlib.ticker import FixedLocator, NullFormatter, ScalarFormatter
+
+    ax.set_xscale("log", base=2)
+    if levels:
+        ax.xaxis.set_major_locator(FixedLocator(list(levels)))
+        ax.xaxis.set_major_formatter(ScalarFormatter())
+        ax.xaxis.set_minor_formatter(NullFormatter())
+
+
 def plot_step_times(profile: Profile, path: Path) -> Path:
     """Measured step time against B (log axis), one line per draft length: the median of the
     repeats with bars from the lowest to the highest repeat; flagged cells marked by reason."""
@@ -229,7 +241,7 @@ def plot_throughput(arms: dict[str, Sequence[tuple[int, float]]], path: Path,
                         yerr=[[v - bars[c][0] for c, v in with_bar],
                               [bars[c][1] - v for c, v in with_bar]],
                         fmt="none", ecolor=line.get_color(), capsize=3, alpha=0.8)
-    ax.set_xscale("log", base=2)
+    _level_axis(ax, sorted({p[0] for points in arms.values() for p in points}))
     ax.set_xlabel("concurrency")
     ax.set_ylabel("output tokens/s" + (" (median; bars: 90 % interval)"
                                        if any(intervals.values()) else "")
