@@ -27,19 +27,14 @@ import argparse
 import json
 import lzma
 import statistics
-import sys
 from pathlib import Path
 
 # Beside this script (its folder is on sys.path when it runs).
 from h200_s9_report import read_step_log
-from serving_turns import turns
+from serving_turns import fail, open_text, parse_sizes, turns
 
 # A turn counts when the probes took at least this many loops during it (a 0.7-s turn holds 3).
 MIN_PROBE_SAMPLES = 2
-
-
-def open_text(path: Path):
-    return lzma.open(path, "rt") if path.suffix == ".xz" else open(path)
 
 
 def read_probe(path: Path) -> list[tuple[float, float]]:
@@ -108,11 +103,6 @@ def turn_rows(steps, probes: list[list[tuple[float, float]]], offset: float,
             if len(by_key[r["key"]]) >= 3]
 
 
-def fail(message: str) -> int:
-    print(f"error: {message}", file=sys.stderr)
-    return 2
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("probes", type=Path, nargs="+")
@@ -120,11 +110,8 @@ def main() -> int:
     ap.add_argument("--steps", type=Path, nargs="*", default=[])
     ap.add_argument("--sizes", default="1,16,64,128,192,226,235,248,256")
     args = ap.parse_args()
-    try:
-        sizes = sorted(int(x) for x in args.sizes.split(","))
-        if not sizes or min(sizes) < 1:
-            raise ValueError
-    except ValueError:
+    sizes = parse_sizes(args.sizes)
+    if sizes is None:
         return fail(f"--sizes: {args.sizes!r} is not a comma-separated list of batch sizes >= 1")
     reading = args.host
     try:  # every file before anything is printed

@@ -224,6 +224,15 @@ def summary(rows: list[dict]) -> list[str]:
     return lines + ["", above + below]
 
 
+def parse_sizes(text: str) -> list[int] | None:
+    """``--sizes``: comma-separated batch sizes >= 1, sorted; None if it is not that."""
+    try:
+        sizes = sorted(int(x) for x in text.split(","))
+    except ValueError:
+        return None
+    return sizes if sizes and min(sizes) >= 1 else None
+
+
 def fail(message: str) -> int:
     print(f"error: {message}", file=sys.stderr)
     return 2
@@ -239,11 +248,8 @@ def main() -> int:
     ap.add_argument("--sizes", default="64,96,128")
     ap.add_argument("--min-steps", type=int, default=20)
     args = ap.parse_args()
-    try:
-        sizes = sorted(int(x) for x in args.sizes.split(","))
-        if not sizes or min(sizes) < 1:
-            raise ValueError
-    except ValueError:
+    sizes = parse_sizes(args.sizes)
+    if sizes is None:
         return fail(f"--sizes: {args.sizes!r} is not a comma-separated list of batch sizes >= 1")
     if args.min_steps < 1:
         return fail(f"--min-steps: {args.min_steps!r} must be >= 1")
