@@ -35,27 +35,27 @@ def _save(fig, path: Path) -> Path:
 FLAG_MARKERS = {"spread": "X", "inconsistent": "s", "drift": "D"}
 
 
-def _log_batch_axis(ax, batch_sizes: Sequence[int]) -> None:
-    """B on a log-2 axis with the batch sizes as ticks: the decisions sit at B = 1-4."""
+def _log2_axis(ax, ticks: Sequence[int]) -> None:
+    """A log-2 x axis with exactly these ticks, written as plain numbers."""
     from matplotlib.ticker import FixedLocator, NullFormatter, ScalarFormatter
 
     ax.set_xscale("log", base=2)
-    ticks = [b for b in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024) if b <= max(batch_sizes)]
-    ax.xaxis.set_major_locator(FixedLocator(ticks))
-    ax.xaxis.set_major_formatter(ScalarFormatter())
-    ax.xaxis.set_minor_formatter(NullFormatter())
+    if ticks:
+        ax.xaxis.set_major_locator(FixedLocator(list(ticks)))
+        ax.xaxis.set_major_formatter(ScalarFormatter())
+        ax.xaxis.set_minor_formatter(NullFormatter())
+
+
+def _log_batch_axis(ax, batch_sizes: Sequence[int]) -> None:
+    """B with the powers of two up to the largest size as ticks: the decisions sit at B = 1-4."""
+    _log2_axis(ax, [b for b in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+                    if b <= max(batch_sizes)])
 
 
 def _level_axis(ax, levels: Sequence[int]) -> None:
-    """Concurrency on a log-2 axis with the measured levels as its ticks: levels within one
-    power of two (a paired run at c = 224, 232, 240) would otherwise get no tick at all."""
-    from matplotlib.ticker import FixedLocator, NullFormatter, ScalarFormatter
-
-    ax.set_xscale("log", base=2)
-    if levels:
-        ax.xaxis.set_major_locator(FixedLocator(list(levels)))
-        ax.xaxis.set_major_formatter(ScalarFormatter())
-        ax.xaxis.set_minor_formatter(NullFormatter())
+    """Concurrency with the measured levels as its ticks: levels within one power of two (a
+    paired run at c = 224, 232, 240) would get no power-of-two tick at all."""
+    _log2_axis(ax, levels)
 
 
 def plot_step_times(profile: Profile, path: Path) -> Path:
