@@ -149,24 +149,25 @@ def loss_table(results: Sequence[ArmResult], fixed_arms: Sequence[str], *,
         rounds.setdefault((r.arm, r.concurrency), {})[r.repeat] = r.tokens_per_s
     for a, row in loss_intervals(rounds, fixed_arms).items():
         out[a].update(row)
-    for a, row in out.items() if not shared_turns else ():
-        same = {c: best_arm[c] for c in row["loss_by_concurrency"]
-                if a != best_arm[c] and served.get((a, c)) is not None
-                and served.get((a, c)) == served.get((best_arm[c], c))}
-        if not same:
-            continue
-        row["same_length_as_best"] = same
-        differ = {c: loss for c, loss in row["loss_by_concurrency"].items() if c not in same}
-        if not differ:
-            row["worst_loss_where_lengths_differ"] = None
-            continue
-        worst_c = max(differ, key=differ.get)
-        # The interval of the worst over those levels alone, from the same resampled rounds.
-        apart = {key: by_round for key, by_round in rounds.items() if key[1] in differ}
-        interval = loss_intervals(apart, fixed_arms)[a]["worst_loss_interval"]
-        row["worst_loss_where_lengths_differ"] = {"loss": differ[worst_c],
-                                                  "concurrency": worst_c,
-                                                  "interval": interval}
+    if not shared_turns:
+        for a, row in out.items():
+            same = {c: best_arm[c] for c in row["loss_by_concurrency"]
+                    if a != best_arm[c] and served.get((a, c)) is not None
+                    and served.get((a, c)) == served.get((best_arm[c], c))}
+            if not same:
+                continue
+            row["same_length_as_best"] = same
+            differ = {c: loss for c, loss in row["loss_by_concurrency"].items() if c not in same}
+            if not differ:
+                row["worst_loss_where_lengths_differ"] = None
+                continue
+            worst_c = max(differ, key=differ.get)
+            # The interval of the worst over those levels alone, from the same resampled rounds.
+            apart = {key: by_round for key, by_round in rounds.items() if key[1] in differ}
+            interval = loss_intervals(apart, fixed_arms)[a]["worst_loss_interval"]
+            row["worst_loss_where_lengths_differ"] = {"loss": differ[worst_c],
+                                                      "concurrency": worst_c,
+                                                      "interval": interval}
     return {"best_fixed_tokens_per_s": best, "arms": out,
             "intervals": f"{DEFAULT_CONFIDENCE:.0%} percentile bootstrap of the medians, whole "
                          "rounds resampled (every arm of a round together); none below "
