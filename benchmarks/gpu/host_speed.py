@@ -15,6 +15,7 @@ core's without taking much of either.
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import time
@@ -29,10 +30,39 @@ def python_work() -> float:
     return (time.perf_counter() - t) * 1e3
 
 
-def main() -> int:
-    args = [a for a in sys.argv[1:] if a != "--host-only"]
-    out, seconds = args[0], float(args[1]) if len(args) > 1 else 120.0
-    if "--host-only" in sys.argv[1:]:
+def positive_seconds(text: str) -> float:
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = float("nan")
+    if not seconds > 0:
+        raise argparse.ArgumentTypeError(f"{text}: not a positive number of seconds")
+    return seconds
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description="How fast the host and GPU are, per second.")
+    parser.add_argument("out", help="OUT.json (a list at the end) or, with --host-only, "
+                                    "OUT.jsonl (a line per sample)")
+    parser.add_argument("seconds", nargs="?", type=positive_seconds, default=120.0)
+    parser.add_argument("--host-only", action="store_true",
+                        help="the Python loop alone, no CUDA context")
+    args = parser.parse_args(argv)
+    if args.host_only and len([a for a in argv if not a.startswith("--")]) < 2:
+        parser.error("seconds: required with --host-only (a probe runs until told)")
+    try:  # fail before measuring, not after minutes of it
+        with open(args.out, "a"):
+            pass
+    except OSError as err:
+        print(f"error: {args.out}: {err.strerror}", file=sys.stderr)
+        raise SystemExit(2) from None
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    out, seconds = args.out, args.seconds
+    if args.host_only:
         return host_only(out, seconds)
     rows = []
     try:
