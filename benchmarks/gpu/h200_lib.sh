@@ -99,8 +99,12 @@ h200_job_sampled() {
     taskset -c "$core" python3 "$(dirname "$SAMPLER")/host_speed.py" \
       "$WORK/host-speed-cpu$core.jsonl" 86400 --host-only & probes+=($!)
   done
+  # Killed or done, the job takes its sampler and probes (86 400 s each) with it.
+  # shellcheck disable=SC2064  # the pids are known now
+  trap "kill $sampler ${probes[*]} 2>/dev/null" EXIT TERM INT
   for part in $JOB; do "$part"; done
   kill "$sampler" "${probes[@]}"; wait "$sampler" "${probes[@]}"
+  trap - EXIT TERM INT
   echo "job end $(date +%s)"
 }
 
