@@ -3,18 +3,14 @@ first step, steps bringing new requests, steps at the full batch and its ramp-do
 
 from __future__ import annotations
 
-import importlib.util
 import sys
-from pathlib import Path
 
 from tabletune.core.step_log import Step
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu" / "batch_ramp_down.py"
-if str(SCRIPT.parent) not in sys.path:
-    sys.path.insert(0, str(SCRIPT.parent))
-spec = importlib.util.spec_from_file_location("batch_ramp_down", SCRIPT)
-batch_ramp_down = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(batch_ramp_down)
+from benchmark_scripts import load_script, script_path
+
+SCRIPT = script_path("batch_ramp_down.py")
+batch_ramp_down = load_script("batch_ramp_down.py")
 
 
 def _step(i, requests, new=0, ms=10.0):

@@ -3,15 +3,9 @@ packages already, on a stand-in resolution shaped like pip's installation report
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
+from benchmark_scripts import load_script
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu" / "bundle_delta.py"
-spec = importlib.util.spec_from_file_location("bundle_delta", SCRIPT)
-bundle_delta = importlib.util.module_from_spec(spec)
-sys.modules.setdefault("bundle_delta", bundle_delta)   # dataclasses look their module up
-spec.loader.exec_module(bundle_delta)
+bundle_delta = load_script("bundle_delta.py")
 
 
 def _report(*packages):

@@ -3,20 +3,15 @@ beside them, and finding the long steps of a request turnover in a step log."""
 
 from __future__ import annotations
 
-import importlib.util
 import lzma
-import sys
-from pathlib import Path
 
 import pytest
 
 from tabletune.core.step_log import StepLogWriter
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu" / "h200_s9_report.py"
-spec = importlib.util.spec_from_file_location("h200_s9_report", SCRIPT)
-report = importlib.util.module_from_spec(spec)
-sys.modules.setdefault("h200_s9_report", report)
-spec.loader.exec_module(report)
+from benchmark_scripts import load_script
+
+report = load_script("h200_s9_report.py")
 
 
 def _sample(t, steal, sm, power):

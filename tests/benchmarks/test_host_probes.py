@@ -3,23 +3,16 @@ serving turns of a step log."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
-from pathlib import Path
 
 import pytest
 
 from tabletune.core.step_log import Step
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu" / "host_probes.py"
-# The script imports its neighbours, as it does when run from its folder.
-if str(SCRIPT.parent) not in sys.path:
-    sys.path.insert(0, str(SCRIPT.parent))
-spec = importlib.util.spec_from_file_location("host_probes", SCRIPT)
-host_probes = importlib.util.module_from_spec(spec)
-sys.modules.setdefault("host_probes", host_probes)
-spec.loader.exec_module(host_probes)
+from benchmark_scripts import load_script
+
+host_probes = load_script("host_probes.py")
 
 OFFSET = -1000.0  # monotonic minus wall seconds
 

@@ -3,14 +3,11 @@ ran on, read from this machine's /proc."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
-from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu" / "host_sampler.py"
-spec = importlib.util.spec_from_file_location("host_sampler", SCRIPT)
-host_sampler = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(host_sampler)
+from benchmark_scripts import load_script
+
+host_sampler = load_script("host_sampler.py")
 
 
 def test_each_cores_busy_and_stolen_share_comes_from_its_own_ticks():

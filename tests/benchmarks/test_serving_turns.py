@@ -3,20 +3,14 @@ host's samples taken during each."""
 
 from __future__ import annotations
 
-import importlib.util
 import sys
-from pathlib import Path
 
 from tabletune.core.step_log import Step
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu" / "serving_turns.py"
-# The script imports its neighbours, as it does when run from its folder.
-if str(SCRIPT.parent) not in sys.path:
-    sys.path.insert(0, str(SCRIPT.parent))
-spec = importlib.util.spec_from_file_location("serving_turns", SCRIPT)
-serving_turns = importlib.util.module_from_spec(spec)
-sys.modules.setdefault("serving_turns", serving_turns)
-spec.loader.exec_module(serving_turns)
+from benchmark_scripts import load_script, script_path
+
+SCRIPT = script_path("serving_turns.py")
+serving_turns = load_script("serving_turns.py")
 
 
 def _steps(start_s, n, requests, k, period_ms=10.0):

@@ -1,0 +1,29 @@
+"""Load a script of benchmarks/gpu/ as a module for its tests, the way it runs: from its folder
+(a script imports its neighbours by name) and registered under its name (dataclasses look their
+module up in sys.modules)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+SCRIPTS = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu"
+
+
+def script_path(file_name: str) -> Path:
+    return SCRIPTS / file_name
+
+
+def load_script(file_name: str) -> ModuleType:
+    name = Path(file_name).stem
+    if name in sys.modules:
+        return sys.modules[name]
+    if str(SCRIPTS) not in sys.path:
+        sys.path.insert(0, str(SCRIPTS))
+    spec = importlib.util.spec_from_file_location(name, SCRIPTS / file_name)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
