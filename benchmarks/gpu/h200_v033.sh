@@ -5,13 +5,16 @@
 # so it outlives a device call). Planned, not run yet: the parts come in the order whose results
 # are each worth landing alone, so a job cut short still leaves the first ones.
 #  - doctor: which of the compat layer's fixes this vLLM still needs (its start-up line), the
-#    graph trace per length, and the 0.26 run's tuned table (h200-s8/tune-warm) against fixed K
-#    and no speculation on 0.33, each runner's servers side by side (~5 min with start-ups),
+#    graph trace per length, and the 0.26 runs' latest tuned table (h200-s18/tune-warm) against
+#    fixed K and no speculation on 0.33, each runner's servers side by side (~5 min with
+#    start-ups),
 #    TABLETUNE_TRACE_GRAPHS=1 (engine-lines.log keeps the dispatches).
 #  - doctor_try (not in the default JOB): the same with the compat layer's one fix that 0.33's
 #    source leaves open tried on it (TABLETUNE_COMPAT_TRY): the two graph traces say whether the
 #    running engine still needs it.
-#  - tune: a cold tune of the same deployment (~10 min on 0.26: start-ups 275 s).
+#  - tune: a cold tune of the same deployment, the command of the 0.26 runs (h200_tune: the
+#    default workload, serving at B = 1, 16, 64, 128, 256 and the resolve pass; ~8.5 min cold on
+#    0.26 in h200-s18).
 #  - evaluate: the arms of the H200 verdict (fixed K = 1, 2, 3 without a table, the docs table,
 #    the table just tuned, the controller from it) and vLLM's adaptive verification at K = 3,
 #    alone and under that table, each on a server of its own, eight side by side (6.5 GB of KV
@@ -35,7 +38,7 @@ set -uo pipefail
 export PYTHONPATH="/tmp/site033:$PWD" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
 MODELS=/tmp/tt-models; WORK=/tmp/tt-work-033; mkdir -p "$WORK"
-OLD_TABLE="$PWD/benchmarks/results/h200-s8/tune-warm/table.json"
+OLD_TABLE="$PWD/benchmarks/results/h200-s18/tune-warm/table.json"
 GRID=1,2,4,8,16,32,64,96,128,192,256
 EVAL_LEVELS="${EVAL_LEVELS:-64,128,256,32,8,1}"; EVAL_BUDGET="${EVAL_BUDGET:-75}"
 SAMPLER="$PWD/benchmarks/gpu/host_sampler.py"
@@ -56,17 +59,10 @@ doctor() {  # $1: folder name (default doctor); the graph trace on for its serve
 doctor_try() {
   TABLETUNE_COMPAT_TRY=graph-candidates-for-every-length doctor doctor-try
 }
-tune() {
-  echo "tune start $(date +%s)"
-  # shellcheck disable=SC2046
-  tt tune $(engine 24000000000 0.45) --batch-sizes "$GRID" --num-prompts 160 \
-    --max-tokens 128 --serving-batch-sizes 1,16,64,128,256 --out-dir "$WORK/tune" 2>&1 \
-    | grep -v "Iteration(" | tail -60
-  echo "tune end $(date +%s)"
-}
+tune() { h200_tune tune; }  # the 0.26 runs' tune (h200_lib.sh), resolve pass and traces on
 evaluate() {
   local prior="$WORK/tune"
-  [ -f "$prior/table.json" ] || prior="$PWD/benchmarks/results/h200-s8/tune-warm"
+  [ -f "$prior/table.json" ] || prior="$PWD/benchmarks/results/h200-s18/tune-warm"
   echo "tuned table: $prior"
   h200_evaluate 6500000000 0.11 8 "fixed:1,fixed:2,fixed:3,docs,table:$prior/table.json,\
 controller:$prior,adaptive:3,adaptive-table:$prior/table.json" "$prior"
@@ -77,7 +73,8 @@ case "$1" in
     h200_plugin_metadata /tmp/site033
     python3 -c "import torch, vllm; print('torch', torch.__version__, 'vllm', vllm.__version__)"
     h200_machine_facts
-    export -f job doctor doctor_try tune evaluate engine tt h200_evaluate h200_job_sampled
+    export -f job doctor doctor_try tune evaluate engine tt h200_evaluate h200_job_sampled \
+      h200_tune
     export MODELS WORK OLD_TABLE GRID EVAL_LEVELS EVAL_BUDGET SAMPLER JOB
     h200_launch ;;
   wait) h200_wait "${2:-500}" ;;
