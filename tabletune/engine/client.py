@@ -219,7 +219,14 @@ async def _load(base_url, model, prompts, concurrency, requests_per_worker, max_
             counter["tokens"] += tokens
             counter["requests"] += 1
 
-    async def read_metrics(session) -> None:
+    def raise_a_failed_client(workers) -> None:
+        # A client whose request failed (a dead engine answers 500s) ends the load now: the
+        # warm-up would otherwise wait MAX_WARM_UP_S for answers that never come.
+        for w in workers:
+            if w.done() and not w.cancelled() and w.exception() is not None:
+                raise w.exception()
+
+    async def read_metrics(session, workers) -> None:
         nonlocal closed
         warm_up, length = window
         # The window opens after the warm-up and once as many requests have finished as there
@@ -228,6 +235,7 @@ async def _load(base_url, model, prompts, concurrency, requests_per_worker, max_
         # read steps up to 1.5x those of a steady loop at B >= 16). At most MAX_WARM_UP_S.
         while time.perf_counter() - start < min(MAX_WARM_UP_S, max(
                 warm_up, 0.0 if counter["requests"] >= concurrency else MAX_WARM_UP_S)):
+            raise_a_failed_client(workers)
             await asyncio.sleep(0.02)
         opened = time.perf_counter()
         for at in (0.0, length / 2, length):
@@ -240,14 +248,24 @@ async def _load(base_url, model, prompts, concurrency, requests_per_worker, max_
     async with _session(timeout_s) as session:
         start = time.perf_counter()
         workers = [asyncio.ensure_future(worker(w, session)) for w in range(concurrency)]
-        if window is not None:
-            await read_metrics(session)
-            if cut_tail:
-                # The window is what was wanted: cancel what is still in flight (the server
-                # aborts a request whose connection closes) instead of waiting out the ramp-down.
-                for w in workers:
-                    w.cancel()
-        results = await asyncio.gather(*workers, return_exceptions=True)
+        try:
+            if window is not None:
+                await read_metrics(session, workers)
+                if cut_tail:
+                    # The window is what was wanted: cancel what is still in flight (the server
+                    # aborts a request whose connection closes) instead of waiting out the
+                    # ramp-down.
+                    for w in workers:
+                        w.cancel()
+            results = await asyncio.gather(*workers, return_exceptions=True)
+        except BaseException:
+            # Every client is ended and its outcome retrieved before the error goes up: a
+            # client left with an exception nobody read prints a traceback of its own at exit
+            # ("Task exception was never retrieved", one per client, after the tune's error).
+            for w in workers:
+                w.cancel()
+            await asyncio.gather(*workers, return_exceptions=True)
+            raise
         for r in results:
             if isinstance(r, BaseException) and not isinstance(r, asyncio.CancelledError):
                 raise r

@@ -3,13 +3,18 @@ sampling seed, and a steady window read from /metrics while every client is busy
 
 from __future__ import annotations
 
+import gc
+import logging
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from fake_engine import ANSWER_S, STEP_S, FakeEngine, engine_url  # noqa: F401 - the fixture
 
 from tabletune.core.workload import steady_first_lengths
-from tabletune.engine.client import prompt_token_counts, request_seed, run_batch, run_load
+from tabletune.engine.client import (RequestFailed, prompt_token_counts, request_seed,
+                                     run_batch, run_load)
 from tabletune.engine.server import EngineError, VllmServer
 from tabletune.engine.window import serving_window
 
@@ -113,3 +118,40 @@ def test_the_prompts_length_is_sampled_from_the_server_and_unknown_without_token
     assert sampled_prompt_tokens(_TuneServer(closed), prompts) is None
     with pytest.raises(EngineError, match="died"):
         sampled_prompt_tokens(_TuneServer(closed, alive=False), prompts)
+
+
+class _DeadEngine(BaseHTTPRequestHandler):
+    """An engine that has died under its API server: every request answers HTTP 500."""
+
+    def _fail(self):
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        body = b'{"error": {"message": "The server had an error", "code": 500}}'
+        self.send_response(500)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_POST = do_GET = _fail  # noqa: N815 - http.server's names
+
+    def log_message(self, *args):
+        pass
+
+
+def test_a_window_on_a_dead_engine_fails_at_once_with_every_client_retrieved(caplog):
+    # h200-v033: the engine died during a serving window; the load waited out the warm-up's
+    # 120 s for answers and left each client's exception unread (a traceback each at exit).
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _DeadEngine)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        begun = time.perf_counter()
+        with caplog.at_level(logging.ERROR, logger="asyncio"):
+            with pytest.raises(RequestFailed, match="HTTP 500"):
+                run_load(url, "m", ["p"], concurrency=4, requests_per_worker=1,
+                         max_tokens=8, window=(0.1, 0.5), cut_tail=True)
+            gc.collect()  # an unread task exception is reported when its task is collected
+        assert time.perf_counter() - begun < 30.0  # not the warm-up's 120 s
+        assert "never retrieved" not in caplog.text
+    finally:
+        server.shutdown()
+        server.server_close()
