@@ -2,36 +2,35 @@
 # TableTune on vLLM 0.33.0 on the lent H200 (issue 29): the bundle of stage-vllm-033.sh unpacked
 # in /tmp/site033, the deployment of every H200 run (h200_lib.sh's engine: V2 runner, EAGLE-3,
 # synthetic acceptance 0.75/0.55/0.40, graphs up to 1 024 tokens), in one detached job (setsid,
-# so it outlives a device call). Planned, not run yet: the parts come in the order whose results
-# are each worth landing alone, so a job cut short still leaves the first ones.
+# so it outlives a device call). First run: benchmarks/results/h200-v033/ (2026-12-04). The
+# parts come in the order whose results are each worth landing alone:
 #  - doctor: which of the compat layer's fixes this vLLM still needs (its start-up line), the
 #    graph trace per length, and the 0.26 runs' latest tuned table (h200-s18/tune-warm) against
 #    fixed K and no speculation on 0.33, each runner's servers side by side (~5 min with
-#    start-ups),
-#    TABLETUNE_TRACE_GRAPHS=1 (engine-lines.log keeps the dispatches).
+#    start-ups), TABLETUNE_TRACE_GRAPHS=1 (engine-lines.log keeps the dispatches).
 #  - doctor_try (not in the default JOB): the same with the compat layer's one fix that 0.33's
 #    source leaves open tried on it (TABLETUNE_COMPAT_TRY): the two graph traces say whether the
 #    running engine still needs it.
 #  - tune: a cold tune of the same deployment, the command of the 0.26 runs (h200_tune: the
 #    default workload, serving at B = 1, 16, 64, 128, 256 and the resolve pass; ~8.5 min cold on
-#    0.26 in h200-s18).
+#    0.26 in h200-s18). In h200-v033 the engine died in its serving stage (an illegal memory
+#    access where the pinned length went from 1 to 2 at B ~ 250 with prefills in the step).
 #  - evaluate: the arms of the H200 verdict (fixed K = 1, 2, 3 without a table, the docs table,
-#    the table just tuned, the controller from it) and vLLM's adaptive verification at K = 3,
-#    alone and under that table, each on a server of its own, eight side by side (6.5 GB of KV
-#    cache and 11 % of the GPU each), at EVAL_LEVELS, 3 rounds of 1 s + 2 s steady windows and a
-#    4th while an arm's 90 % interval is wider than +-2 % (evaluate.json "against_adaptive": each
-#    arm against vLLM's adaptive verification, level by level).
+#    the table just tuned, the controller from it), each on a server of its own, six side by
+#    side, at EVAL_LEVELS, 3 rounds of 1 s + 2 s steady windows and a 4th while an arm's 90 %
+#    interval is wider than +-2 %. On 0.33 a server of this deployment holds ~18 GB with 6.5 GB
+#    of KV cache (h200-v033: eight side by side ran out of memory, six of them did not start).
+#    ADAPTIVE=1 adds vLLM's adaptive verification at K = 3, alone and under the table (eight
+#    servers: 5 GB of KV cache each), with evaluate.json's "against_adaptive". Off by default:
+#    its budget ranks drafts by a confidence estimated from the draft logits, which dummy
+#    weights make meaningless, while synthetic acceptance accepts independently of them; in
+#    h200-v033 it kept 0.36 tokens a request a step at c = 8 against fixed K = 3's 1.6. A fair
+#    comparison needs a real target and drafter.
 #  JOB names the parts (default "doctor tune evaluate"); host_sampler.py runs beside them.
-# Read in 0.33.0's source before the run (the wheel's vllm/): adaptive verification is built
-# into every DraftModelSpeculator, EAGLE-3's included (its docstring still says dspark only);
-# no check refuses it beside num_speculative_tokens_per_batch_size (whether vLLM starts it is
-# the run's to show: evaluate leaves out an arm whose server does not start, failed_arms);
-# synthetic rejection takes its trimmed batches, and with synthetic acceptance (independent of
-# the draft logits) its estimator can learn only a rate per position, so the comparison here
-# measures its verification budget, not its confidence model. The scheduler's surface TableTune
-# hooks (SchedulerOutput's counts, make_spec_decoding_stats, dynamic_sd_lookup[B]) is as in
-# 0.26. Budget: the bundle's 37 install calls come first; "doctor evaluate" with the 0.26
-# tune's table may be what one session's 30 device minutes hold, the tune the next.
+# The scheduler's surface TableTune hooks (SchedulerOutput's counts, make_spec_decoding_stats,
+# dynamic_sd_lookup[B]) is as in 0.26. Budget: the bundle's 37 install calls (sent from a tree
+# without the results: stage-vllm-033.sh's PART_BYTES) took 222 s of device time, the unpack
+# 8 s, the doctor 309 s, the tune 379 s until the engine died.
 # usage (device, repo root, after stage-vllm-033.sh's install calls):
 #     benchmarks/gpu/h200_v033.sh start | wait SECONDS | collect
 set -uo pipefail
@@ -64,8 +63,12 @@ evaluate() {
   local prior="$WORK/tune"
   [ -f "$prior/table.json" ] || prior="$PWD/benchmarks/results/h200-s18/tune-warm"
   echo "tuned table: $prior"
-  h200_evaluate 6500000000 0.11 8 "fixed:1,fixed:2,fixed:3,docs,table:$prior/table.json,\
-controller:$prior,adaptive:3,adaptive-table:$prior/table.json" "$prior"
+  local arms="fixed:1,fixed:2,fixed:3,docs,table:$prior/table.json,controller:$prior"
+  if [ "${ADAPTIVE:-0}" = 1 ]; then
+    h200_evaluate 5000000000 0.11 8 "$arms,adaptive:3,adaptive-table:$prior/table.json" "$prior"
+  else
+    h200_evaluate 6500000000 0.14 6 "$arms" "$prior"
+  fi
 }
 job() { h200_job_sampled; }
 case "$1" in
@@ -75,7 +78,7 @@ case "$1" in
     h200_machine_facts
     export -f job doctor doctor_try tune evaluate engine tt h200_evaluate h200_job_sampled \
       h200_tune
-    export MODELS WORK OLD_TABLE GRID EVAL_LEVELS EVAL_BUDGET SAMPLER JOB
+    export MODELS WORK OLD_TABLE GRID EVAL_LEVELS EVAL_BUDGET SAMPLER JOB ADAPTIVE
     h200_launch ;;
   wait) h200_wait "${2:-500}" ;;
   collect) h200_collect ;;
