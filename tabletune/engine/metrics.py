@@ -39,6 +39,25 @@ def parse_iterations(text: str) -> list[IterationRecord]:
     return records
 
 
+# "torch.AcceleratorError: CUDA error: ...", "RuntimeError: ...": an exception's last line.
+_ERROR_RE = re.compile(r"\b((?:\w+\.)*\w*(?:Error|Exception)): (\S.*)")
+_LEVEL_RE = re.compile(r"\b(?:DEBUG|INFO|WARNING)\b")
+
+
+def first_error(text: str) -> str | None:
+    """The first exception line (``SomeError: message``) of a server log's tail, else None.
+
+    When the engine core dies under a living API server, the server answers HTTP 500 and its
+    log names the cause first, then the consequences (``EngineDeadError``, the API server's
+    own tracebacks); lines logged at INFO or WARNING (vLLM's ulimit warning quotes an
+    ``OSError``) are no cause."""
+    for line in text.splitlines():
+        match = _ERROR_RE.search(line)
+        if match and not _LEVEL_RE.search(line[:match.start()]):
+            return f"{match.group(1)}: {match.group(2).strip()}"[:300]
+    return None
+
+
 _METRIC_RE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)$")
 _LABEL_RE = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 

@@ -28,7 +28,7 @@ from tabletune.core import envs
 from tabletune.core.cpu_sets import format_cpu_list
 from tabletune.core.vllm_contract import REJECT_ALL_ENV, STEP_LOG_ENV
 from tabletune.engine.metrics import (
-    IterationRecord, SpecDecodeCounters, parse_iterations, parse_metrics,
+    IterationRecord, SpecDecodeCounters, first_error, parse_iterations, parse_metrics,
 )
 from tabletune.engine.spec import EngineSpec
 from tabletune.engine.vllm_args import api_server_command
@@ -308,7 +308,12 @@ class VllmServer:
         except (aiohttp.ClientError, RequestFailed, OSError, TimeoutError) as e:
             time.sleep(1.0)  # let a dying server finish exiting before asking
             self.check_alive()
-            raise EngineError(f"request to the vLLM server at {self.base_url} failed: {e}") from e
+            # The API server lives on when its engine core dies (HTTP 500s); the cause is in
+            # the log, not in the answer.
+            cause = first_error(self.log_tail(200))
+            said = f"; its log {self.log_path} says {cause}" if cause else ""
+            raise EngineError(
+                f"request to the vLLM server at {self.base_url} failed: {e}{said}") from e
 
     def log_tail(self, lines: int = 40) -> str:
         try:

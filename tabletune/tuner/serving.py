@@ -251,6 +251,7 @@ class _Rotation:
         import threading
 
         self.control, self.lengths, self.switch_s = control, list(lengths), switch_s
+        self.pinned: int | None = None  # the length pinned last
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -262,7 +263,8 @@ class _Rotation:
         shift = 1 if n > 2 else 0
         while not self._stop.is_set():
             for i in range(n):
-                write_control(self.control, force_k=self.lengths[(i + turn) % n])
+                self.pinned = self.lengths[(i + turn) % n]
+                write_control(self.control, force_k=self.pinned)
                 if self._stop.wait(self.switch_s):
                     return
             turn += shift
@@ -315,13 +317,20 @@ def measure_serving(server: VllmServer, control: Path, prompts: Sequence[str], *
                 raise EngineError(f"{server.log_path}: the server keeps no step log: the "
                                   "serving windows cannot tell the lengths apart")
             position = reader.position()
-            with _Rotation(control, lengths, switch_s * stretch):
-                result = server.guarded(
-                    run_load, server.base_url, server.spec.served_model_name, prompts,
-                    concurrency=b, requests_per_worker=1, max_tokens=(low, high),
-                    temperature=temperature,
-                    window=(warm_up_s, window_s * stretch * len(lengths)),
-                    cut_tail=True, seed=seed + b)
+            rotation = _Rotation(control, lengths, switch_s * stretch)
+            try:
+                with rotation:
+                    result = server.guarded(
+                        run_load, server.base_url, server.spec.served_model_name, prompts,
+                        concurrency=b, requests_per_worker=1, max_tokens=(low, high),
+                        temperature=temperature,
+                        window=(warm_up_s, window_s * stretch * len(lengths)),
+                        cut_tail=True, seed=seed + b)
+            except EngineError as e:
+                # Which loop, and the length pinned when it failed (h200-v033: the engine died
+                # as the pin went from 1 to 2 at B ~ 250).
+                raise EngineError(f"serving loop B={b} (lengths {lengths} in turns, k = "
+                                  f"{rotation.pinned} pinned when it failed): {e}") from e
             by_length = length_blocks(window_steps(server.step_log(), position, result) or [])
             if all(window_from_steps([st for blk in by_length.get(k, []) for st in blk])
                    is not None for k in lengths):

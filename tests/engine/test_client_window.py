@@ -97,6 +97,9 @@ class _TuneServer:
     def alive(self) -> bool:
         return self._alive
 
+    def log_tail(self, lines: int = 40) -> str:
+        return ""
+
     def check_alive(self) -> None:
         if not self._alive:
             raise EngineError("vLLM server died")

@@ -3,6 +3,8 @@ medians of single steps, and the serving step a stated workload implies from a w
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -299,3 +301,31 @@ def test_a_serving_loop_short_of_steps_is_timed_again_with_blocks_twice_as_long(
                                 lengths=[0, 1], output_tokens=16, window_s=2.0, rounds=4,
                                 warm_lengths=False)
     assert windows == [4.0, 8.0, 16.0]
+
+
+def test_an_engine_that_dies_in_a_serving_loop_is_named_with_its_loop_and_pinned_length(
+        tmp_path, monkeypatch):
+    import time as real_time
+    from types import SimpleNamespace
+
+    from tabletune.tuner import serving
+
+    class DyingServer:
+        base_url, spec, log_path = "http://engine", SimpleNamespace(served_model_name="m"), None
+
+        def step_log(self):
+            return SimpleNamespace(position=lambda: 0)
+
+        def guarded(self, fn, *args, **kwargs):
+            real_time.sleep(0.3)  # the rotation pins a length before the engine fails
+            raise serving.EngineError("request to the vLLM server failed: HTTP 500")
+
+    monkeypatch.setattr(serving.time, "sleep", lambda s: None)
+    with pytest.raises(serving.EngineError) as raised:
+        serving.measure_serving(DyingServer(), tmp_path / "control", ["p"], batch_sizes=[256],
+                                lengths=[1, 2], output_tokens=16, window_s=2.0, rounds=4,
+                                warm_lengths=False)
+    said = str(raised.value)
+    assert said.startswith("serving loop B=256 (lengths [1, 2] in turns, k = ")
+    assert "pinned when it failed): request to the vLLM server failed: HTTP 500" in said
+    assert re.search(r"k = [12] pinned", said)
