@@ -27,6 +27,9 @@
 #    h200-v033 it kept 0.36 tokens a request a step at c = 8 against fixed K = 3's 1.6. A fair
 #    comparison needs a real target and drafter.
 #  JOB names the parts (default "doctor tune evaluate"); host_sampler.py runs beside them.
+#  COMPAT_TRY (e.g. graph-candidates-for-every-length) tries compat fixes in every part's
+#  servers (TABLETUNE_COMPAT_TRY): for the tune and the evaluation once doctor_try has shown a
+#  fix works on 0.33 (doctor_try sets it for its own servers in any case).
 # The scheduler's surface TableTune hooks (SchedulerOutput's counts, make_spec_decoding_stats,
 # dynamic_sd_lookup[B]) is as in 0.26. Budget: the bundle's 37 install calls (sent from a tree
 # without the results: stage-vllm-033.sh's PART_BYTES) took 222 s of device time, the unpack
@@ -74,6 +77,7 @@ job() { h200_job_sampled; }
 case "$1" in
   start)
     h200_plugin_metadata /tmp/site033
+    if [ -n "${COMPAT_TRY:-}" ]; then export TABLETUNE_COMPAT_TRY="$COMPAT_TRY"; fi
     python3 -c "import torch, vllm; print('torch', torch.__version__, 'vllm', vllm.__version__)"
     h200_machine_facts
     export -f job doctor doctor_try tune evaluate engine tt h200_evaluate h200_job_sampled \
