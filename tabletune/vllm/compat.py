@@ -164,10 +164,11 @@ def _fix_speculator_honours_k() -> None:
 # 0.33.0 (source read, not measured): the cause is still there. _init_candidates groups each
 # graph mode's descriptors by token count and gives every count the FULL group of the smallest
 # captured size >= it, then the PIECEWISE group, so a missing q now runs the piecewise graph
-# instead of eagerly. The first H200 run on 0.33.0 (benchmarks/results/h200-v033) most likely
-# shows it: in a profile with lengths 0..3, k = 2 steps ran 9.5-22 ms at B = 4 (4.3-4.7 at B = 8)
-# and mostly 20-34 ms at B = 226 and 248 (13-17 at 235 and 256). The fix itself has not been
-# tried there, so it stays unverified on 0.33.0 (not applied;
+# instead of eagerly. The first H200 run on 0.33.0 (benchmarks/results/h200-v033) shows it: in
+# a profile with lengths 0..3, k = 2 steps ran 9.5-22 ms at B = 4 (4.3-4.7 at B = 8) and mostly
+# 20-34 ms at B = 226 and 248 (13-17 at 235 and 256), the three profiled sizes that this rule
+# leaves without a q = 3 graph (benchmarks/gpu/graph_candidates.py: 136 of B = 1..256 at k = 2).
+# The fix itself has not been tried there, so it stays unverified on 0.33.0 (not applied;
 # TABLETUNE_COMPAT_TRY=graph-candidates-for-every-length applies it to measure it).
 
 
