@@ -20,8 +20,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
+
+# Beside this script (its folder is on sys.path when it runs).
+from serving_turns import fail
+
+from tabletune.core.cpu_sets import format_cpu_list  # writes any sorted ints as ranges
 
 
 def default_capture_sizes(max_size: int) -> list[int]:
@@ -72,19 +76,7 @@ def misses(capture_sizes: list[int], lengths: list[int], max_num_seqs: int, *,
 
 def ranges(sizes: list[int]) -> str:
     """``[4, 5, 6, 9]`` as ``4-6, 9``."""
-    parts, start = [], None
-    for i, b in enumerate(sizes):
-        if start is None:
-            start = b
-        if i + 1 == len(sizes) or sizes[i + 1] != b + 1:
-            parts.append(str(start) if start == b else f"{start}-{b}")
-            start = None
-    return ", ".join(parts) or "none"
-
-
-def fail(message: str) -> int:
-    print(f"error: {message}", file=sys.stderr)
-    return 2
+    return format_cpu_list(sizes).replace(",", ", ") or "none"
 
 
 def main(argv: list[str] | None = None) -> int:
