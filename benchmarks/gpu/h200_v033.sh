@@ -2,19 +2,22 @@
 # TableTune on vLLM 0.33.0 on the lent H200 (issue 29): the bundle of stage-vllm-033.sh unpacked
 # in /tmp/site033, the deployment of every H200 run (h200_lib.sh's engine: V2 runner, EAGLE-3,
 # synthetic acceptance 0.75/0.55/0.40, graphs up to 1 024 tokens), in one detached job (setsid,
-# so it outlives a device call). First run: benchmarks/results/h200-v033/ (2026-12-04). The
-# parts come in the order whose results are each worth landing alone:
+# so it outlives a device call). Runs: benchmarks/results/h200-v033/ (2026-12-04, without the
+# graph-candidates fix) and h200-v033-fix/ (the same day, with it). The parts come in the order
+# whose results are each worth landing alone:
 #  - doctor: which of the compat layer's fixes this vLLM still needs (its start-up line), the
 #    graph trace per length, and the 0.26 runs' latest tuned table (h200-s18/tune-warm) against
 #    fixed K and no speculation on 0.33, each runner's servers side by side (~5 min with
 #    start-ups), TABLETUNE_TRACE_GRAPHS=1 (engine-lines.log keeps the dispatches).
-#  - doctor_try (not in the default JOB): the same with the compat layer's one fix that 0.33's
-#    source leaves open tried on it (TABLETUNE_COMPAT_TRY): the two graph traces say whether the
-#    running engine still needs it.
+#  - doctor_try (not in the default JOB): the same with graph-candidates-for-every-length named
+#    in TABLETUNE_COMPAT_TRY. h200-v033-fix's traces showed 0.33.0 needs that fix and that it
+#    works, so the layer now applies it on 0.33.0 anyway; doctor_try is kept for the next fix to
+#    be tried the same way.
 #  - tune: a cold tune of the same deployment, the command of the 0.26 runs (h200_tune: the
 #    default workload, serving at B = 1, 16, 64, 128, 256 and the resolve pass; ~8.5 min cold on
 #    0.26 in h200-s18). In h200-v033 the engine died in its serving stage (an illegal memory
-#    access where the pinned length went from 1 to 2 at B ~ 250 with prefills in the step).
+#    access where the pinned length went from 1 to 2 at B ~ 250 with prefills in the step); in
+#    h200-v033-fix, with the graph fix, it finished in 457 s.
 #  - evaluate: the arms of the H200 verdict (fixed K = 1, 2, 3 without a table, the docs table,
 #    the table just tuned, the controller from it), each on a server of its own, six side by
 #    side, at EVAL_LEVELS, 3 rounds of 1 s + 2 s steady windows and a 4th while an arm's 90 %
@@ -27,13 +30,14 @@
 #    h200-v033 it kept 0.36 tokens a request a step at c = 8 against fixed K = 3's 1.6. A fair
 #    comparison needs a real target and drafter.
 #  JOB names the parts (default "doctor tune evaluate"); host_sampler.py runs beside them.
-#  COMPAT_TRY (e.g. graph-candidates-for-every-length) tries compat fixes in every part's
-#  servers (TABLETUNE_COMPAT_TRY): for the tune and the evaluation once doctor_try has shown a
-#  fix works on 0.33 (doctor_try sets it for its own servers in any case).
+#  COMPAT_TRY names compat fixes to try in every part's servers (TABLETUNE_COMPAT_TRY), for a fix
+#  not yet verified on 0.33 (h200-v033-fix set graph-candidates-for-every-length, since
+#  verified and applied without it).
 # The scheduler's surface TableTune hooks (SchedulerOutput's counts, make_spec_decoding_stats,
 # dynamic_sd_lookup[B]) is as in 0.26. Budget: the bundle's 37 install calls (sent from a tree
-# without the results: stage-vllm-033.sh's PART_BYTES) took 222 s of device time, the unpack
-# 8 s, the doctor 309 s, the tune 379 s until the engine died.
+# without the results: stage-vllm-033.sh's PART_BYTES) took 189-222 s of device time, the
+# unpack 8 s, the doctor 259-309 s, the tune 457 s (h200-v033-fix), the six-arm evaluation at
+# six levels with EVAL_BUDGET=60 675 s.
 # usage (device, repo root, after stage-vllm-033.sh's install calls):
 #     benchmarks/gpu/h200_v033.sh start | wait SECONDS | collect
 set -uo pipefail
