@@ -77,6 +77,32 @@ evaluate() {
     h200_evaluate 6500000000 0.14 6 "$arms" "$prior"
   fi
 }
+# Not in the default JOB: what the request-turnover stalls are. In h200-v033-fix, at c = 32 and
+# 64 they made 15-27 % of a fixed-K server's steps long and took 37-53 % of its time
+# (window_pauses.py --turnovers). Each window's throughput fell with its share of them
+# (r = -0.79 / -0.65). Fixed K = 2 at TURNOVER_LEVELS, one server per configuration in turn:
+#  - deployed: as deployed;
+#  - full-graphs: with full CUDA graphs for prefill-carrying batches too (cudagraph_mode FULL;
+#    0.33's FlashAttention backend supports it): are the stalls the piecewise graphs' launches?
+#  - sync: without asynchronous scheduling: is it the admission run ahead of the GPU?
+# Then `window_pauses.py $WORK/turnovers-NAME/evaluate.json --turnovers` for each.
+turnovers() {
+  local name
+  for name in deployed full-graphs sync; do
+    local extra=()
+    case $name in
+      full-graphs) extra=(--engine-arg='--compilation-config={"cudagraph_mode":"FULL"}') ;;
+      sync) extra=(--engine-arg=--no-async-scheduling) ;;
+    esac
+    echo "turnovers $name start $(date +%s)"
+    # shellcheck disable=SC2046
+    tt evaluate $(engine 24000000000 0.45) "${extra[@]}" --max-num-seqs 256 \
+      --concurrency "${TURNOVER_LEVELS:-32,64}" --requests-per-client 1 --window 1,2 \
+      --repeats 3 --arms fixed:2 --startup-timeout 1200 --out-dir "$WORK/turnovers-$name" 2>&1 \
+      | grep -v "Iteration("
+    echo "turnovers $name end $(date +%s)"
+  done
+}
 job() { h200_job_sampled; }
 case "$1" in
   start)
@@ -84,9 +110,10 @@ case "$1" in
     if [ -n "${COMPAT_TRY:-}" ]; then export TABLETUNE_COMPAT_TRY="$COMPAT_TRY"; fi
     python3 -c "import torch, vllm; print('torch', torch.__version__, 'vllm', vllm.__version__)"
     h200_machine_facts
-    export -f job doctor doctor_try tune evaluate engine tt h200_evaluate h200_job_sampled \
-      h200_tune
-    export MODELS WORK OLD_TABLE GRID EVAL_LEVELS EVAL_BUDGET SAMPLER JOB ADAPTIVE
+    export -f job doctor doctor_try tune evaluate turnovers engine tt h200_evaluate \
+      h200_job_sampled h200_tune
+    export MODELS WORK OLD_TABLE GRID EVAL_LEVELS EVAL_BUDGET SAMPLER JOB ADAPTIVE \
+      TURNOVER_LEVELS
     h200_launch ;;
   wait) h200_wait "${2:-500}" ;;
   collect) h200_collect ;;
