@@ -397,14 +397,17 @@ def test_the_trace_stays_out_on_a_version_it_was_not_read_against(fresh, caplog)
                                      "CudaGraphManager.dispatch")
 
 
-def test_a_microbatched_twin_does_not_stand_in_for_the_plain_graph():
-    @dataclass(frozen=True)
-    class Desc033:
-        num_tokens: int
-        uniform_token_count: int | None
-        num_active_loras: int = 0
-        num_ubatches: int = 1
+@dataclass(frozen=True)
+class Desc033:
+    """0.33.0's graph descriptor as the fix reads it (``mode``: the stand-in's graph mode)."""
+    num_tokens: int
+    uniform_token_count: int | None
+    num_active_loras: int = 0
+    num_ubatches: int = 1
+    mode: str = "FULL"
 
+
+def test_a_microbatched_twin_does_not_stand_in_for_the_plain_graph():
     bucket16 = [Desc033(16, 4), Desc033(16, 2), Desc033(16, None)]
     captured = {"FULL": [Desc033(16, 4), Desc033(16, 2), Desc033(18, 3, num_ubatches=2),
                          Desc033(21, 3)],
@@ -414,15 +417,6 @@ def test_a_microbatched_twin_does_not_stand_in_for_the_plain_graph():
     assert candidates[(12, 0)] == [Desc033(16, 4), Desc033(16, 2),
                                    Desc033(18, 3, num_ubatches=2), Desc033(21, 3),
                                    Desc033(16, None)]
-
-
-@dataclass(frozen=True)
-class Desc033Mode:
-    num_tokens: int
-    uniform_token_count: int | None
-    num_active_loras: int = 0
-    num_ubatches: int = 1
-    mode: str = "FULL"
 
 
 class CudaGraphManager033Candidates:
@@ -445,10 +439,10 @@ class CudaGraphManager033Candidates:
 
         lengths = (1, 2, 3, 4) if self.vllm_config.speculative_config \
             .num_speculative_tokens_per_batch_size else (4,)
-        full = sorted({Desc033Mode(-(-n // q) * q, q) for n in self.capture_sizes
+        full = sorted({Desc033(-(-n // q) * q, q) for n in self.capture_sizes
                        for q in lengths if -(-n // q) * q <= max(self.capture_sizes)},
                       key=lambda d: (d.num_tokens, -d.uniform_token_count))
-        piecewise = [Desc033Mode(n, None, mode="PIECEWISE") for n in self.capture_sizes]
+        piecewise = [Desc033(n, None, mode="PIECEWISE") for n in self.capture_sizes]
         self._capture_descs = {"FULL": full, "PIECEWISE": piecewise}
         for descs in (full, piecewise):
             start = 0
@@ -479,9 +473,9 @@ def test_on_0_33_a_table_length_gets_its_full_graph_where_the_bucket_lacks_it(mo
                                {"CudaGraphManager": Manager}})
     vllm_compat._fix_candidates_for_every_length()
     fixed = Manager(table)
-    assert fixed.dispatch(12, 3) == Desc033Mode(18, 3)
+    assert fixed.dispatch(12, 3) == Desc033(18, 3)
     # what already had its full graph keeps it, the piecewise graph stays the last resort
-    assert fixed.dispatch(16, 4) == Desc033Mode(16, 4)
+    assert fixed.dispatch(16, 4) == Desc033(16, 4)
     assert fixed._candidates[(12, 0)][-1].mode == "PIECEWISE"
     # without a table there is one length and nothing to complete
     plain = Manager(None)
