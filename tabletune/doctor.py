@@ -15,7 +15,8 @@ token per step, and answers three questions:
 A runner is fit to deploy when it starts and every cost stays within the tolerance. The doctor
 reports an engine that fails; it never fails itself (bad arguments still exit 2). Its first line
 (and ``doctor.json`` ``vllm_compat``) names the vLLM build and what TableTune's compatibility
-layer does on it, fix by fix.
+layer does on it, fix by fix. With ``TABLETUNE_TRACE_GRAPHS=1`` it also prints which CUDA graph
+each server's steps replayed, by query length (``doctor.json`` ``graph_modes``).
 """
 
 from __future__ import annotations
@@ -40,7 +41,9 @@ from tabletune.engine.vllm_args import speculative_config
 from tabletune.engine_args import add_engine_args, engine_spec_from_args
 from tabletune.core.options import integer, number
 from tabletune.prompt_args import add_prompt_args, prompts_from_args
-from tabletune.vllm.compat import describe_statuses, fix_statuses, layer_disabled, tried_names
+from tabletune.core import envs
+from tabletune.vllm.compat import (describe_statuses, fix_statuses, graph_trace_counts,
+                                   layer_disabled, tried_names)
 
 DOCTOR_SCHEMA = "tabletune.doctor/v1"
 
@@ -270,6 +273,41 @@ def examine_runner(spec: EngineSpec, table: DraftTable, probe: Probe, *, runner:
     return result
 
 
+def graph_modes(log_dir: Path, runner: str, lengths) -> dict[str, dict[str, dict[str, int]]]:
+    """Per server of one runner (``table``, ``fixed k=K``): the target model's steps by query
+    length (``q=1+k``; ``mixed`` for steps of mixed lengths, prefills among them) and CUDA-graph
+    mode, from the graph-trace lines of its log (TABLETUNE_TRACE_GRAPHS=1). A server whose log
+    holds none is left out."""
+    logs = {"table": log_dir / f"table-{runner}.log",
+            **{f"fixed k={k}": log_dir / f"fixed-k{k}-{runner}.log" for k in lengths}}
+    out: dict[str, dict[str, dict[str, int]]] = {}
+    for name, path in logs.items():
+        try:
+            with open(path, errors="replace") as f:
+                counts = graph_trace_counts(f)
+        except OSError:
+            continue
+        modes: dict[str, dict[str, int]] = {}
+        # the lengths in order, then the mixed steps
+        target = sorted(((q, mode, n) for (role, mode, q), n in counts.items()
+                         if role == "target"), key=lambda x: (x[0] is None, x[0] or 0, x[1]))
+        for q, mode, n in target:
+            modes.setdefault("mixed" if q is None else f"q={q}", {})[mode] = n
+        if modes:
+            out[name] = modes
+    return out
+
+
+def describe_graph_modes(modes: dict[str, dict[str, dict[str, int]]]) -> str:
+    """``table: q=3 FULL 100%, q=4 FULL 99% PIECEWISE 1%; fixed k=2: ...``"""
+    def shares(by_mode: dict[str, int]) -> str:
+        total = sum(by_mode.values()) or 1
+        return " ".join(f"{m} {n / total:.0%}" for m, n in
+                        sorted(by_mode.items(), key=lambda kv: -kv[1]))
+    return "; ".join(f"{server}: " + ", ".join(f"{q} {shares(by)}" for q, by in per_q.items())
+                     for server, per_q in modes.items())
+
+
 def _candidate_table(path: Path) -> DraftTable:
     """A ``tabletune.table/v1`` document, or bare ranges ``[[start, end, k], ...]``."""
     raw = read_json_file(path, "table")  # a FIFO is refused, never waited on
@@ -349,6 +387,14 @@ def cmd_doctor(args) -> int:
                                       side_by_side=args.side_by_side,
                                       max_noise=args.max_noise))
         print("  " + results[-1]["verdict"]["summary"], flush=True)
+        if envs.TRACE_GRAPHS.get():
+            # Which graph each length's steps replayed: a length off its full graphs is what
+            # the compat layer's graph fixes are for (h200-v033: k = 2 on piecewise graphs).
+            modes = graph_modes(out / "logs", runner, probe.lengths)
+            results[-1]["graph_modes"] = modes
+            print("  graph trace (target steps): "
+                  + (describe_graph_modes(modes) or "no trace lines in the servers' logs"),
+                  flush=True)
     decision = overall([r["verdict"] for r in results])
     doc = {"schema": DOCTOR_SCHEMA, "fingerprint": fingerprint, "vllm_compat": compat,
            "table": table.to_vllm(), "tolerance": args.tolerance, "max_noise": args.max_noise,

@@ -249,6 +249,37 @@ def uniform_token_count_of(args: tuple, kwargs: dict) -> int | None:
     return args[2] if len(args) > 2 else None
 
 
+GRAPH_TRACE_MARK = "TableTune graph trace ("
+
+
+def graph_trace_counts(lines) -> Counter:
+    """(role, graph mode, query length) -> dispatches, summed over the graph-trace lines (as
+    :func:`_install_graph_trace` logs them) among ``lines``, a server log's; the query length
+    is None for a step of mixed lengths. Other lines, and parts that do not parse, are
+    skipped: a diagnostic's reader must not fail on a log cut mid-line."""
+    counts: Counter = Counter()
+    for line in lines:
+        at = line.find(GRAPH_TRACE_MARK)
+        if at < 0:
+            continue
+        _, sep, body = line[at:].partition("): ")
+        if not sep:
+            continue
+        for part in body.strip().split(", "):
+            key, _, n = part.rpartition(": ")
+            fields = key.split("/")
+            if len(fields) != 3 or not fields[2].startswith("q="):
+                continue
+            role, mode, q = fields
+            try:
+                count = int(n)
+                length = None if q == "q=None" else int(q[2:])
+            except ValueError:
+                continue
+            counts[(role, mode, length)] += count
+    return counts
+
+
 def _install_graph_trace() -> None:
     from vllm.v1.worker.gpu import cudagraph_utils
 

@@ -74,3 +74,51 @@ def test_the_report_and_doctor_json_carry_the_version(monkeypatch, capsys, tmp_p
         "draft-decode-graph-candidates": "upstream",
         "speculator-drafts-scheduled-k": "upstream",
         "graph-candidates-for-every-length": "applied"}
+
+
+def _trace_line(counts: str) -> str:
+    return ("(EngineCore pid=7) INFO 12-04 18:36:01 [compat.py:300] TableTune graph trace "
+            f"(dispatches since last line, mono=1.000): {counts}\n")
+
+
+def test_the_graph_modes_of_each_server_come_from_its_log(tmp_path):
+    (tmp_path / "table-v2.log").write_text(
+        _trace_line("target/FULL/q=3: 60, target/PIECEWISE/q=3: 20, target/PIECEWISE/q=None: 5,"
+                    " draft-decode/FULL/q=1: 9")
+        + _trace_line("target/FULL/q=4: 40"))
+    (tmp_path / "fixed-k2-v2.log").write_text(_trace_line("target/FULL/q=3: 50"))
+    # fixed-k3's log holds no trace line (the trace was off there): left out
+    (tmp_path / "fixed-k3-v2.log").write_text("INFO started\n")
+    modes = doctor.graph_modes(tmp_path, "v2", [2, 3])
+    assert modes == {"table": {"q=3": {"FULL": 60, "PIECEWISE": 20}, "q=4": {"FULL": 40},
+                               "mixed": {"PIECEWISE": 5}},
+                     "fixed k=2": {"q=3": {"FULL": 50}}}
+    assert doctor.describe_graph_modes(modes) == (
+        "table: q=3 FULL 75% PIECEWISE 25%, q=4 FULL 100%, mixed PIECEWISE 100%; "
+        "fixed k=2: q=3 FULL 100%")
+
+
+def test_with_the_trace_on_the_doctor_prints_and_keeps_each_servers_graph_modes(
+        monkeypatch, capsys, tmp_path):
+    monkeypatch.delenv("TABLETUNE_COMPAT", raising=False)
+    monkeypatch.setenv("TABLETUNE_TRACE_GRAPHS", "1")
+    monkeypatch.setattr(doctor, "deployment_fingerprint",
+                        lambda spec: {"engine": "vllm", "engine_version": "0.33.0"})
+
+    def examine(spec, table, probe, *, runner, log_dir, **kwargs):
+        log_dir.mkdir(parents=True, exist_ok=True)
+        (log_dir / f"table-{runner}.log").write_text(_trace_line("target/FULL/q=4: 8"))
+        return {"runner": runner,
+                "verdict": doctor.verdict(runner, False, {}, {}, 0.0, 0.03, error="stub")}
+
+    monkeypatch.setattr(doctor, "examine_runner", examine)
+    out = tmp_path / "d"
+    for model in ("t", "dr"):
+        (tmp_path / model).mkdir()
+        (tmp_path / model / "config.json").write_text("{}")
+    assert main(["doctor", "--model", str(tmp_path / "t"), "--drafter", str(tmp_path / "dr"),
+                 "--num-prompts", "4", "--max-batch-size", "4", "--out-dir", str(out)]) == 0
+    assert "  graph trace (target steps): table: q=4 FULL 100%" in \
+        capsys.readouterr().out.splitlines()
+    doc = json.loads((out / "doctor.json").read_text())
+    assert doc["runners"][0]["graph_modes"] == {"table": {"q=4": {"FULL": 8}}}

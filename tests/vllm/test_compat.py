@@ -480,3 +480,20 @@ def test_on_0_33_a_table_length_gets_its_full_graph_where_the_bucket_lacks_it(mo
     # without a table there is one length and nothing to complete
     plain = Manager(None)
     assert plain._candidates == CudaGraphManager033Candidates(None)._candidates
+
+
+def test_the_graph_trace_lines_of_a_server_log_are_summed_and_the_rest_skipped():
+    lines = [
+        "(EngineCore pid=1) INFO 12-04 18:35:47 [compat.py:422] TableTune compat: CUDA-graph "
+        "dispatch trace on (TABLETUNE_TRACE_GRAPHS)\n",
+        "(EngineCore pid=1) INFO 12-04 18:36:01 [compat.py:300] TableTune graph trace "
+        "(dispatches since last line, mono=12.500): draft-decode/FULL/q=1: 40, "
+        "target/FULL/q=3: 10, target/PIECEWISE/q=None: 2\n",
+        "(EngineCore pid=1) INFO 12-04 18:36:02 [compat.py:300] TableTune graph trace "
+        "(dispatches since last line, mono=13.000): target/FULL/q=3: 5, target/PIECEWISE/q=3: 1, "
+        "target/FULL/q=",  # cut mid-line when the log was copied
+        "an unrelated line with target/FULL/q=3: 99\n",
+    ]
+    assert vllm_compat.graph_trace_counts(lines) == {
+        ("draft-decode", "FULL", 1): 40, ("target", "FULL", 3): 15,
+        ("target", "PIECEWISE", None): 2, ("target", "PIECEWISE", 3): 1}
