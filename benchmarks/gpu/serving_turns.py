@@ -30,7 +30,6 @@ import argparse
 import json
 import lzma
 import math
-import re
 import statistics
 import sys
 from pathlib import Path
@@ -39,6 +38,7 @@ from pathlib import Path
 from h200_s9_report import read_step_log
 
 from tabletune.vllm import host_trace
+from tabletune.vllm.compat import parse_graph_trace_line
 
 
 def open_text(path: Path):
@@ -81,24 +81,19 @@ def host_over(samples: list[dict], start_s: float, end_s: float) -> dict:
             "engine_core": mean(engine_core(d) for d in inside)}
 
 
-TRACE_LINE = re.compile(r"TableTune graph trace \(dispatches since last line, "
-                        r"mono=(?P<mono>[0-9.]+)\): (?P<counts>.*)$")
-TRACE_COUNT = re.compile(r"(?P<role>[\w-]+)/(?P<mode>\w+)/q=(?P<q>\w+): (?P<n>\d+)")
-
-
 def read_trace(lines, source: str = "") -> list[tuple[float, dict[str, int]]]:
     """[(mono, {mode: the target's dispatches in it since the previous line})] of the trace
     lines whose text before the message contains ``source``."""
     out = []
     for line in lines:
-        match = TRACE_LINE.search(line)
-        if match is None or source not in line[:match.start()]:
+        parsed = parse_graph_trace_line(line)
+        if parsed is None or source not in parsed[0]:
             continue
         modes: dict[str, int] = {}
-        for count in TRACE_COUNT.finditer(match["counts"]):
-            if count["role"] == "target":
-                modes[count["mode"]] = modes.get(count["mode"], 0) + int(count["n"])
-        out.append((float(match["mono"]), modes))
+        for (role, mode, _), n in parsed[2].items():
+            if role == "target":
+                modes[mode] = modes.get(mode, 0) + n
+        out.append((parsed[1], modes))
     return out
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import importlib.abc
 import importlib.util
 import logging
+import re
 import sys
 import time
 from collections import Counter
@@ -249,35 +250,35 @@ def uniform_token_count_of(args: tuple, kwargs: dict) -> int | None:
     return args[2] if len(args) > 2 else None
 
 
-GRAPH_TRACE_MARK = "TableTune graph trace ("
+_GRAPH_TRACE_LINE = re.compile(r"TableTune graph trace \(dispatches since last line, "
+                               r"mono=(?P<mono>[0-9.]+)\): (?P<counts>.*)$")
+_GRAPH_TRACE_COUNT = re.compile(r"(?P<role>[\w-]+)/(?P<mode>\w+)/q=(?P<q>\d+|None): (?P<n>\d+)")
+
+
+def parse_graph_trace_line(text: str) -> tuple[str, float, Counter] | None:
+    """One line of :func:`_install_graph_trace`'s: (the text before the message: vLLM's
+    process prefix, a log's path; the monotonic clock at the line; (role, graph mode, query
+    length) -> dispatches since the previous line, the length None for a step of mixed
+    lengths), or None for another line. A count cut off mid-line is left out."""
+    match = _GRAPH_TRACE_LINE.search(text)
+    if match is None:
+        return None
+    counts: Counter = Counter()
+    for count in _GRAPH_TRACE_COUNT.finditer(match["counts"]):
+        q = None if count["q"] == "None" else int(count["q"])
+        counts[(count["role"], count["mode"], q)] += int(count["n"])
+    return text[:match.start()], float(match["mono"]), counts
 
 
 def graph_trace_counts(lines) -> Counter:
-    """(role, graph mode, query length) -> dispatches, summed over the graph-trace lines (as
-    :func:`_install_graph_trace` logs them) among ``lines``, a server log's; the query length
-    is None for a step of mixed lengths. Other lines, and parts that do not parse, are
-    skipped: a diagnostic's reader must not fail on a log cut mid-line."""
-    counts: Counter = Counter()
+    """(role, graph mode, query length) -> dispatches, summed over the graph-trace lines among
+    ``lines`` (a server log's)."""
+    total: Counter = Counter()
     for line in lines:
-        at = line.find(GRAPH_TRACE_MARK)
-        if at < 0:
-            continue
-        _, sep, body = line[at:].partition("): ")
-        if not sep:
-            continue
-        for part in body.strip().split(", "):
-            key, _, n = part.rpartition(": ")
-            fields = key.split("/")
-            if len(fields) != 3 or not fields[2].startswith("q="):
-                continue
-            role, mode, q = fields
-            try:
-                count = int(n)
-                length = None if q == "q=None" else int(q[2:])
-            except ValueError:
-                continue
-            counts[(role, mode, length)] += count
-    return counts
+        parsed = parse_graph_trace_line(line)
+        if parsed is not None:
+            total.update(parsed[2])
+    return total
 
 
 def _install_graph_trace() -> None:
