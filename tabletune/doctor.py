@@ -194,6 +194,11 @@ def _pin(control: Path, doc: dict) -> None:
     write_control(control, force_k=doc.get("force_k"), table=doc.get("table"))
 
 
+def server_log(log_dir: Path, runner: str, k: int | None = None) -> Path:
+    """Where one of a runner's servers logs: the table's (``k`` None) or fixed length k's."""
+    return log_dir / (f"table-{runner}.log" if k is None else f"fixed-k{k}-{runner}.log")
+
+
 def examine_runner(spec: EngineSpec, table: DraftTable, probe: Probe, *, runner: str,
                    timer: StepTimer, log_dir: Path, tolerance: float,
                    startup_timeout_s: float, side_by_side: bool = False,
@@ -218,7 +223,7 @@ def examine_runner(spec: EngineSpec, table: DraftTable, probe: Probe, *, runner:
               "fixed_ms": fixed}
     server = VllmServer(run_spec, speculative=speculative_config(
         run_spec, table.to_vllm(), reject_all=True), reject_all=True,
-        log_path=log_dir / f"table-{runner}.log", startup_timeout_s=startup_timeout_s,
+        log_path=server_log(log_dir, runner), startup_timeout_s=startup_timeout_s,
         extra_env={CONTROL_FILE_ENV: str(control)},
         extra_args=("--scheduler-cls", SCHEDULER_CLS))
     fixed_servers = {}
@@ -227,7 +232,7 @@ def examine_runner(spec: EngineSpec, table: DraftTable, probe: Probe, *, runner:
         fixed_servers[k] = VllmServer(
             fixed_spec, speculative=(speculative_config(fixed_spec, None, reject_all=True)
                                      if k > 0 else None),
-            reject_all=k > 0, log_path=log_dir / f"fixed-k{k}-{runner}.log",
+            reject_all=k > 0, log_path=server_log(log_dir, runner, k),
             startup_timeout_s=startup_timeout_s)
     try:
         if side_by_side:
@@ -278,8 +283,8 @@ def graph_modes(log_dir: Path, runner: str, lengths) -> dict[str, dict[str, dict
     length (``q=1+k``; ``mixed`` for steps of mixed lengths, prefills among them) and CUDA-graph
     mode, from the graph-trace lines of its log (TABLETUNE_TRACE_GRAPHS=1). A server whose log
     holds none is left out."""
-    logs = {"table": log_dir / f"table-{runner}.log",
-            **{f"fixed k={k}": log_dir / f"fixed-k{k}-{runner}.log" for k in lengths}}
+    logs = {"table": server_log(log_dir, runner),
+            **{f"fixed k={k}": server_log(log_dir, runner, k) for k in lengths}}
     out: dict[str, dict[str, dict[str, int]]] = {}
     for name, path in logs.items():
         try:
