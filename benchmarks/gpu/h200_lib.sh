@@ -109,7 +109,8 @@ h200_job_sampled() {
 }
 
 # Issue 27's tune (h200_s5.sh's command: grid $GRID, serving at B = 1, 16, 64, 128, 256, the
-# default workload of 256 output tokens a request, the resolve pass on) into $WORK/$1.
+# default workload of 256 output tokens a request, the resolve pass on) into $WORK/$1; further
+# arguments go to `tabletune tune` (e.g. an --engine-arg of the configuration under test).
 h200_tune() {
   echo "$1 start $(date +%s)"
   # The target's CUDA-graph mode per half second (TableTune's compat trace), to set beside
@@ -123,7 +124,7 @@ h200_tune() {
   # shellcheck disable=SC2046
   tt tune $(engine 24000000000 0.45) --batch-sizes "$GRID" \
     --num-prompts 160 --max-tokens 128 --serving-batch-sizes 1,16,64,128,256 \
-    --serving-warm-up 1 --serving-window 2 --out-dir "$WORK/$1" 2>&1 \
+    --serving-warm-up 1 --serving-window 2 --out-dir "$WORK/$1" "${@:2}" 2>&1 \
     | grep -v "Iteration(" | tail -60
   echo "$1 end $(date +%s)"
 }

@@ -80,28 +80,73 @@ evaluate() {
 # Not in the default JOB: what the request-turnover stalls are. In h200-v033-fix, at c = 32 and
 # 64 they made 15-27 % of a fixed-K server's steps long and took 37-53 % of its time
 # (window_pauses.py --turnovers). Each window's throughput fell with its share of them
-# (r = -0.79 / -0.65). Fixed K = 2 at TURNOVER_LEVELS, one server per configuration in turn:
+# (r = -0.79 / -0.65). Fixed K = 2 at TURNOVER_LEVELS, one server per configuration in turn,
+# TURNOVER_CONFIGS of:
 #  - deployed: as deployed;
 #  - full-graphs: with full CUDA graphs for prefill-carrying batches too (cudagraph_mode FULL;
 #    0.33's FlashAttention backend supports it): are the stalls the piecewise graphs' launches?
 #  - sync: without asynchronous scheduling: is it the admission run ahead of the GPU?
 # Then `window_pauses.py $WORK/turnovers-NAME/evaluate.json --turnovers` for each.
+# The engine arguments of configuration $1, into the array CONFIG_ARGS.
+config_args() {
+  case $1 in
+    deployed) CONFIG_ARGS=() ;;
+    full-graphs) CONFIG_ARGS=(--engine-arg='--compilation-config={"cudagraph_mode":"FULL"}') ;;
+    sync) CONFIG_ARGS=(--engine-arg=--no-async-scheduling) ;;
+    *) echo "unknown configuration $1" >&2; return 2 ;;
+  esac
+}
 turnovers() {
   local name
-  for name in deployed full-graphs sync; do
-    local extra=()
-    case $name in
-      full-graphs) extra=(--engine-arg='--compilation-config={"cudagraph_mode":"FULL"}') ;;
-      sync) extra=(--engine-arg=--no-async-scheduling) ;;
-    esac
+  for name in ${TURNOVER_CONFIGS:-deployed full-graphs sync}; do
+    config_args "$name" || return
     echo "turnovers $name start $(date +%s)"
     # shellcheck disable=SC2046
-    tt evaluate $(engine 24000000000 0.45) "${extra[@]}" --max-num-seqs 256 \
+    tt evaluate $(engine 24000000000 0.45) "${CONFIG_ARGS[@]}" --max-num-seqs 256 \
       --concurrency "${TURNOVER_LEVELS:-32,64}" --requests-per-client 1 --window 1,2 \
       --repeats 3 --arms fixed:2 --startup-timeout 1200 --out-dir "$WORK/turnovers-$name" 2>&1 \
       | grep -v "Iteration("
     echo "turnovers $name end $(date +%s)"
   done
+}
+# Which configuration the tune pair runs: full-graphs where the turnovers measured it with a
+# lower share of pause steps than deployed at no cost (median throughput at every level at
+# least 98 % of deployed's), else deployed. Noise that a faster server pays is not worth
+# cutting; a quieter server that a user would not run measures the wrong deployment.
+quieter_config() {
+  python3 - "$WORK/turnovers-deployed/evaluate.json" "$WORK/turnovers-full-graphs/evaluate.json" <<'PY'
+import json, statistics, sys
+runs = {}
+for name, path in zip(("deployed", "full-graphs"), sys.argv[1:]):
+    try:
+        results = json.load(open(path))["results"]
+    except (OSError, ValueError, KeyError):
+        continue
+    levels = {}
+    for r in results:
+        levels.setdefault(r["concurrency"], []).append(r["tokens_per_s"])
+    steps = [r["steps"] for r in results if r.get("steps") and r["steps"].get("steps")]
+    share = sum(s["pauses"] for s in steps) / max(1, sum(s["steps"] for s in steps))
+    runs[name] = ({c: statistics.median(v) for c, v in levels.items()}, share)
+    print(f"{name}: pause share {share:.3f}, median tokens/s "
+          + ", ".join(f"c={c} {v:.0f}" for c, v in sorted(runs[name][0].items())), file=sys.stderr)
+choice = "deployed"
+if len(runs) == 2:
+    (base, base_share), (full, full_share) = runs["deployed"], runs["full-graphs"]
+    if full_share < base_share and all(full.get(c, 0) >= 0.98 * v for c, v in base.items()):
+        choice = "full-graphs"
+print(choice)
+PY
+}
+# Issue 27 item 5 on 0.33: two tunes of one deployment one after another (tune-cold, tune-warm;
+# after `turnovers` the first finds the compile cache of that configuration's server), in the
+# configuration quieter_config picks (TUNE_CONFIG overrides it).
+tune_pair() {
+  local config="${TUNE_CONFIG:-$(quieter_config)}"
+  echo "tune pair configuration: $config"
+  config_args "$config" || return
+  h200_tune tune-cold "${CONFIG_ARGS[@]}"
+  h200_tune tune-warm "${CONFIG_ARGS[@]}"
 }
 job() { h200_job_sampled; }
 case "$1" in
@@ -110,10 +155,10 @@ case "$1" in
     if [ -n "${COMPAT_TRY:-}" ]; then export TABLETUNE_COMPAT_TRY="$COMPAT_TRY"; fi
     python3 -c "import torch, vllm; print('torch', torch.__version__, 'vllm', vllm.__version__)"
     h200_machine_facts
-    export -f job doctor doctor_try tune evaluate turnovers engine tt h200_evaluate \
-      h200_job_sampled h200_tune
+    export -f job doctor doctor_try tune evaluate turnovers config_args quieter_config tune_pair \
+      engine tt h200_evaluate h200_job_sampled h200_tune
     export MODELS WORK OLD_TABLE GRID EVAL_LEVELS EVAL_BUDGET SAMPLER JOB ADAPTIVE \
-      TURNOVER_LEVELS
+      TURNOVER_LEVELS TURNOVER_CONFIGS TUNE_CONFIG
     h200_launch ;;
   wait) h200_wait "${2:-500}" ;;
   collect) h200_collect ;;
