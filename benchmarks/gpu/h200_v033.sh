@@ -109,6 +109,9 @@ turnovers() {
     echo "turnovers $name end $(date +%s)"
   done
 }
+# The sync configuration alone, for a job that runs it after the tune pair (its server's
+# start-up is the first thing a short device budget should cut).
+turnovers_sync() { TURNOVER_CONFIGS=sync turnovers; }
 # Which configuration the tune pair runs: full-graphs where the turnovers measured it with a
 # lower share of pause steps than deployed at no cost (median throughput at every level at
 # least 98 % of deployed's), else deployed. Noise that a faster server pays is not worth
@@ -155,8 +158,8 @@ case "$1" in
     if [ -n "${COMPAT_TRY:-}" ]; then export TABLETUNE_COMPAT_TRY="$COMPAT_TRY"; fi
     python3 -c "import torch, vllm; print('torch', torch.__version__, 'vllm', vllm.__version__)"
     h200_machine_facts
-    export -f job doctor doctor_try tune evaluate turnovers config_args quieter_config tune_pair \
-      engine tt h200_evaluate h200_job_sampled h200_tune
+    export -f job doctor doctor_try tune evaluate turnovers turnovers_sync config_args \
+      quieter_config tune_pair engine tt h200_evaluate h200_job_sampled h200_tune
     export MODELS WORK OLD_TABLE GRID EVAL_LEVELS EVAL_BUDGET SAMPLER JOB ADAPTIVE \
       TURNOVER_LEVELS TURNOVER_CONFIGS TUNE_CONFIG
     h200_launch ;;
