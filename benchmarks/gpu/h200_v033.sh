@@ -112,31 +112,41 @@ turnovers() {
 # The sync configuration alone, for a job that runs it after the tune pair (its server's
 # start-up is the first thing a short device budget should cut).
 turnovers_sync() { TURNOVER_CONFIGS=sync turnovers; }
-# Which configuration the tune pair runs: full-graphs where the turnovers measured it with a
-# lower share of pause steps than deployed at no cost (median throughput at every level at
-# least 98 % of deployed's), else deployed. Noise that a faster server pays is not worth
-# cutting; a quieter server that a user would not run measures the wrong deployment.
+# Which configuration the tune pair runs: full-graphs where the turnovers measured fixed K = 2
+# with a lower share of pause steps than the deployed configuration at no cost (median
+# throughput at every level both measured at least 98 % of deployed's), else deployed. Noise
+# that a faster server pays is not worth cutting; a quieter server that a user would not run
+# measures the wrong deployment. TURNOVER_REFERENCE: the deployed configuration's evaluate.json
+# (default this job's turnovers-deployed; a short budget can name an earlier run's, e.g.
+# h200-v033-fix's six-arm evaluation, whose fixed K = 2 windows were as long).
 quieter_config() {
-  python3 - "$WORK/turnovers-deployed/evaluate.json" "$WORK/turnovers-full-graphs/evaluate.json" <<'PY'
+  python3 - "${TURNOVER_REFERENCE:-$WORK/turnovers-deployed/evaluate.json}" \
+    "$WORK/turnovers-full-graphs/evaluate.json" <<'PY'
 import json, statistics, sys
 runs = {}
 for name, path in zip(("deployed", "full-graphs"), sys.argv[1:]):
     try:
-        results = json.load(open(path))["results"]
-    except (OSError, ValueError, KeyError):
+        results = [r for r in json.load(open(path))["results"] if r["arm"] == "fixed k=2"]
+    except (OSError, ValueError, KeyError, TypeError):
         continue
-    levels = {}
-    for r in results:
-        levels.setdefault(r["concurrency"], []).append(r["tokens_per_s"])
-    steps = [r["steps"] for r in results if r.get("steps") and r["steps"].get("steps")]
-    share = sum(s["pauses"] for s in steps) / max(1, sum(s["steps"] for s in steps))
-    runs[name] = ({c: statistics.median(v) for c, v in levels.items()}, share)
-    print(f"{name}: pause share {share:.3f}, median tokens/s "
-          + ", ".join(f"c={c} {v:.0f}" for c, v in sorted(runs[name][0].items())), file=sys.stderr)
+    if results:
+        runs[name] = results
 choice = "deployed"
 if len(runs) == 2:
-    (base, base_share), (full, full_share) = runs["deployed"], runs["full-graphs"]
-    if full_share < base_share and all(full.get(c, 0) >= 0.98 * v for c, v in base.items()):
+    levels = ({r["concurrency"] for r in runs["deployed"]}
+              & {r["concurrency"] for r in runs["full-graphs"]})
+    summary = {}
+    for name, results in runs.items():
+        kept = [r for r in results if r["concurrency"] in levels]
+        steps = [r["steps"] for r in kept if r.get("steps") and r["steps"].get("steps")]
+        share = sum(s["pauses"] for s in steps) / max(1, sum(s["steps"] for s in steps))
+        medians = {c: statistics.median(r["tokens_per_s"] for r in kept
+                                        if r["concurrency"] == c) for c in sorted(levels)}
+        summary[name] = (share, medians)
+        print(f"{name}: pause share {share:.3f}, median tokens/s "
+              + ", ".join(f"c={c} {v:.0f}" for c, v in medians.items()), file=sys.stderr)
+    (base_share, base), (full_share, full) = summary["deployed"], summary["full-graphs"]
+    if levels and full_share < base_share and all(full[c] >= 0.98 * base[c] for c in levels):
         choice = "full-graphs"
 print(choice)
 PY
@@ -161,7 +171,7 @@ case "$1" in
     export -f job doctor doctor_try tune evaluate turnovers turnovers_sync config_args \
       quieter_config tune_pair engine tt h200_evaluate h200_job_sampled h200_tune
     export MODELS WORK OLD_TABLE GRID EVAL_LEVELS EVAL_BUDGET SAMPLER JOB ADAPTIVE \
-      TURNOVER_LEVELS TURNOVER_CONFIGS TUNE_CONFIG
+      TURNOVER_LEVELS TURNOVER_CONFIGS TUNE_CONFIG TURNOVER_REFERENCE
     h200_launch ;;
   wait) h200_wait "${2:-500}" ;;
   collect) h200_collect ;;
