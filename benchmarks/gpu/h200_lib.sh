@@ -161,3 +161,57 @@ h200_convergence() {
     --out-dir "$WORK/convergence" 2>&1 | grep -v "Iteration("
   echo "convergence end $(date +%s)"
 }
+
+# Issue 27 item 3: what the request-turnover stalls are. In h200-v033-fix (vLLM 0.33), at c = 32
+# and 64 they made 15-27 % of a fixed-K server's steps long and took 37-53 % of its time
+# (window_pauses.py --turnovers; 6-16 % and 13-35 % on 0.26 in h200-s9), and each window's
+# throughput fell with its share of them (r = -0.79 / -0.65). Fixed K = 2 at TURNOVER_LEVELS
+# (default 32,64), one server per configuration of TURNOVER_CONFIGS in turn, into
+# $WORK/turnovers-NAME; then `window_pauses.py $WORK/turnovers-NAME/evaluate.json --turnovers`.
+# The configurations (h200_config_args):
+#  - deployed: as deployed;
+#  - full-graphs: full CUDA graphs for prefill-carrying batches too (cudagraph_mode FULL; the
+#    FlashAttention-3 backend of 0.26 and 0.33 declares ALWAYS graph support): are the stalls
+#    the piecewise graphs' launches?
+#  - sync: without asynchronous scheduling: is it the admission run ahead of the GPU?
+h200_config_args() {  # $1: a configuration's name; its engine arguments into CONFIG_ARGS
+  case $1 in
+    deployed) CONFIG_ARGS=() ;;
+    full-graphs) CONFIG_ARGS=(--engine-arg='--compilation-config={"cudagraph_mode":"FULL"}') ;;
+    sync) CONFIG_ARGS=(--engine-arg=--no-async-scheduling) ;;
+    *) echo "unknown configuration $1" >&2; return 2 ;;
+  esac
+}
+h200_turnovers() {
+  local name
+  for name in ${TURNOVER_CONFIGS:-deployed full-graphs sync}; do
+    h200_config_args "$name" || return
+    echo "turnovers $name start $(date +%s)"
+    # shellcheck disable=SC2046
+    tt evaluate $(engine 24000000000 0.45) "${CONFIG_ARGS[@]}" --max-num-seqs 256 \
+      --concurrency "${TURNOVER_LEVELS:-32,64}" --requests-per-client 1 --window 1,2 \
+      --repeats 3 --arms fixed:2 --startup-timeout 1200 --out-dir "$WORK/turnovers-$name" 2>&1 \
+      | grep -v "Iteration("
+    echo "turnovers $name end $(date +%s)"
+  done
+}
+
+# Issue 27 item 5: the same tune twice (tune-cold, then tune-warm), in the configuration
+# quieter_config.py picks from the turnovers (full-graphs where its fixed-K server paused less at
+# no cost in throughput, else deployed; TUNE_CONFIG overrides it), written to
+# $WORK/tune-config.txt. TURNOVER_REFERENCE: the deployed configuration's evaluate.json when this
+# job did not measure it (e.g. h200-v033-fix/evaluate/evaluate.json, whose fixed K = 2 windows were
+# as long). After the turnovers, the first tune finds that configuration's compile cache.
+h200_tune_pair() {
+  local config="${TUNE_CONFIG:-}"
+  if [ -z "$config" ]; then
+    config=$(python3 "$(dirname "$SAMPLER")/quieter_config.py" \
+      "deployed=${TURNOVER_REFERENCE:-$WORK/turnovers-deployed/evaluate.json}" \
+      "full-graphs=$WORK/turnovers-full-graphs/evaluate.json") || config=deployed
+  fi
+  echo "$config" > "$WORK/tune-config.txt"
+  echo "tune pair configuration: $config"
+  h200_config_args "$config" || return
+  h200_tune tune-cold "${CONFIG_ARGS[@]}"
+  h200_tune tune-warm "${CONFIG_ARGS[@]}"
+}

@@ -15,6 +15,9 @@
 #    (h200_paired): the arms compared within the second on one server.
 #  - convergence: issue 28 item 3, the controller started from tune-warm's table with that tune
 #    as its prior, steady 60-s windows at c = 64, 128, 256 (h200_convergence).
+#  - turnovers, turnovers_sync, tune_pair (h200_lib.sh): fixed K = 2 at TURNOVER_LEVELS under
+#    TURNOVER_CONFIGS (deployed, full-graphs, sync), the sync one alone, and the two tunes in
+#    the configuration the turnovers found quieter at no cost (TUNE_CONFIG overrides it).
 #  A part after the tunes uses $WORK/tune-warm when it holds a table, else $FALLBACK_PRIOR.
 # usage (device, repo root): benchmarks/gpu/h200_s10.sh start | wait SECONDS | collect
 set -uo pipefail
@@ -40,6 +43,9 @@ tune_warm() { h200_tune tune-warm; }
 tune_warm_switch() {
   ( export TABLETUNE_SWITCH_INTERVAL_S="${SWITCH_INTERVAL_S:-0.0005}"; h200_tune tune-warm-switch )
 }
+turnovers() { h200_turnovers; }
+turnovers_sync() { TURNOVER_CONFIGS=sync h200_turnovers; }
+tune_pair() { h200_tune_pair; }
 paired() { h200_paired "$(prior)"; }
 convergence() { h200_convergence "$(prior)"; }
 job() { h200_job_sampled; }
@@ -47,10 +53,11 @@ case "$1" in
   start)
     h200_plugin_metadata
     h200_machine_facts
-    export -f job prior tune_cold tune_warm tune_warm_switch paired convergence engine tt \
-      h200_tune h200_paired \
-      h200_convergence h200_job_sampled
-    export MODELS WORK GRID FALLBACK_PRIOR EVAL_LEVELS SAMPLER JOB PAIRED_BUDGET SWITCH_INTERVAL_S
+    export -f job prior tune_cold tune_warm tune_warm_switch turnovers turnovers_sync tune_pair \
+      paired convergence engine tt h200_tune h200_paired h200_convergence h200_job_sampled \
+      h200_config_args h200_turnovers h200_tune_pair
+    export MODELS WORK GRID FALLBACK_PRIOR EVAL_LEVELS SAMPLER JOB PAIRED_BUDGET SWITCH_INTERVAL_S \
+      TURNOVER_LEVELS TURNOVER_CONFIGS TUNE_CONFIG TURNOVER_REFERENCE
     h200_launch ;;
   wait) h200_wait "${2:-500}" ;;
   collect) h200_collect ;;

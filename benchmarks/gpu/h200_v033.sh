@@ -77,90 +77,14 @@ evaluate() {
     h200_evaluate 6500000000 0.14 6 "$arms" "$prior"
   fi
 }
-# Not in the default JOB: what the request-turnover stalls are. In h200-v033-fix, at c = 32 and
-# 64 they made 15-27 % of a fixed-K server's steps long and took 37-53 % of its time
-# (window_pauses.py --turnovers). Each window's throughput fell with its share of them
-# (r = -0.79 / -0.65). Fixed K = 2 at TURNOVER_LEVELS, one server per configuration in turn,
-# TURNOVER_CONFIGS of:
-#  - deployed: as deployed;
-#  - full-graphs: with full CUDA graphs for prefill-carrying batches too (cudagraph_mode FULL;
-#    0.33's FlashAttention backend supports it): are the stalls the piecewise graphs' launches?
-#  - sync: without asynchronous scheduling: is it the admission run ahead of the GPU?
-# Then `window_pauses.py $WORK/turnovers-NAME/evaluate.json --turnovers` for each.
-# The engine arguments of configuration $1, into the array CONFIG_ARGS.
-config_args() {
-  case $1 in
-    deployed) CONFIG_ARGS=() ;;
-    full-graphs) CONFIG_ARGS=(--engine-arg='--compilation-config={"cudagraph_mode":"FULL"}') ;;
-    sync) CONFIG_ARGS=(--engine-arg=--no-async-scheduling) ;;
-    *) echo "unknown configuration $1" >&2; return 2 ;;
-  esac
-}
-turnovers() {
-  local name
-  for name in ${TURNOVER_CONFIGS:-deployed full-graphs sync}; do
-    config_args "$name" || return
-    echo "turnovers $name start $(date +%s)"
-    # shellcheck disable=SC2046
-    tt evaluate $(engine 24000000000 0.45) "${CONFIG_ARGS[@]}" --max-num-seqs 256 \
-      --concurrency "${TURNOVER_LEVELS:-32,64}" --requests-per-client 1 --window 1,2 \
-      --repeats 3 --arms fixed:2 --startup-timeout 1200 --out-dir "$WORK/turnovers-$name" 2>&1 \
-      | grep -v "Iteration("
-    echo "turnovers $name end $(date +%s)"
-  done
-}
-# The sync configuration alone, for a job that runs it after the tune pair (its server's
-# start-up is the first thing a short device budget should cut).
-turnovers_sync() { TURNOVER_CONFIGS=sync turnovers; }
-# Which configuration the tune pair runs: full-graphs where the turnovers measured fixed K = 2
-# with a lower share of pause steps than the deployed configuration at no cost (median
-# throughput at every level both measured at least 98 % of deployed's), else deployed. Noise
-# that a faster server pays is not worth cutting; a quieter server that a user would not run
-# measures the wrong deployment. TURNOVER_REFERENCE: the deployed configuration's evaluate.json
-# (default this job's turnovers-deployed; a short budget can name an earlier run's, e.g.
-# h200-v033-fix's six-arm evaluation, whose fixed K = 2 windows were as long).
-quieter_config() {
-  python3 - "${TURNOVER_REFERENCE:-$WORK/turnovers-deployed/evaluate.json}" \
-    "$WORK/turnovers-full-graphs/evaluate.json" <<'PY'
-import json, statistics, sys
-runs = {}
-for name, path in zip(("deployed", "full-graphs"), sys.argv[1:]):
-    try:
-        results = [r for r in json.load(open(path))["results"] if r["arm"] == "fixed k=2"]
-    except (OSError, ValueError, KeyError, TypeError):
-        continue
-    if results:
-        runs[name] = results
-choice = "deployed"
-if len(runs) == 2:
-    levels = ({r["concurrency"] for r in runs["deployed"]}
-              & {r["concurrency"] for r in runs["full-graphs"]})
-    summary = {}
-    for name, results in runs.items():
-        kept = [r for r in results if r["concurrency"] in levels]
-        steps = [r["steps"] for r in kept if r.get("steps") and r["steps"].get("steps")]
-        share = sum(s["pauses"] for s in steps) / max(1, sum(s["steps"] for s in steps))
-        medians = {c: statistics.median(r["tokens_per_s"] for r in kept
-                                        if r["concurrency"] == c) for c in sorted(levels)}
-        summary[name] = (share, medians)
-        print(f"{name}: pause share {share:.3f}, median tokens/s "
-              + ", ".join(f"c={c} {v:.0f}" for c, v in medians.items()), file=sys.stderr)
-    (base_share, base), (full_share, full) = summary["deployed"], summary["full-graphs"]
-    if levels and full_share < base_share and all(full[c] >= 0.98 * base[c] for c in levels):
-        choice = "full-graphs"
-print(choice)
-PY
-}
-# Issue 27 item 5 on 0.33: two tunes of one deployment one after another (tune-cold, tune-warm;
-# after `turnovers` the first finds the compile cache of that configuration's server), in the
-# configuration quieter_config picks (TUNE_CONFIG overrides it).
-tune_pair() {
-  local config="${TUNE_CONFIG:-$(quieter_config)}"
-  echo "tune pair configuration: $config"
-  config_args "$config" || return
-  h200_tune tune-cold "${CONFIG_ARGS[@]}"
-  h200_tune tune-warm "${CONFIG_ARGS[@]}"
-}
+# Not in the default JOB (h200_lib.sh says what each asks): turnovers, fixed K = 2 at
+# TURNOVER_LEVELS under each of TURNOVER_CONFIGS (deployed, full-graphs, sync); turnovers_sync,
+# the sync one alone; tune_pair, issue 27's two tunes in the configuration the turnovers found
+# quieter at no cost (TUNE_CONFIG overrides; TURNOVER_REFERENCE names an earlier run's
+# evaluate.json as the deployed one when this job did not run it).
+turnovers() { h200_turnovers; }
+turnovers_sync() { TURNOVER_CONFIGS=sync h200_turnovers; }
+tune_pair() { h200_tune_pair; }
 job() { h200_job_sampled; }
 case "$1" in
   start)
@@ -168,8 +92,8 @@ case "$1" in
     if [ -n "${COMPAT_TRY:-}" ]; then export TABLETUNE_COMPAT_TRY="$COMPAT_TRY"; fi
     python3 -c "import torch, vllm; print('torch', torch.__version__, 'vllm', vllm.__version__)"
     h200_machine_facts
-    export -f job doctor doctor_try tune evaluate turnovers turnovers_sync config_args \
-      quieter_config tune_pair engine tt h200_evaluate h200_job_sampled h200_tune
+    export -f job doctor doctor_try tune evaluate turnovers turnovers_sync tune_pair engine tt \
+      h200_evaluate h200_job_sampled h200_tune h200_config_args h200_turnovers h200_tune_pair
     export MODELS WORK OLD_TABLE GRID EVAL_LEVELS EVAL_BUDGET SAMPLER JOB ADAPTIVE \
       TURNOVER_LEVELS TURNOVER_CONFIGS TUNE_CONFIG TURNOVER_REFERENCE
     h200_launch ;;
