@@ -497,3 +497,40 @@ def test_the_graph_trace_lines_of_a_server_log_are_summed_and_the_rest_skipped()
     assert vllm_compat.graph_trace_counts(lines) == {
         ("draft-decode", "FULL", 1): 40, ("target", "FULL", 3): 15,
         ("target", "PIECEWISE", None): 2, ("target", "PIECEWISE", 3): 1}
+
+
+def test_the_trace_reader_parses_the_writers_own_lines(monkeypatch, caplog):
+    # The reader's patterns and the writer's format string sit side by side in compat.py;
+    # here the one reads what the other wrote: a draft role, two graph modes, a mixed step.
+    class Target(CudaGraphManager026):
+        def dispatch(self, *args, **kwargs):
+            mode = "FULL" if args[2] is not None else "PIECEWISE"
+            return types.SimpleNamespace(cg_mode=types.SimpleNamespace(name=mode))
+
+    class SpeculatorCudaGraphManager(Target):
+        decode_query_len = 1
+
+    clock = [100.0]
+    monkeypatch.setattr(vllm_compat.time, "monotonic", lambda: clock[0])
+    monkeypatch.setenv("TABLETUNE_TRACE_GRAPHS_EVERY_S", "0.5")
+    _package_chain(monkeypatch, "vllm.v1.worker.gpu.cudagraph_utils")
+    _fake_vllm(monkeypatch, **{"vllm.v1.worker.gpu.cudagraph_utils":
+                               {"CudaGraphManager": Target}})
+    caplog.set_level(logging.INFO, logger="vllm.tabletune.compat")
+    vllm_compat._install_graph_trace()
+    calls = ([(Target, (2, 8, 4, 0))] * 3 + [(SpeculatorCudaGraphManager, (2, 2, 1, 0))]
+             + [(Target, (2, 9, None, 0))] * 2 + [(SpeculatorCudaGraphManager, (2, 2, 1, 0))] * 3)
+    for t, (manager, args) in zip((100.1, 100.2, 100.3, 100.35, 100.4, 100.5, 100.7, 100.8,
+                                   101.0), calls):
+        clock[0] = t
+        manager().dispatch(*args)
+    lines = [f"(EngineCore_DP0 pid=7) INFO [compat.py:310] {m}\n" for m in _messages(caplog)
+             if "graph trace" in m]
+    assert len(lines) == 2
+    prefix, mono, counts = vllm_compat.parse_graph_trace_line(lines[0])
+    assert (prefix, mono) == ("(EngineCore_DP0 pid=7) INFO [compat.py:310] ", 100.5)
+    assert counts == {("target", "FULL", 4): 3, ("target", "PIECEWISE", None): 2,
+                      ("draft-decode", "FULL", 1): 1}
+    assert vllm_compat.graph_trace_counts(lines) == {
+        ("target", "FULL", 4): 3, ("target", "PIECEWISE", None): 2,
+        ("draft-decode", "FULL", 1): 4}
