@@ -322,6 +322,20 @@ def test_the_graph_trace_passes_both_signatures_through(monkeypatch, manager, ca
         assert Manager().dispatch(*args, **kwargs).result == expected
 
 
+def _traced_at_half_seconds(monkeypatch, caplog, manager) -> list[float]:
+    """The graph trace installed on the stand-in ``manager`` with a line every 0.5 s of a
+    clock the test sets (the list returned; it starts at 100 s), INFO lines captured."""
+    clock = [100.0]
+    monkeypatch.setattr(vllm_compat.time, "monotonic", lambda: clock[0])
+    monkeypatch.setenv("TABLETUNE_TRACE_GRAPHS_EVERY_S", "0.5")
+    _package_chain(monkeypatch, "vllm.v1.worker.gpu.cudagraph_utils")
+    _fake_vllm(monkeypatch, **{"vllm.v1.worker.gpu.cudagraph_utils":
+                               {"CudaGraphManager": manager}})
+    caplog.set_level(logging.INFO, logger="vllm.tabletune.compat")
+    vllm_compat._install_graph_trace()
+    return clock
+
+
 def test_the_trace_writes_its_counts_at_the_interval_asked_for_with_the_monotonic_clock(
         monkeypatch, caplog):
     # TABLETUNE_TRACE_GRAPHS_EVERY_S = 0.5: a line once half a second has passed since the
@@ -331,14 +345,7 @@ def test_the_trace_writes_its_counts_at_the_interval_asked_for_with_the_monotoni
             super().dispatch(*args, **kwargs)
             return _Desc033()
 
-    clock = [100.0]
-    monkeypatch.setattr(vllm_compat.time, "monotonic", lambda: clock[0])
-    monkeypatch.setenv("TABLETUNE_TRACE_GRAPHS_EVERY_S", "0.5")
-    _package_chain(monkeypatch, "vllm.v1.worker.gpu.cudagraph_utils")
-    _fake_vllm(monkeypatch, **{"vllm.v1.worker.gpu.cudagraph_utils":
-                               {"CudaGraphManager": Manager}})
-    caplog.set_level(logging.INFO, logger="vllm.tabletune.compat")
-    vllm_compat._install_graph_trace()
+    clock = _traced_at_half_seconds(monkeypatch, caplog, Manager)
     for t in (100.1, 100.3, 100.6, 100.7, 101.2):
         clock[0] = t
         Manager().dispatch(2, 8, 4, 0)
@@ -510,14 +517,7 @@ def test_the_trace_reader_parses_the_writers_own_lines(monkeypatch, caplog):
     class SpeculatorCudaGraphManager(Target):
         decode_query_len = 1
 
-    clock = [100.0]
-    monkeypatch.setattr(vllm_compat.time, "monotonic", lambda: clock[0])
-    monkeypatch.setenv("TABLETUNE_TRACE_GRAPHS_EVERY_S", "0.5")
-    _package_chain(monkeypatch, "vllm.v1.worker.gpu.cudagraph_utils")
-    _fake_vllm(monkeypatch, **{"vllm.v1.worker.gpu.cudagraph_utils":
-                               {"CudaGraphManager": Target}})
-    caplog.set_level(logging.INFO, logger="vllm.tabletune.compat")
-    vllm_compat._install_graph_trace()
+    clock = _traced_at_half_seconds(monkeypatch, caplog, Target)
     calls = ([(Target, (2, 8, 4, 0))] * 3 + [(SpeculatorCudaGraphManager, (2, 2, 1, 0))]
              + [(Target, (2, 9, None, 0))] * 2 + [(SpeculatorCudaGraphManager, (2, 2, 1, 0))] * 3)
     for t, (manager, args) in zip((100.1, 100.2, 100.3, 100.35, 100.4, 100.5, 100.7, 100.8,
