@@ -205,9 +205,12 @@ h200_turnovers() {
 h200_tune_pair() {
   local config="${TUNE_CONFIG:-}"
   if [ -z "$config" ]; then
-    config=$(python3 "$(dirname "$SAMPLER")/quieter_config.py" \
-      "deployed=${TURNOVER_REFERENCE:-$WORK/turnovers-deployed/evaluate.json}" \
-      "full-graphs=$WORK/turnovers-full-graphs/evaluate.json") || config=deployed
+    if ! config=$(python3 "$(dirname "$SAMPLER")/quieter_config.py" \
+        "deployed=${TURNOVER_REFERENCE:-$WORK/turnovers-deployed/evaluate.json}" \
+        "full-graphs=$WORK/turnovers-full-graphs/evaluate.json"); then
+      echo "quieter_config.py failed (above); the tune pair runs as deployed"
+      config=deployed
+    fi
   fi
   echo "$config" > "$WORK/tune-config.txt"
   echo "tune pair configuration: $config"
