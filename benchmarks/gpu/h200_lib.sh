@@ -4,13 +4,19 @@
 
 # The deployment every H200 run measures: the Qwen3-4B-shaped target with dummy weights, the
 # one-layer EAGLE-3 drafter, V2 runner, synthetic acceptance, captured graphs up to 1 024 tokens.
-# $1: KV-cache bytes per server, $2: GPU memory fraction per server.
+# $1: KV-cache bytes per server, $2: GPU memory fraction per server. SERVER_CONFIG (default
+# deployed) adds the engine arguments of one of h200_config_args' configurations; the tune pair
+# sets it for the parts after it.
 engine() {
+  CONFIG_ARGS=()  # deployed: no call to h200_config_args, which the older jobs do not export
+  if [ "${SERVER_CONFIG:-deployed}" != deployed ]; then
+    h200_config_args "$SERVER_CONFIG" || return
+  fi
   echo --model "$MODELS/target" --drafter "$MODELS/eagle3" --method eagle3 --max-k 3 \
        --device cuda --runner v2 --cache-root /tmp/tt-cache --engine-arg=--load-format=dummy \
        --engine-arg=--kv-cache-memory-bytes="$1" --engine-arg=--gpu-memory-utilization="$2" \
        --engine-arg=--max-cudagraph-capture-size=1024 --synthetic-acceptance 0.75,0.55,0.40 \
-       --max-model-len 1024
+       --max-model-len 1024 "${CONFIG_ARGS[@]}"
 }
 tt() { python3 -m tabletune.cli "$@"; }
 
@@ -109,8 +115,7 @@ h200_job_sampled() {
 }
 
 # Issue 27's tune (h200_s5.sh's command: grid $GRID, serving at B = 1, 16, 64, 128, 256, the
-# default workload of 256 output tokens a request, the resolve pass on) into $WORK/$1; further
-# arguments go to `tabletune tune` (e.g. an --engine-arg of the configuration under test).
+# default workload of 256 output tokens a request, the resolve pass on) into $WORK/$1.
 h200_tune() {
   echo "$1 start $(date +%s)"
   # The target's CUDA-graph mode per half second (TableTune's compat trace), to set beside
@@ -124,7 +129,7 @@ h200_tune() {
   # shellcheck disable=SC2046
   tt tune $(engine 24000000000 0.45) --batch-sizes "$GRID" \
     --num-prompts 160 --max-tokens 128 --serving-batch-sizes 1,16,64,128,256 \
-    --serving-warm-up 1 --serving-window 2 --out-dir "$WORK/$1" "${@:2}" 2>&1 \
+    --serving-warm-up 1 --serving-window 2 --out-dir "$WORK/$1" 2>&1 \
     | grep -v "Iteration(" | tail -60
   echo "$1 end $(date +%s)"
 }
@@ -168,7 +173,8 @@ h200_convergence() {
 # throughput fell with its share of them (r = -0.79 / -0.65). Fixed K = 2 at TURNOVER_LEVELS
 # (default 32,64), one server per configuration of TURNOVER_CONFIGS in turn, into
 # $WORK/turnovers-NAME; then `window_pauses.py $WORK/turnovers-NAME/evaluate.json --turnovers`.
-# The configurations (h200_config_args):
+# The configurations (h200_config_args; the word-split output of `engine` carries them, so an
+# argument may hold no blank):
 #  - deployed: as deployed;
 #  - full-graphs: full CUDA graphs for prefill-carrying batches too (cudagraph_mode FULL; the
 #    FlashAttention-3 backend of 0.26 and 0.33 declares ALWAYS graph support): are the stalls
@@ -183,12 +189,13 @@ h200_config_args() {  # $1: a configuration's name; its engine arguments into CO
   esac
 }
 h200_turnovers() {
-  local name
+  local name SERVER_CONFIG  # local: the job's own configuration holds after the turnovers
   for name in ${TURNOVER_CONFIGS:-deployed full-graphs sync}; do
     h200_config_args "$name" || return
+    SERVER_CONFIG=$name
     echo "turnovers $name start $(date +%s)"
     # shellcheck disable=SC2046
-    tt evaluate $(engine 24000000000 0.45) "${CONFIG_ARGS[@]}" --max-num-seqs 256 \
+    tt evaluate $(engine 24000000000 0.45) --max-num-seqs 256 \
       --concurrency "${TURNOVER_LEVELS:-32,64}" --requests-per-client 1 --window 1,2 \
       --repeats 3 --arms fixed:2 --startup-timeout 1200 --out-dir "$WORK/turnovers-$name" 2>&1 \
       | grep -v "Iteration("
@@ -197,11 +204,13 @@ h200_turnovers() {
 }
 
 # Issue 27 item 5: the same tune twice (tune-cold, then tune-warm), in the configuration
-# quieter_config.py picks from the turnovers (full-graphs where its fixed-K server paused less at
-# no cost in throughput, else deployed; TUNE_CONFIG overrides it), written to
-# $WORK/tune-config.txt. TURNOVER_REFERENCE: the deployed configuration's evaluate.json when this
-# job did not measure it (e.g. h200-v033-fix/evaluate/evaluate.json, whose fixed K = 2 windows were
-# as long). After the turnovers, the first tune finds that configuration's compile cache.
+# quieter_config.py picks from the turnovers (full-graphs where its fixed-K server paused less
+# at no cost in throughput, else deployed; TUNE_CONFIG overrides it), written to
+# $WORK/tune-config.txt and kept in SERVER_CONFIG, so the job's later parts (paired, evaluate,
+# convergence) measure the deployment the tables were tuned on. TURNOVER_REFERENCE: the
+# deployed configuration's evaluate.json when this job did not measure it (e.g.
+# h200-v033-fix/evaluate/evaluate.json, whose fixed K = 2 windows were as long). After the
+# turnovers, the first tune finds that configuration's compile cache.
 h200_tune_pair() {
   local config="${TUNE_CONFIG:-}"
   if [ -z "$config" ]; then
@@ -212,9 +221,10 @@ h200_tune_pair() {
       config=deployed
     fi
   fi
+  h200_config_args "$config" || return
   echo "$config" > "$WORK/tune-config.txt"
   echo "tune pair configuration: $config"
-  h200_config_args "$config" || return
-  h200_tune tune-cold "${CONFIG_ARGS[@]}"
-  h200_tune tune-warm "${CONFIG_ARGS[@]}"
+  SERVER_CONFIG=$config
+  h200_tune tune-cold
+  h200_tune tune-warm
 }

@@ -57,7 +57,7 @@ case "$1" in
       paired convergence engine tt h200_tune h200_paired h200_convergence h200_job_sampled \
       h200_config_args h200_turnovers h200_tune_pair
     export MODELS WORK GRID FALLBACK_PRIOR EVAL_LEVELS SAMPLER JOB PAIRED_BUDGET SWITCH_INTERVAL_S \
-      TURNOVER_LEVELS TURNOVER_CONFIGS TUNE_CONFIG TURNOVER_REFERENCE
+      TURNOVER_LEVELS TURNOVER_CONFIGS TUNE_CONFIG TURNOVER_REFERENCE SERVER_CONFIG
     h200_launch ;;
   wait) h200_wait "${2:-500}" ;;
   collect) h200_collect ;;

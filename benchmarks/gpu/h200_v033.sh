@@ -81,7 +81,8 @@ evaluate() {
 # TURNOVER_LEVELS under each of TURNOVER_CONFIGS (deployed, full-graphs, sync); turnovers_sync,
 # the sync one alone; tune_pair, issue 27's two tunes in the configuration the turnovers found
 # quieter at no cost (TUNE_CONFIG overrides; TURNOVER_REFERENCE names an earlier run's
-# evaluate.json as the deployed one when this job did not run it).
+# evaluate.json as the deployed one when this job did not run it), the parts after it in that
+# configuration too (SERVER_CONFIG, which a job can also set from the start).
 turnovers() { h200_turnovers; }
 turnovers_sync() { TURNOVER_CONFIGS=sync h200_turnovers; }
 tune_pair() { h200_tune_pair; }
@@ -95,7 +96,7 @@ case "$1" in
     export -f job doctor doctor_try tune evaluate turnovers turnovers_sync tune_pair engine tt \
       h200_evaluate h200_job_sampled h200_tune h200_config_args h200_turnovers h200_tune_pair
     export MODELS WORK OLD_TABLE GRID EVAL_LEVELS EVAL_BUDGET SAMPLER JOB ADAPTIVE \
-      TURNOVER_LEVELS TURNOVER_CONFIGS TUNE_CONFIG TURNOVER_REFERENCE
+      TURNOVER_LEVELS TURNOVER_CONFIGS TUNE_CONFIG TURNOVER_REFERENCE SERVER_CONFIG
     h200_launch ;;
   wait) h200_wait "${2:-500}" ;;
   collect) h200_collect ;;
