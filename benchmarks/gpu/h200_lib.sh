@@ -1,4 +1,4 @@
-# Sourced by the H200 job scripts (benchmarks/gpu/h200_s5.sh, h200_s7.sh, h200_s8.sh): the
+# Sourced by the H200 job scripts (benchmarks/gpu/h200_s5.sh to h200_s10.sh, h200_v033.sh): the
 # deployment's engine options and the phases every detached job on the lent machine shares. The
 # caller sets MODELS (make_models.py's folder), WORK (the job's folder, job.out inside) and OUT.
 
