@@ -28,10 +28,10 @@ from pathlib import Path
 from serving_turns import fail
 
 
-def run_summary(results: list[dict], arm: str, levels: set[int]) -> tuple[float, dict[int, float]]:
-    """The arm's share of pause steps over its windows at ``levels`` (steps over 3 x their
+def run_summary(windows: list[dict], levels: set[int]) -> tuple[float, dict[int, float]]:
+    """One arm's share of pause steps over its windows at ``levels`` (steps over 3 x their
     window's median, ``evaluate.json`` ``steps.pauses``) and its median throughput per level."""
-    kept = [r for r in results if r["arm"] == arm and r["concurrency"] in levels]
+    kept = [r for r in windows if r["concurrency"] in levels]
     steps = [r["steps"] for r in kept if r.get("steps") and r["steps"].get("steps")]
     share = sum(s["pauses"] for s in steps) / max(1, sum(s["steps"] for s in steps))
     medians = {c: statistics.median(r["tokens_per_s"] for r in kept if r["concurrency"] == c)
@@ -42,16 +42,17 @@ def run_summary(results: list[dict], arm: str, levels: set[int]) -> tuple[float,
 def choose(reference: list[dict] | None, candidate: list[dict] | None, arm: str,
            max_loss: float) -> tuple[bool, dict[str, tuple[float, dict[int, float]]]]:
     """(whether the candidate wins, each measured run's summary at the levels both hold)."""
-    runs = {name: [r for r in results if r["arm"] == arm]
-            for name, results in (("reference", reference), ("candidate", candidate))
-            if results is not None}
-    runs = {name: results for name, results in runs.items() if results}
+    runs = {}
+    for name, results in (("reference", reference), ("candidate", candidate)):
+        windows = [r for r in results or [] if r["arm"] == arm]
+        if windows:
+            runs[name] = windows
     if len(runs) < 2:
-        return False, {name: run_summary(results, arm, {r["concurrency"] for r in results})
-                       for name, results in runs.items()}
+        return False, {name: run_summary(windows, {r["concurrency"] for r in windows})
+                       for name, windows in runs.items()}
     levels = ({r["concurrency"] for r in runs["reference"]}
               & {r["concurrency"] for r in runs["candidate"]})
-    summary = {name: run_summary(results, arm, levels) for name, results in runs.items()}
+    summary = {name: run_summary(windows, levels) for name, windows in runs.items()}
     (base_share, base), (share, medians) = summary["reference"], summary["candidate"]
     wins = bool(levels) and share < base_share and all(
         medians[c] >= (1 - max_loss) * base[c] for c in levels)
