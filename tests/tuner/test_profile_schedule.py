@@ -314,3 +314,38 @@ def test_the_reference_is_read_by_its_own_shorter_measure_and_still_guards(tmp_p
     assert rr.meta()["drift_events"], "the slow stretch was not seen"
     for key in KEYS:  # nothing timed in the slow stretch was kept
         assert ckpt.cells[key].engine_samples_ms == [truth(*key)] * 3
+
+
+class SteppingMachine(FakeMachine):
+    """Also returns each repeat's single steps (a step log): ``blocks(b, k, n)`` says how many
+    the n-th repeat of a cell holds."""
+
+    def __init__(self, blocks, odd=None):
+        super().__init__(odd=odd)
+        self.blocks = blocks
+
+    def measure(self, b: int, k: int):
+        n = self.timed.count((b, k))
+        ms, _, _ = super().measure(b, k)
+        steps = self.blocks(b, k, n)
+        return ms, ms, steps, [ms] * steps
+
+
+def test_a_cell_timed_again_with_too_few_steps_gets_its_extra_repeat(tmp_path):
+    # B=2, k=2 comes out 40 % fast in its first repeat (inconsistent: timed again); the repeat
+    # that replaces it holds 12 single steps, short of the 20 the step source needs, so it gets
+    # one more repeat like any base cell would.
+    machine = SteppingMachine(blocks=lambda b, k, n: 12 if (b, k, n) == (2, 2, 1) else 30,
+                              odd={(2, 2): lambda n: 0.6 if n == 0 else 1.0})
+    s = settings(repeats=1, reference_every=0, max_extra_repeats=1)
+    p, rr = profile(tmp_path, machine, s)
+    assert [2, 2] in rr.meta()["remeasured"]["inconsistent"]
+    assert machine.timed.count((2, 2)) == 3
+    assert p.cell(2, 2).steps == 12 + 30 and p.cell(2, 2).source == "steps"
+    assert not p.cell(2, 2).flagged
+    # The cells it was compared with were timed again too, with their 30 steps at once: no
+    # extra repeat for them, nor for any other cell.
+    again = {tuple(key) for key in rr.meta()["remeasured"]["inconsistent"]} - {(2, 2)}
+    assert again
+    assert all(machine.timed.count(key) == (2 if key in again else 1)
+               for key in KEYS if key != (2, 2))
