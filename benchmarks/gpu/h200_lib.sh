@@ -191,6 +191,8 @@ h200_config_args() {  # $1: a configuration's name; its engine arguments into CO
 h200_turnovers() {
   local name SERVER_CONFIG  # local: the job's own configuration holds after the turnovers
   for name in ${TURNOVER_CONFIGS:-deployed full-graphs sync}; do
+    # Checked here although engine() reads it again: engine() runs in a command substitution,
+    # where an unknown name would not stop the job, only start a server without its arguments.
     h200_config_args "$name" || return
     SERVER_CONFIG=$name
     echo "turnovers $name start $(date +%s)"
@@ -221,7 +223,7 @@ h200_tune_pair() {
       config=deployed
     fi
   fi
-  h200_config_args "$config" || return
+  h200_config_args "$config" || return  # an unknown TUNE_CONFIG stops here (see h200_turnovers)
   echo "$config" > "$WORK/tune-config.txt"
   echo "tune pair configuration: $config"
   SERVER_CONFIG=$config
