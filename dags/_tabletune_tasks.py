@@ -12,6 +12,7 @@ from airflow.sdk import Asset, task
 from tabletune_airflow import (
     TableTuneEngineHook,
     TableTuneMlflowHook,
+    dag_run_url,
     model_name_for,
     permanent_errors_fail_fast,
     publish_run_link,
@@ -45,6 +46,7 @@ def start_run(kind: str, params=None, run_id=None, dag_run=None, ti=None) -> dic
         model_name=model_name_for(spec, key), kind=kind,
         settings={k: v for k, v in params.items() if k != "deployment_key"},
         tags={"airflow.dag_id": dag_run.dag_id},
+        airflow_run_url=dag_run_url(dag_run.dag_id, run_id),
     )
     publish_run_link(ti, info["run_url"])
     return info

@@ -237,6 +237,20 @@ def publish_run_link(ti: Any, url: str) -> None:
     ti.xcom_push(key=RUN_LINK_XCOM_KEY, value=url)
 
 
+def dag_run_url(dag_id: str, run_id: str) -> str | None:
+    """The DAG run's page in Airflow's UI, for the MLflow run's description to link back to;
+    None without ``[api] base_url`` (both stacks set it; Airflow cannot guess its own address).
+    The run id is quoted as Airflow quotes it in its own task log links."""
+    from urllib.parse import quote
+
+    from airflow.sdk.configuration import conf
+
+    base = conf.get("api", "base_url", fallback="") or ""
+    if not base.strip():
+        return None
+    return f"{base.strip().rstrip('/')}/dags/{dag_id}/runs/{quote(run_id)}"
+
+
 def staging_key(prefix: str, model_name: str, run_id: str) -> str:
     safe_run = re.sub(r"[^A-Za-z0-9._-]", "_", run_id)
     return f"{prefix.rstrip('/')}/{model_name}/{safe_run}/prompts.jsonl"

@@ -9,7 +9,9 @@ until the DAG's failure callback has closed the run's MLflow run as FAILED.
 Then, in headless Chromium driven through its DevTools protocol, it does what an operator does:
 signs in to the Airflow UI with the login the local stack created, opens the ``start_run`` task
 of that DAG run (Details tab), finds its "MLflow run" extra link and clicks it, and checks that
-the tab it opens is the MLflow page of that very run, closed (not "Running"). Every check that
+the tab it opens is the MLflow page of that very run, closed (not "Running"), with the whole
+ending on top of its description; then it follows the description's link back to the DAG run's
+page in Airflow and checks that the DAG run is there. Every check that
 fails ends the script with exit status 1 and a line saying what was not seen; the screenshots
 are copied into ``--out`` (default docs/) only when every check passed.
 """
@@ -29,6 +31,7 @@ import tempfile
 import time
 import urllib.request
 import uuid
+from urllib.parse import quote
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -49,6 +52,8 @@ from tabletune.pipeline.gate import GateSettings  # noqa: E402
 
 DAG_ID = "tabletune_acceptance_weekly"
 LINK_NAME = "MLflow run"  # plugins/tabletune_airflow.py: MlflowRunLink.name
+# How the DAG's failure callback closes the run when an operator marks the waiting task failed.
+ENDING = "DAG run failed at task measure_acceptance"
 WIDTH, HEIGHT = 1280, 800
 
 
@@ -119,10 +124,11 @@ class Tab:
         self.send("Input.insertText", text=text)
 
     def click(self, element_js: str, what: str) -> None:
-        """A real mouse click at the centre of the element ``element_js`` evaluates to."""
+        """A real mouse click at the centre of the element ``element_js`` evaluates to (of its
+        first line: a link that wraps has nothing of its own at its bounding box's centre)."""
         box = self.evaluate(f"(() => {{ const e = {element_js}; if (!e) return null; "
                             f"e.scrollIntoView({{block: 'center'}}); "
-                            f"const r = e.getBoundingClientRect(); "
+                            f"const r = e.getClientRects()[0] || e.getBoundingClientRect(); "
                             f"return [r.x + r.width / 2, r.y + r.height / 2]; }})()")
         if box is None:
             raise CheckFailed(f"{what}: not on the page at {self.evaluate('location.href')}")
@@ -169,14 +175,15 @@ class Chromium:
     def first_tab(self) -> Tab:
         return Tab(self.pages()[0]["webSocketDebuggerUrl"])
 
-    def wait_for_new_tab(self, known: set[str], url_prefix: str, timeout_s: float = 30) -> Tab:
+    def wait_for_new_tab(self, known: set[str], url_prefix: str, link: str,
+                         timeout_s: float = 30) -> Tab:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             for page in self.pages():
                 if page["id"] not in known and page["url"].startswith(url_prefix):
                     return Tab(page["webSocketDebuggerUrl"])
             time.sleep(0.3)
-        raise CheckFailed(f"the '{LINK_NAME}' link: no tab at {url_prefix} opened within "
+        raise CheckFailed(f"{link}: no tab at {url_prefix} opened within "
                           f"{timeout_s:.0f}s of the click (tabs: "
                           f"{[p['url'] for p in self.pages()]})")
 
@@ -312,18 +319,53 @@ def airflow_link_to_mlflow(browser: Chromium, shots: Path, dag_run: str, mlflow_
 
     known = {page["id"] for page in browser.pages()}
     tab.click(anchor, f"the '{LINK_NAME}' link")  # target=_blank: MLflow opens in a new tab
-    mlflow_tab = browser.wait_for_new_tab(known, tracking_uri)
+    mlflow_tab = browser.wait_for_new_tab(known, tracking_uri, f"the '{LINK_NAME}' link")
     mlflow_tab.wait_for_text(dag_run, f"MLflow run page of {dag_run} (its name)")
     status = mlflow_run.info.status.capitalize()  # the UI writes "Failed", "Finished"
     mlflow_tab.wait_for_text(status, f"MLflow run status {status!r} on the run page")
     if mlflow_tab.evaluate("document.body.innerText.includes('Running')"):
         raise CheckFailed(f"MLflow run page of {dag_run}: says Running, the run was closed")
+    # The ending, whole, on top of the description (the tags show it cut to one line; a tag's
+    # text is "FAILED: ...", the description's "Failed: ...").
+    mlflow_tab.wait_for_text(f"{status}: {ENDING}", "the run's ending at the top of its "
+                             "description")
     close_mlflow_assistant(mlflow_tab)
     mlflow_tab.screenshot(shots / "mlflow-run-from-airflow-link.png")
+    print(f"ok: the '{LINK_NAME}' link of {DAG_ID} {dag_run}/start_run opened MLflow run "
+          f"{run_id} ({status}: {ENDING} ...)")
+    mlflow_link_to_airflow(browser, mlflow_tab, shots, dag_run, airflow)
     mlflow_tab.close()
     tab.close()
-    print(f"ok: the '{LINK_NAME}' link of {DAG_ID} {dag_run}/start_run opened MLflow run "
-          f"{run_id} ({status})")
+
+
+def unfold_description(tab: Tab) -> None:
+    """Click the run description's "Show more": it opens folded past a few lines."""
+    more = "document.querySelector('button[data-testid=show-comment-toggle]')"
+    if tab.evaluate(f"(() => {{ const b = {more}; return !!b && b.innerText.trim() === "
+                    "'Show more'; })()"):
+        tab.click(more, "the description's 'Show more'")
+        tab.wait_for_text("Show less", "the description unfolded", 10)
+
+
+def mlflow_link_to_airflow(browser: Chromium, mlflow_tab: Tab, shots: Path, dag_run: str,
+                           airflow: str) -> None:
+    """Back from the MLflow run's description to its DAG run's page in Airflow."""
+    expected = f"{airflow}/dags/{DAG_ID}/runs/{quote(dag_run)}"
+    unfold_description(mlflow_tab)
+    back = ("[...document.querySelectorAll('a')].find(a => a.href.startsWith("
+            f"{json.dumps(airflow + '/dags/')}))")
+    what = "the description's link to the DAG run"
+    href = mlflow_tab.wait_for(f"(() => {{ const a = {back}; return a && a.href; }})()", what)
+    if href != expected:
+        raise CheckFailed(f"{what}: {href}, expected {expected}")
+    known = {page["id"] for page in browser.pages()}
+    mlflow_tab.click(back, what)  # Markdown links open in a new tab
+    airflow_tab = browser.wait_for_new_tab(known, expected, what)
+    airflow_tab.wait_for_text(dag_run, f"Airflow's page of DAG run {dag_run}")
+    airflow_tab.wait_for_text("measure_acceptance", f"the tasks of DAG run {dag_run}")
+    airflow_tab.screenshot(shots / "airflow-run-from-mlflow-link.png")
+    airflow_tab.close()
+    print(f"ok: the MLflow run's description links back to {DAG_ID} {dag_run} in Airflow")
 
 
 def mlflow_pages(browser: Chromium, shots: Path, registry: MlflowRegistry,
@@ -333,6 +375,9 @@ def mlflow_pages(browser: Chromium, shots: Path, registry: MlflowRegistry,
     tab.wait_for_text(demo["run_name"], "the demo run's page")
     tab.wait_for_text("table_worst_loss", "the demo run's metrics")
     close_mlflow_assistant(tab)
+    unfold_description(tab)
+    tab.wait_for_text("Passed: all checks passed", "the gate's verdict in the description")
+    tab.evaluate("window.scrollTo(0, 0)")
     tab.screenshot(shots / "mlflow-run.png")
     runs = json.dumps([demo["seed_run"], demo["run"]])
     experiments = json.dumps([registry.experiment_id()])

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Checks, in headless Chromium (Debian package `chromium`) driven through its DevTools
 # protocol, that the Airflow UI's "MLflow run" link of a weekly DAG run's task works with the
-# login the local stack creates and opens that run's MLflow page, closed; and takes the docs'
+# login the local stack creates and opens that run's MLflow page, closed, with its ending on
+# top, and that the page's description links back to the DAG run; and takes the docs'
 # screenshots (docs/airflow-task-mlflow-link.png, docs/mlflow-run-from-airflow-link.png,
-# docs/mlflow-run.png, docs/mlflow-compare.png). See scripts/screenshots.py.
+# docs/airflow-run-from-mlflow-link.png, docs/mlflow-run.png, docs/mlflow-compare.png). See
+# scripts/screenshots.py.
 #
 # usage: infra/local/services.sh start && source "$TABLETUNE_SERVICES_DIR/env.sh" \
 #        && scripts/screenshots.sh [--out DIR]

@@ -31,6 +31,7 @@ from tabletune.adapters.mlflow_tags import (
 )
 from tabletune.core.contracts import read_json_file, save_json
 from tabletune.core.redaction import redact_params
+from tabletune.core.run_note import NOTE_TAG, plain, with_section
 
 __all__ = ["MlflowRuns"]
 
@@ -93,11 +94,25 @@ class MlflowRuns(MlflowClientBase):
             self._call(f"tagging run {run_id}",
                        lambda key=key, text=text: self._client.set_tag(run_id, key, text))
 
+    def set_note_section(self, run_id: str, heading: str, body: str) -> None:
+        """Write section ``heading`` of the run's description (``core.run_note``), keeping the
+        others; the description is cut at MLflow's tag limit."""
+        note = self._call(f"reading the description of run {run_id}",
+                          lambda: self._client.get_run(run_id).data.tags.get(NOTE_TAG, ""))
+        text = with_section(note, heading, body)
+        if len(text) > _TAG_LIMIT:
+            text = text[:_TAG_LIMIT - 2] + "…\n"
+        self._call(f"describing run {run_id}",
+                   lambda: self._client.set_tag(run_id, NOTE_TAG, text))
+
     def finish_run(self, run_id: str, status: Literal["FINISHED", "FAILED", "KILLED"],
                    outcome: str | None = None) -> None:
-        """Close the run with ``status``; ``outcome`` (tag tabletune.outcome) says why."""
+        """Close the run with ``status``; ``outcome`` (tag tabletune.outcome, and the
+        description's "Outcome" section in full) says why."""
         if outcome:
             self.set_run_tags(run_id, {OUTCOME_TAG: outcome})
+            self.set_note_section(run_id, "Outcome",
+                                  f"**{status.capitalize()}**: {plain(outcome)}")
         self._call(f"closing run {run_id}",
                    lambda: self._client.set_terminated(run_id, status=status))
 

@@ -19,6 +19,8 @@ from typing import Any
 
 from tabletune.core.contracts import Acceptance, Profile, TableDocument
 from tabletune.core.pipeline_errors import GateFailed, PromotionConflict, RegistryStateError, Superseded
+from tabletune.core.run_note import plain
+from tabletune.core.workload import Workload
 from tabletune.engine.fingerprint import fingerprint_key
 from tabletune.pipeline.candidate import build_candidate, goodput_rows
 from tabletune.pipeline.deployment import flatten_params
@@ -92,8 +94,50 @@ def rebuild(
     workload = result.document.provenance.get("workload")
     registry.log_params(mlflow_run_id, flatten_params("workload", workload) if workload else
                         {"workload": "none (uncalibrated profile: pure decode steps)"})
+    registry.set_note_section(mlflow_run_id, "Candidate table", candidate_description(
+        result, production_version=production_version,
+        production_table=production.table.table if production else None))
     log.info("candidate table for %s:\n%s", model_name, result.document.table.describe())
     return {"table": result.document.to_dict(), "metrics": result.metrics}
+
+
+def candidate_description(result: Any, *, production_version: str | None,
+                          production_table: Any) -> str:
+    """The "Candidate table" section of the run's description (Markdown): the table as vLLM
+    takes it and by range, the traffic it was built for, its in-sample loss against the best
+    single length, what moved from production, and where its two documents came from."""
+    document, metrics = result.document, result.metrics
+    table = document.table
+    rows = "\n".join(f"| {s}–{e} | {k} |" for s, e, k in table.ranges)
+    workload = document.provenance.get("workload")
+    built_for = (Workload.from_dict(workload).describe() if workload else
+                 "pure decode steps (an uncalibrated profile states no traffic)")
+    lines = [
+        f"`{json.dumps(table.to_vllm())}` (`num_speculative_tokens_per_batch_size`)",
+        "",
+        "| batch size B | draft length k |",
+        "|---|---|",
+        rows,
+        "",
+        f"- Built for: {plain(built_for)}",
+        f"- Worst-load loss, in-sample (on the profile and acceptance it was chosen from): "
+        f"{metrics['table_worst_loss']:.1%} at B = {metrics['table_worst_loss_batch_size']:.0f}; "
+        f"the best single length, k = {metrics['best_fixed_k']:.0f}: "
+        f"{metrics['best_fixed_worst_loss']:.1%}",
+    ]
+    if production_table is not None:
+        diff = production_table.diff(table, table.max_batch_size)
+        moved = plain(diff.describe()).replace("\n", "; ")
+        lines.append(f"- Against production (version {production_version}): {moved}")
+    rates = " / ".join(f"{a:.3f}" for a in result.build.rates)
+    lines.append(f"- Step times: {_source(document.provenance.get('profile_from'))}; "
+                 f"acceptance a_1..a_{len(result.build.rates)} = {rates}, "
+                 f"{_source(document.provenance.get('acceptance_from'))}")
+    return "\n".join(lines)
+
+
+def _source(origin: str | None) -> str:
+    return "measured in this run" if origin in (None, "measured") else f"from {plain(origin)}"
 
 
 def _log_goodput_and_plots(registry: Any, run_id: str, result: Any, production: Any) -> None:
@@ -199,9 +243,21 @@ def register(
         description=document.table.describe(),
     )
     registry.set_run_tags(mlflow_run_id, {"tabletune.registered_version": version})
+    registry.set_note_section(mlflow_run_id, "Gate", gate_description(report, version))
     log.info("registered %s version %s (gate %s)", model_name, version,
              "passed" if passed else "failed")
     return version
+
+
+def gate_description(report: Mapping[str, Any], version: str) -> str:
+    """The "Gate" section of the run's description (Markdown): the verdict, each failed check,
+    and what became of the registered version."""
+    if report["passed"]:
+        return (f"**Passed**: all checks passed. Registered as version {version} "
+                "(alias `candidate` until promoted).")
+    failures = "\n".join(f"- {plain(f)}" for f in report.get("failures", []))
+    return (f"**Failed**: registered as version {version} with status `rejected`; production "
+            f"is unchanged.\n\n{failures}")
 
 
 def gate_and_promote(

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 from tabletune.core.pipeline_errors import RegistryStateError
+from tabletune.core.run_note import plain
 from tabletune.engine.fingerprint import fingerprint_key
 from tabletune.pipeline.deployment import flatten_params
 
@@ -39,6 +40,14 @@ ORPHANED_OUTCOME = "orphaned:"
 # of the two wrote last (MLflow has no compare-and-set).
 ENDING_TAG = "tabletune.ending"
 RunKind = Literal["acceptance", "profile", "seed"]
+# What each kind of run does, as the run's description says it.
+RUN_KIND_TEXT = {
+    "acceptance": "Acceptance refresh: the drafts' acceptance measured on prompts sampled from "
+                  "S3, the table rebuilt on production's step-time profile",
+    "profile": "Re-profile after a deployment change: step times measured on the GPU worker, "
+               "the table rebuilt on them",
+    "seed": "Seed: the deployment's first table, from a given profile and acceptance",
+}
 
 
 def start_run(
@@ -49,12 +58,14 @@ def start_run(
     kind: RunKind,
     settings: Mapping[str, Any],
     tags: Mapping[str, str] | None = None,
+    airflow_run_url: str | None = None,
 ) -> dict[str, Any]:
     """Open (or reopen, on retry) the MLflow run of this DAG run and pin production.
 
     Logs ``settings`` as params, and for an acceptance refresh the fingerprint of the profile
     its table is built from (production's) under the same ``fingerprint.*`` names every run
-    uses. An acceptance refresh needs a production version (its profile is the one rebuilt
+    uses. The run's description says what the run is, with a link back to the DAG run's page
+    (``airflow_run_url``) when there is one. An acceptance refresh needs a production version (its profile is the one rebuilt
     from). First records any move of ``production`` made outside TableTune (the MLflow UI) and
     closes runs of the same DAG that an earlier DAG run left open.
     """
@@ -91,6 +102,9 @@ def start_run(
     registry.log_params(run_id, params)
     if drift.found:
         registry.set_run_tags(run_id, {"tabletune.registry_drift": "; ".join(drift.describe())})
+    registry.set_note_section(run_id, "Run", run_description(
+        kind=kind, model_name=model_name, run_name=run_name, dag_id=dag_id,
+        airflow_run_url=airflow_run_url, production=production))
     url = registry.run_url(run_id)
     log.info("MLflow run %s for %s: %s", run_id, run_name, url)
     return {
@@ -99,6 +113,22 @@ def start_run(
         "production_version": production,
         "run_url": url,
     }
+
+
+def run_description(*, kind: RunKind, model_name: str, run_name: str, dag_id: str | None,
+                    airflow_run_url: str | None, production: str | None) -> str:
+    """The "Run" section of a run's description (Markdown): what it does, for which
+    registered model, from which DAG run, against which production version."""
+    run = f"`{run_name}`"
+    if airflow_run_url:
+        run = f"[{plain(run_name)}]({airflow_run_url})"
+    origin = f"Airflow DAG `{dag_id}`, run {run}" if dag_id else f"run {run}"
+    against = (f"version {production} (the candidate is gated against it and promoted only "
+               "over it)" if production is not None else "none")
+    return (f"{RUN_KIND_TEXT[kind]}.\n\n"
+            f"- Registered model: `{model_name}`\n"
+            f"- From: {origin}\n"
+            f"- Production at start: {against}")
 
 
 def close_run(registry: Any, *, run_name: str, status: Literal["FINISHED", "FAILED", "KILLED"],

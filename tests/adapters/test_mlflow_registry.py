@@ -12,6 +12,7 @@ from factories import make_acceptance, make_profile
 
 from tabletune.adapters.mlflow_prior import load_production_prior
 from tabletune.adapters.mlflow_registry import MlflowRegistry
+from tabletune.core.run_note import NOTE_TAG, sections_of
 from tabletune.pipeline import candidate_flow, registry_admin, run_lifecycle, weekly_flow
 from tabletune.core.pipeline_errors import (
     GateFailed,
@@ -81,6 +82,15 @@ def test_seed_logs_lineage_and_makes_version_1_production(services, seeded, mode
     version = client.get_model_version(model, "1")
     assert version.tags["tabletune.gate"] == "passed"
     assert version.tags["tabletune.status"] == "production"
+    # What the run's page shows first: its ending, what it was, its table, the gate.
+    preamble, note = sections_of(run.data.tags[NOTE_TAG])
+    assert preamble == "" and list(note) == ["Outcome", "Run", "Candidate table", "Gate"]
+    assert note["Outcome"] == "**Finished**: promoted version 1"
+    assert note["Run"].startswith("Seed:") and f"`{model}`" in note["Run"]
+    table = registry.download_json(out["mlflow_run_id"], "table/table.json")[
+        "num_speculative_tokens_per_batch_size"]
+    assert f"`{json.dumps(table)}`" in note["Candidate table"]
+    assert note["Gate"].startswith("**Passed**: all checks passed. Registered as version 1")
 
 
 def test_promotion_moves_production_and_previous_then_rollback_restores(services, seeded, model):
@@ -117,7 +127,13 @@ def test_failed_gate_marks_the_candidate_and_leaves_production(services, seeded,
     assert state.production == "1" and state.previous is None and state.candidate == version
     tags = registry.version_tags(model, version)
     assert tags["tabletune.status"] == "rejected" and "edge k=" in tags["tabletune.gate_reason"]
-    assert registry._client.get_run(info["mlflow_run_id"]).info.status == "FAILED"
+    run = registry._client.get_run(info["mlflow_run_id"])
+    assert run.info.status == "FAILED"
+    note = sections_of(run.data.tags[NOTE_TAG])[1]
+    assert note["Outcome"].startswith("**Failed**: gate failed: edge k=")
+    assert note["Gate"].startswith(f"**Failed**: registered as version {version} with status "
+                                   "`rejected`; production is unchanged.\n\n- edge k=")
+    assert "- Against production (version 1): " in note["Candidate table"]
 
 
 def test_two_promotions_at_once_one_wins_and_aliases_stay_consistent(services, seeded, model):

@@ -24,6 +24,7 @@ import pytest
 from local_airflow import AirflowApi
 from factories import make_acceptance, make_profile
 
+from tabletune.core.run_note import NOTE_TAG, sections_of
 from tabletune.pipeline import registry_admin
 
 pytestmark = pytest.mark.services
@@ -127,6 +128,9 @@ def test_one_run_at_a_time_and_every_ending_closes_the_mlflow_run(
     # callback's ending still wins (run_lifecycle.close_orphaned_runs reads it back).
     closed = mlflow_run(registry, first, status="FAILED", timeout_s=300)
     assert "DAG run failed" in closed.data.tags["tabletune.outcome"]
+    # Its page says so on top, whole (whatever the orphan closer wrote before).
+    assert sections_of(closed.data.tags[NOTE_TAG])[1]["Outcome"].startswith(
+        "**Failed**: DAG run failed at task measure\\_acceptance")
 
     # Now the second one runs; marked failed as a whole, it gets no callback from Airflow ...
     api.wait_for_state(DAG_ID, second, "measure_acceptance", {"scheduled", "queued"})

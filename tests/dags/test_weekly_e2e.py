@@ -14,6 +14,7 @@ import datetime as dt
 import json
 import os
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 from local_airflow import AirflowApi
@@ -21,6 +22,7 @@ from factories import make_acceptance, make_profile
 
 from tabletune.adapters.mlflow_prior import load_production_prior
 from tabletune.core.contracts import load_json
+from tabletune.core.run_note import NOTE_TAG, sections_of
 from tabletune.pipeline import registry_admin
 
 pytestmark = [pytest.mark.services, pytest.mark.engine]
@@ -145,6 +147,10 @@ def run_weekly_twice(api, services, registry, model, key, prefix, today, prompts
     links = api.call("GET", f"/dags/{DAG_ID}/dagRuns/{first}/taskInstances/rebuild/links")
     assert links["extra_links"]["MLflow run"].endswith(
         f"/runs/{run.info.run_id}?workflowType=machine_learning")
+    # ... and the MLflow run's description links back to the DAG run's page.
+    note = sections_of(run.data.tags[NOTE_TAG])[1]
+    back = f"({services.airflow_url.rstrip('/')}/dags/{DAG_ID}/runs/{quote(first)})"
+    assert back in note["Run"] and note["Outcome"] == "**Finished**: promoted version 2"
 
     # Run 2: the same prompts served at temperature 1.5. Acceptance collapses, the table moves
     # well beyond a 10% edge tolerance, and the gate must stop the promotion.
@@ -158,6 +164,9 @@ def run_weekly_twice(api, services, registry, model, key, prefix, today, prompts
     after = registry.alias_state(model)
     assert after.production == "2" and after.previous == "1" and after.candidate == "3"
     rejected = registry.version_tags(model, "3")
+    note = sections_of(mlflow_run_for(registry, second).data.tags[NOTE_TAG])[1]
+    assert note["Outcome"].startswith("**Failed**: gate failed") and \
+        note["Gate"].startswith("**Failed**: registered as version 3")
     assert rejected["tabletune.status"] == "rejected" and "edge k=" in rejected[
         "tabletune.gate_reason"]
     assert load_production_prior(model, tracking_uri=services.tracking_uri,
