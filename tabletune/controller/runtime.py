@@ -26,7 +26,7 @@ from tabletune.core.prior import Prior, check_prior_fits_engine
 from tabletune.core.step_times import StepTimes
 from tabletune.core.tables import DraftTable
 from tabletune.core.vllm_contract import ALLOW_FOREIGN_ENV, FAULT_ENV, START_TABLE_ENV
-from tabletune.engine.fingerprint import fingerprint_mismatches
+from tabletune.engine.fingerprint import UNKNOWN_VALUES, fingerprint_mismatches
 
 # Under "vllm." so records go through vLLM's own log handlers in the engine process.
 logger = logging.getLogger("vllm.tabletune.controller")
@@ -34,10 +34,29 @@ logger = logging.getLogger("vllm.tabletune.controller")
 METRICS_EVERY_S = 5.0
 
 
+def graph_mode_mismatch(prior: Prior, graph_mode: str | None) -> list[str]:
+    """The prior's serving calibration timed its steps under one CUDA graph mode (the engine
+    facts it records); an engine in another serves other step times. On the H200 a fixed-K
+    server's step halved from vLLM 0.26's default FULL_AND_PIECEWISE to FULL, prefill-carrying
+    steps most (benchmarks/results/h200-s19). The mode is not in the fingerprint: that is
+    known before an engine starts, and the re-profile check compares its key then. Either side
+    not knowing the mode (an uncalibrated profile, an older vLLM) is no mismatch."""
+    engine = ((prior.profile.meta.get("serving_calibration") or {}).get("engine") or {})
+    recorded = engine.get("cudagraph_mode")
+    if recorded in UNKNOWN_VALUES or graph_mode in UNKNOWN_VALUES or str(recorded) == str(
+            graph_mode):
+        return []
+    return [f"prior profile.meta.serving_calibration.engine.cudagraph_mode: {recorded!r} but the "
+            f"engine has {graph_mode!r} (its steps run other CUDA graphs)"]
+
+
 def check_prior_matches_engine(prior: Prior, engine: Mapping, *,
-                               allow_foreign: bool = False) -> None:
-    """Refuse a prior measured on another deployment (unless ``allow_foreign``: then warn)."""
-    mismatches = fingerprint_mismatches(prior.profile.fingerprint, engine)
+                               allow_foreign: bool = False,
+                               graph_mode: str | None = None) -> None:
+    """Refuse a prior measured on another deployment, or calibrated under another CUDA graph
+    mode than the engine's ``graph_mode`` (unless ``allow_foreign``: then warn)."""
+    mismatches = (fingerprint_mismatches(prior.profile.fingerprint, engine)
+                  + graph_mode_mismatch(prior, graph_mode))
     if not mismatches:
         return
     if allow_foreign:
@@ -310,11 +329,13 @@ def build_runtime(prior: Prior, *, static_lookup: list[int], num_spec_tokens: in
 
     ``engine`` is the running engine's fingerprint
     (``tabletune.engine.fingerprint.engine_fingerprint``); when given, the prior's must agree
-    with it (see ``check_prior_matches_engine``).
+    with it, and the prior's calibration with ``engine_facts``' CUDA graph mode (see
+    ``check_prior_matches_engine``).
     """
     check_prior_fits_engine(prior, num_spec_tokens=num_spec_tokens)
     if engine is not None:
-        check_prior_matches_engine(prior, engine, allow_foreign=allow_foreign_prior)
+        check_prior_matches_engine(prior, engine, allow_foreign=allow_foreign_prior,
+                                   graph_mode=(engine_facts or {}).get("cudagraph_mode"))
     start = start_table or DraftTable.from_lookup(static_lookup[1:max_num_seqs + 1])
     if start_table is not None and start.max_k > num_spec_tokens:
         raise ContractError(f"{START_TABLE_ENV}: k={start.max_k} but the engine drafts up to "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 
@@ -94,20 +95,28 @@ def test_runtime_starts_from_the_engine_table_and_reports_rebuilds(tmp_path):
 
 
 def _engine_scheduler(model="/models/target", drafter="/models/draft", method="draft_model",
-                      device="cpu", tp=1):
-    """What controller_from_env reads from vLLM's scheduler, as plain objects."""
+                      device="cpu", tp=1, graph_mode=None):
+    """What controller_from_env reads from vLLM's scheduler, as plain objects (``graph_mode``:
+    the engine's CUDA graph mode, captured up to 1 024 tokens; None: no compilation config)."""
     from types import SimpleNamespace as NS
 
     config = NS(model_config=NS(model=model),
                 speculative_config=NS(model=drafter, method=method),
                 device_config=NS(device_type=device),
                 parallel_config=NS(tensor_parallel_size=tp))
+    if graph_mode is not None:
+        config.compilation_config = NS(cudagraph_mode=NS(name=graph_mode),
+                                       cudagraph_capture_sizes=[1, 2, 4, 512, 1024],
+                                       max_cudagraph_capture_size=1024)
     return NS(vllm_config=config, dynamic_sd_lookup=[0] + [1] * 64, num_spec_tokens=3,
               scheduler_config=NS(max_num_seqs=64))
 
 
-def _prior_with_fingerprint(tmp_path, fingerprint):
+def _prior_with_fingerprint(tmp_path, fingerprint, graph_mode=None):
     profile = make_profile(fingerprint=fingerprint)
+    if graph_mode is not None:  # as a calibrated profile records its tune server's facts
+        profile = dataclasses.replace(profile, meta={"serving_calibration": {
+            "engine": {"cudagraphs": True, "cudagraph_mode": graph_mode}}})
     acceptance = make_acceptance()
     doc = build_table(StepTimes.from_profile(profile), acceptance.rates).to_document({})
     return _write_prior(tmp_path / "prior", Prior(doc, profile, acceptance, "test"))
@@ -192,6 +201,23 @@ def test_keys_missing_on_either_side_are_not_a_mismatch(tmp_path, engine_env):
                                                 "device": "cpu", "gpu": "NVIDIA H200"})
     engine_env.setenv("TABLETUNE_CONTROLLER", str(folder))
     assert controller_from_env(_engine_scheduler(drafter=None, method=None)) is not None
+
+
+def test_a_prior_calibrated_under_another_cuda_graph_mode_is_refused(tmp_path, engine_env):
+    from tabletune.vllm.controller_setup import controller_from_env
+
+    folder = _prior_with_fingerprint(tmp_path, _SAME, graph_mode="FULL_AND_PIECEWISE")
+    engine_env.setenv("TABLETUNE_CONTROLLER", str(folder))
+    with pytest.raises(ContractError) as err:
+        controller_from_env(_engine_scheduler(graph_mode="FULL"))
+    assert ("prior profile.meta.serving_calibration.engine.cudagraph_mode: "
+            "'FULL_AND_PIECEWISE' but the engine has 'FULL'") in str(err.value)
+    # The same mode, or an engine or a profile that says nothing of it, is served.
+    assert controller_from_env(_engine_scheduler(graph_mode="FULL_AND_PIECEWISE")) is not None
+    assert controller_from_env(_engine_scheduler()) is not None
+    plain = _prior_with_fingerprint(tmp_path / "plain", _SAME)
+    engine_env.setenv("TABLETUNE_CONTROLLER", str(plain))
+    assert controller_from_env(_engine_scheduler(graph_mode="FULL")) is not None
 
 
 def test_the_escape_hatch_serves_a_foreign_prior_with_a_warning(tmp_path, engine_env, caplog):
