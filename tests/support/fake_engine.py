@@ -37,6 +37,7 @@ class FakeEngine(BaseHTTPRequestHandler):
         time.sleep(float(words[1]) if len(words) == 2 and words[0] == "wait" else ANSWER_S)
         with self.lock:
             type(self).in_flight -= 1
+            body["answered"] = True  # its handler got this far, whether or not anyone listens
         data = json.dumps({"usage": {"completion_tokens": body["max_tokens"]},
                            "choices": [{"text": f"seed {body['seed']}"}]}).encode()
         self._send(data)
