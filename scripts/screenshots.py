@@ -11,8 +11,10 @@ signs in to the Airflow UI with the login the local stack created, opens the ``s
 of that DAG run (Details tab), finds its "MLflow run" extra link and clicks it, and checks that
 the tab it opens is the MLflow page of that very run, closed (not "Running"), with the whole
 ending on top of its description; then it follows the description's link back to the DAG run's
-page in Airflow and checks that the DAG run is there. Every check that
-fails ends the script with exit status 1 and a line saying what was not seen; the screenshots
+page in Airflow and checks that the DAG run is there. Last, it opens the demo model's registry
+pages and checks that the model's description names the serving version with its table and its
+moves, and that the promoted version's description starts with its table and the gate's verdict.
+Every check that fails ends the script with exit status 1 and a line saying what was not seen; the screenshots
 are copied into ``--out`` (default docs/) only when every check passed.
 """
 
@@ -229,7 +231,8 @@ def seed_demo(registry: MlflowRegistry, key: str) -> dict[str, str]:
                                     run_name=run_name, model_name=model, version=version,
                                     report=report, production_version="1", promote=True)
     return {"seed_run": seeded["mlflow_run_id"], "run": info["mlflow_run_id"],
-            "run_name": run_name}
+            "run_name": run_name, "model": model, "version": version,
+            "table": json.dumps(built["table"]["num_speculative_tokens_per_batch_size"])}
 
 
 def weekly_run_stopped_by_operator(api: AirflowApi, registry: MlflowRegistry,
@@ -395,6 +398,28 @@ def mlflow_pages(browser: Chromium, shots: Path, registry: MlflowRegistry,
     tab.close()
 
 
+def mlflow_registry_pages(browser: Chromium, shots: Path, demo: dict[str, str],
+                          tracking_uri: str) -> None:
+    """The demo model's page (which version serves, the moves of production, the versions with
+    their tables) and the promoted version's page (its table and how to serve it)."""
+    model, version, table = demo["model"], demo["version"], demo["table"]
+    tab = browser.first_tab()
+    tab.goto(f"{tracking_uri}/#/models/{model}")
+    tab.wait_for_text(f"Serving: version {version} (alias production): {table}",
+                      "the model's description: the serving version and its table")
+    tab.wait_for_text(f"promote\t1 → {version}", "the promotion in the description's moves")
+    tab.wait_for_text("seed\tnone → 1", "the seed in the description's moves")
+    close_mlflow_assistant(tab)
+    tab.screenshot(shots / "mlflow-registered-model.png")
+    tab.goto(f"{tracking_uri}/#/models/{model}/versions/{version}")
+    tab.wait_for_text(f"{table} · gate passed", f"version {version}'s first description line")
+    tab.wait_for_text("--speculative-config", f"how to serve version {version}")
+    close_mlflow_assistant(tab)
+    tab.screenshot(shots / "mlflow-model-version.png")
+    tab.close()
+    print(f"ok: MLflow's page of {model} says version {version} serves {table}, with its moves")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=REPO / "docs",
@@ -415,6 +440,7 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 airflow_link_to_mlflow(browser, shots, dag_run, mlflow_run, tracking_uri)
                 mlflow_pages(browser, shots, registry, demo, tracking_uri)
+                mlflow_registry_pages(browser, shots, demo, tracking_uri)
             finally:
                 browser.close()
         # AirflowApi's waits assert; RuntimeError: a DevTools call the page refused

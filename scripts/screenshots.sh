@@ -4,8 +4,9 @@
 # login the local stack creates and opens that run's MLflow page, closed, with its ending on
 # top, and that the page's description links back to the DAG run; and takes the docs'
 # screenshots (docs/airflow-task-mlflow-link.png, docs/mlflow-run-from-airflow-link.png,
-# docs/airflow-run-from-mlflow-link.png, docs/mlflow-run.png, docs/mlflow-compare.png). See
-# scripts/screenshots.py.
+# docs/airflow-run-from-mlflow-link.png, docs/mlflow-run.png, docs/mlflow-compare.png), and
+# checks the demo model's registry pages (docs/mlflow-registered-model.png,
+# docs/mlflow-model-version.png). See scripts/screenshots.py.
 #
 # usage: infra/local/services.sh start && source "$TABLETUNE_SERVICES_DIR/env.sh" \
 #        && scripts/screenshots.sh [--out DIR]

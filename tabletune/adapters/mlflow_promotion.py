@@ -36,6 +36,7 @@ from tabletune.core.promotion import (
     plan_rollback,
     rollback_target,
 )
+from tabletune.core.registry_note import model_description
 
 if TYPE_CHECKING:
     from tabletune.core.prior import Prior
@@ -130,7 +131,11 @@ class MlflowPromotion(MlflowClientBase):
         if not self.drift(name).found:  # the common case: no lock, no write
             return Drift(None, None, False, {})
         with self.promotion_lock(name, owner=owner, timeout_s=lock_timeout_s) as lease:
-            return self._reconcile_locked(name, lease, self.promotion_history(name))
+            history = self.promotion_history(name)
+            drift = self._reconcile_locked(name, lease, history)
+            if drift.external_move is not None:
+                self._describe_model(name, history, None)
+            return drift
 
     def _reconcile_locked(self, name: str, lease: PromotionLease,
                           history: list[HistoryEntry]) -> Drift:
@@ -174,7 +179,7 @@ class MlflowPromotion(MlflowClientBase):
         """
         version = str(version)
         with self.promotion_lock(name, owner=owner, timeout_s=lock_timeout_s) as lease:
-            self.read_version(name, version)
+            promoted = self.read_version(name, version)
             history = self.promotion_history(name)
             self._reconcile_locked(name, lease, history)
             state = self.alias_state(name)
@@ -190,6 +195,8 @@ class MlflowPromotion(MlflowClientBase):
             if state.production is not None and state.production != version:
                 self.tag_version(name, state.production, {STATUS_TAG: PREVIOUS})
             self.tag_version(name, version, {STATUS_TAG: PRODUCTION})
+            if state.production != version:
+                self._describe_model(name, history, promoted)
             return self.alias_state(name)
 
     def rollback(
@@ -204,7 +211,7 @@ class MlflowPromotion(MlflowClientBase):
             self._reconcile_locked(name, lease, history)
             state = self.alias_state(name)
             target, new_previous = rollback_target(history, state)
-            self.read_version(name, target)
+            restored = self.read_version(name, target)
             # After reconciling, 'previous' is the target; the plan keeps the write order.
             writes = plan_rollback(dataclasses.replace(state, previous=target),
                                    previous_of_previous=new_previous)
@@ -218,4 +225,26 @@ class MlflowPromotion(MlflowClientBase):
             if new_previous is not None:
                 self.tag_version(name, new_previous, {STATUS_TAG: PREVIOUS})
             self.tag_version(name, target, {STATUS_TAG: PRODUCTION})
+            self._describe_model(name, history, restored)
             return self.alias_state(name)
+
+    def _describe_model(self, name: str, history: list[HistoryEntry],
+                        production: Prior | None) -> None:
+        """Write the registered model's description (``core.registry_note``) from the aliases
+        now, ``history`` and the production version's documents (``production``; None: read
+        here). Called last, under the lock, after a move: the move has happened by then, so a
+        description that cannot be written is a warning, not a failed promotion; the next move
+        writes it again."""
+        try:
+            state = self.alias_state(name)
+            if production is None and state.production is not None:
+                production = self.read_version(name, state.production)
+            text = model_description(
+                state, history,
+                fingerprint=production.profile.fingerprint if production else None,
+                production_table=production.table.table.to_vllm() if production else None)
+            self._call(f"describing {name!r}",
+                       lambda: self._client.update_registered_model(name, description=text))
+        except Exception as exc:  # noqa: BLE001 - see the docstring: the move stands either way
+            log.warning("%s: the registered model's description was not rewritten: %s", name,
+                        exc)

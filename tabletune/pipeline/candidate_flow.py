@@ -20,6 +20,7 @@ from typing import Any
 from tabletune.core.contracts import Acceptance, Profile, TableDocument
 from tabletune.core.pipeline_errors import GateFailed, PromotionConflict, RegistryStateError, Superseded
 from tabletune.core.run_note import plain
+from tabletune.core.registry_note import version_description
 from tabletune.core.workload import Workload
 from tabletune.engine.fingerprint import fingerprint_key
 from tabletune.pipeline.candidate import build_candidate, goodput_rows
@@ -240,7 +241,7 @@ def register(
             "tabletune.table": json.dumps(document.table.to_vllm()),
             "tabletune.fingerprint_key": document.provenance.get("fingerprint_key", ""),
         },
-        description=document.table.describe(),
+        description=version_description(document, gate_passed=passed, gate_reason=reason),
     )
     registry.set_run_tags(mlflow_run_id, {"tabletune.registered_version": version})
     registry.set_note_section(mlflow_run_id, "Gate", gate_description(report, version))

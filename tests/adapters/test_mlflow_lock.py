@@ -80,6 +80,10 @@ class FakeModelStore:
     def delete_registered_model_alias(self, name, alias):
         self._get(name).aliases.pop(alias, None)
 
+    def update_registered_model(self, name, description=None):
+        self._hook("describe", name)
+        self._get(name).description = description
+
     def set_model_version_tag(self, name, version, key, value):
         self.version_tags.setdefault((name, str(version)), {})[key] = value
 
@@ -217,3 +221,37 @@ def test_a_claim_in_progress_is_respected(store):
         with registry(store).promotion_lock(MODEL, owner="B", timeout_s=0):
             pass
     assert store.owner() == a.token and live_claim in store.models
+
+
+def test_a_promotion_describes_the_model_last_while_it_holds_the_lock(store, caplog):
+    store.models[MODEL] = SimpleNamespace(name=MODEL, tags={}, aliases={"production": "1",
+                                                                         "candidate": "2"})
+    reg = registry(store)
+    reg.read_version = lambda name, version: None  # the documents are another test's
+    held = []
+    store.on("describe", MODEL, lambda: held.append(store.owner()))
+    state = reg.promote(MODEL, "2", owner="cli")
+    assert state.production == "2" and held and held[0] is not None
+    described = store.models[MODEL].description
+    assert "**Serving:** version 2 (alias `production`). A rollback goes back to version 1" \
+        in described
+    assert "| 1 | " in described and "| promote | 1 → 2 | cli | dag |" in described
+    assert LOCK not in store.models and "description was not rewritten" not in caplog.text
+
+
+def test_a_description_that_cannot_be_written_leaves_the_promotion_standing(store, caplog):
+    store.models[MODEL] = SimpleNamespace(name=MODEL, tags={}, aliases={"production": "1",
+                                                                         "candidate": "2"})
+    reg = registry(store)
+    reg.read_version = lambda name, version: None
+
+    def refuse():
+        raise mlflow_exceptions.MlflowException("description too long")
+
+    store.on("describe", MODEL, refuse)
+    state = reg.promote(MODEL, "2", owner="cli")
+    # The aliases moved and the history has the move; only the derived text is missing.
+    assert state.production == "2" and state.previous == "1"
+    assert [e.to_version for e in reg.promotion_history(MODEL)] == ["2"]
+    assert LOCK not in store.models
+    assert f"{MODEL}: the registered model's description was not rewritten" in caplog.text

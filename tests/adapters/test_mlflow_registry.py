@@ -91,6 +91,13 @@ def test_seed_logs_lineage_and_makes_version_1_production(services, seeded, mode
         "num_speculative_tokens_per_batch_size"]
     assert f"`{json.dumps(table)}`" in note["Candidate table"]
     assert note["Gate"].startswith("**Passed**: all checks passed. Registered as version 1")
+    # The registry's pages: the version's first line (the versions list shows it) and the
+    # model's description, which names the deployment and the move that made version 1 serve.
+    assert version.description.splitlines()[0] == f"{json.dumps(table)} · gate passed"
+    described = client.get_registered_model(model).description
+    assert "vllm test" in described and "`production`): `" + json.dumps(table) in described
+    assert "**Serving:** version 1 (alias `production`)" in described
+    assert "| 1 | " in described and "| seed | none → 1 |" in described
 
 
 def test_promotion_moves_production_and_previous_then_rollback_restores(services, seeded, model):
@@ -107,10 +114,22 @@ def test_promotion_moves_production_and_previous_then_rollback_restores(services
         cache_dir=services.env["TABLETUNE_STATE_DIR"]).table
     assert prior_table.to_dict() == built["table"]
 
+    described = registry._client.get_registered_model(model).description
+    assert (f"**Serving:** version {version} (alias `production`): "
+            f"`{json.dumps(built['table']['num_speculative_tokens_per_batch_size'])}`. A rollback "
+            "goes back to version 1 (alias `previous`).") in described
+    assert described.index(f"| promote | 1 → {version} | weekly-a |") < described.index(
+        "| seed | none → 1 |")  # newest first
+
     rolled = registry_admin.promote_version(registry, model_name=model, action="rollback",
                                             version=None, owner="test")
     assert rolled["production"] == "1" and rolled["previous"] is None
     assert registry.version_tags(model, version)["tabletune.status"] == "rolled_back"
+    described = registry._client.get_registered_model(model).description
+    assert "**Serving:** version 1 (alias `production`)" in described
+    assert "alias `previous`" not in described
+    assert described.index(f"| rollback | {version} → 1 | test |") < described.index(
+        f"| promote | 1 → {version} |")
 
 
 def test_failed_gate_marks_the_candidate_and_leaves_production(services, seeded, model):
@@ -134,6 +153,9 @@ def test_failed_gate_marks_the_candidate_and_leaves_production(services, seeded,
     assert note["Gate"].startswith(f"**Failed**: registered as version {version} with status "
                                    "`rejected`; production is unchanged.\n\n- edge k=")
     assert "- Against production (version 1): " in note["Candidate table"]
+    description = registry._client.get_model_version(model, version).description
+    assert description.splitlines()[0].endswith("· gate failed")
+    assert "- Gate: **failed**: edge k=" in description
 
 
 def test_two_promotions_at_once_one_wins_and_aliases_stay_consistent(services, seeded, model):
@@ -379,6 +401,10 @@ def test_a_ui_move_is_recorded_as_external_and_rollback_undoes_it(services, seed
     assert registry.version_tags(model, "3")["tabletune.status"] == "previous"
     # reconciled once
     assert registry_admin.registry_report(registry, model_name=model)["drift"] == []
+    # The model's page says so too: written by the reconciliation, not by the UI's move.
+    described = registry._client.get_registered_model(model).description
+    assert "**Serving:** version 1 (alias `production`)" in described
+    assert "| external | 3 → 1 | MLflow UI or API" in described
 
     # Rollback goes back to the version that was production before the hand move.
     rolled = registry_admin.promote_version(registry, model_name=model, action="rollback",
