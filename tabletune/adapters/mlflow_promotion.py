@@ -195,8 +195,8 @@ class MlflowPromotion(MlflowClientBase):
             if state.production is not None and state.production != version:
                 self.tag_version(name, state.production, {STATUS_TAG: PREVIOUS})
             self.tag_version(name, version, {STATUS_TAG: PRODUCTION})
-            if state.production != version:
-                self._describe_model(name, history, promoted)
+            # Also when nothing moved now: the reconciliation may have recorded a move.
+            self._describe_model(name, history, promoted)
             return self.alias_state(name)
 
     def rollback(

@@ -6,7 +6,7 @@ registered model's and a version's description as Markdown).
   gate's verdict. Below it come the ranges, the option to paste into vLLM, the traffic the table
   was built for and the acceptance it was chosen with.
 - The **registered model's** description says which deployment the tables are for, which version
-  serves now with its table, what ``previous`` and ``candidate`` point at, and the recent moves of
+  serves now with its table, where a rollback goes (``previous``), and the recent moves of
   ``production``. The same facts are in the aliases and in one JSON tag per move
   (``tabletune.history.NNNNNN``), but the model page shows those tags as raw JSON. TableTune
   writes this text again after every move that it makes or records.
@@ -93,15 +93,11 @@ def model_description(state: AliasState, history: Sequence[HistoryEntry], *,
         table = f": `{json.dumps([list(r) for r in production_table])}`" if production_table \
             else ""
         serving = f"**Serving:** version {state.production} (alias `production`){table}."
-    others = []
+    # Not the candidate: registering one moves no production, so this text would go stale.
     if state.previous is not None:
-        others.append(f"a rollback goes back to version {state.previous} (alias `previous`)")
-    if state.candidate is not None:
-        others.append(f"version {state.candidate} waits as `candidate`")
-    after = "; ".join(others)
+        serving += f" A rollback goes back to version {state.previous} (alias `previous`)."
     lines = ["TableTune draft-length tables for one deployment: "
-             + deployment_line(fingerprint) + ".", "",
-             serving + (f" {after[:1].upper()}{after[1:]}." if after else "")]
+             + deployment_line(fingerprint) + ".", "", serving]
     entries = sorted(history, key=lambda e: e.seq, reverse=True)
     if entries:
         lines += ["", "Moves of `production`, newest first:", "",

@@ -78,7 +78,8 @@ def test_the_model_says_what_serves_what_waits_and_the_moves_newest_first():
                              production_table=[[1, 8, 2], [9, 32, 1]])
     assert text.startswith("TableTune draft-length tables for one deployment: vllm test.\n")
     assert ("**Serving:** version 1 (alias `production`): `[[1, 8, 2], [9, 32, 1]]`. A rollback "
-            "goes back to version 2 (alias `previous`); version 3 waits as `candidate`.") in text
+            "goes back to version 2 (alias `previous`).\n") in text
+    assert "candidate" not in text  # registering one moves nothing: it would go stale here
     rows = [line for line in text.splitlines() if line.startswith("| ") and "→" in line]
     assert [r.split(" | ")[2] for r in rows] == ["external", "promote", "seed"]
     assert rows[2].startswith("| 1 | 2026-12-02 04:12:51 | seed | none → 1 | dag:weekly | dag |")
