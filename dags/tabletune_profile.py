@@ -55,18 +55,21 @@ from tabletune.core.defaults import DEFAULT_EDGE_TOLERANCE
                              description="Batch sizes to profile (default: the tuner's grid)."),
         "repeats": Param(None, type=["null", "integer"], minimum=1,
                          description="Repeats per (B, k) cell (default: the tuner's, as "
-                                     "`tabletune tune` takes them on this device)."),
+                                     "tabletune tune takes them on this device)."),
         "workload_output_tokens": Param(
             None, type=["null", "integer"], minimum=2,
             description="The traffic the table is built for: mean output tokens a request "
-                        "(default: the tuner's, as `tabletune tune` states it)."),
+                        "(default: the tuner's, as tabletune tune states it)."),
         "edge_tolerance": Param(DEFAULT_EDGE_TOLERANCE, type="number", minimum=0,
                                 description="Applied only if the fingerprint did not change."),
-        "max_batch_size": Param(None, type=["null", "integer"], minimum=1),
+        "max_batch_size": Param(None, type=["null", "integer"], minimum=1,
+                                description="Largest batch size the table covers (default: "
+                                            "production's, else the largest profiled)."),
         "tie_margin": Param(None, type=["null", "number"], minimum=0,
                             description="Default: the production table's recorded margin."),
-        "deployment_key": Param(None, type=["null", "string"]),
-        "promote": Param(True, type="boolean"),
+        "deployment_key": Param(None, type=["null", "string"],
+                                description="Registered model key (default: from the engine)."),
+        "promote": Param(True, type="boolean", description="Promote when the gate passes."),
     },
 )
 def tabletune_profile():

@@ -11,7 +11,8 @@
 
 Promotions hold a lock on the registered model, so two at once cannot leave the aliases half
 moved; the loser fails with the reason. Compare versions first in the MLflow UI (Models ->
-`tabletune-<deployment key>` -> versions; each links to its run's plots and gate report).
+`tabletune-<deployment key>`: its description says which version serves and lists the recent
+moves of production; each version links to its run's plots and gate report).
 """
 
 from __future__ import annotations
@@ -37,11 +38,15 @@ from tabletune_airflow import (
     default_args={**DEFAULT_ARGS, "retries": 0},
     tags=["tabletune"],
     params={
-        "action": Param("promote", type="string", enum=["promote", "rollback"]),
-        "version": Param(None, type=["null", "string"], description="Version to promote."),
+        "action": Param("promote", type="string", enum=["promote", "rollback"],
+                        description="promote: make the version below production; rollback: back to "
+                                    "the version that was production before it."),
+        "version": Param(None, type=["null", "string"],
+                         description="Version to promote (not used by a rollback)."),
         "expected_production": Param(None, type=["null", "string"],
                                      description="Refuse unless production is this version."),
-        "deployment_key": Param(None, type=["null", "string"]),
+        "deployment_key": Param(None, type=["null", "string"],
+                                description="Registered model key (default: from the engine)."),
     },
 )
 def tabletune_promote():

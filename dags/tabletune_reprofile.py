@@ -42,7 +42,8 @@ from tabletune_airflow import (
     params={
         "force": Param(False, type="boolean",
                        description="Emit the event even if the fingerprint is unchanged."),
-        "deployment_key": Param(None, type=["null", "string"]),
+        "deployment_key": Param(None, type=["null", "string"],
+                                description="Registered model key (default: from the engine)."),
     },
 )
 def tabletune_reprofile():

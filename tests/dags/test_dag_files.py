@@ -40,3 +40,21 @@ def test_the_shared_task_module_is_not_a_dag_file(services):
     dag_files = sorted(p.rsplit("/", 1)[1] for p in list_py_file_paths(str(REPO / "dags")))
     assert dag_files == sorted(f"{dag_id}.py" for dag_id in DAG_IDS)
     assert (REPO / "dags" / "_tabletune_tasks.py").is_file()
+
+
+def test_every_field_of_every_trigger_form_says_what_it_is(services):
+    # Airflow's "Trigger DAG" form shows a param's description under its field; a field without
+    # one is a bare name an operator has to look up in the DAG's code.
+    api = AirflowApi(services.airflow_url, services.env["TABLETUNE_AIRFLOW_USER"],
+                     services.env["TABLETUNE_AIRFLOW_PASSWORD"])
+    bare = {}
+    for dag_id in DAG_IDS:
+        api.wait_for_dag(dag_id)
+        params = api.call("GET", f"/dags/{dag_id}/details")["params"]
+        assert params, dag_id
+        missing = sorted(name for name, p in params.items() if not (p.get("description") or ""))
+        # The form shows a description as plain text: Markdown's backticks would show as such.
+        marked = sorted(name for name, p in params.items() if "`" in (p.get("description") or ""))
+        if missing or marked:
+            bare[dag_id] = {"no description": missing, "backticks": marked}
+    assert bare == {}
