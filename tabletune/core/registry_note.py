@@ -21,7 +21,7 @@ from typing import Any
 from tabletune.core.contracts import TableDocument
 from tabletune.core.promotion import AliasState, HistoryEntry
 from tabletune.core.run_note import plain
-from tabletune.core.workload import Workload
+from tabletune.core.workload import describe_built_for
 
 __all__ = ["HISTORY_ROWS", "deployment_line", "model_description", "version_description"]
 
@@ -38,9 +38,6 @@ def version_description(document: TableDocument, *, gate_passed: bool, gate_reas
     verdict = "gate passed" if gate_passed else "gate failed"
     option = {"num_speculative_tokens": document.num_speculative_tokens,
               "num_speculative_tokens_per_batch_size": table.to_vllm()}
-    workload = document.provenance.get("workload")
-    built_for = (Workload.from_dict(workload).describe() if isinstance(workload, Mapping) else
-                 "pure decode steps (an uncalibrated profile states no traffic)")
     reason = str(gate_reason)
     if len(reason) > _REASON_CHARS:
         reason = reason[:_REASON_CHARS] + " …"
@@ -53,7 +50,7 @@ def version_description(document: TableDocument, *, gate_passed: bool, gate_reas
         "and model keys), or promote it: TableTune's controller loads the version that the "
         "alias `production` points at.",
         "",
-        f"- Built for: {plain(built_for)}",
+        f"- Built for: {plain(describe_built_for(document.provenance))}",
     ]
     rates = document.goodput.rates
     if rates:

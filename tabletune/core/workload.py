@@ -24,17 +24,25 @@ workload is chosen from. Pure: numbers in, numbers out.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from tabletune.core.errors import check_dict, check_positive, check_str, fail
 
-__all__ = ["Workload", "DEFAULT_OUTPUT_TOKENS", "steps_per_request", "prefill_mix",
-           "serving_step_ms", "goodput_step_ms", "steady_first_lengths"]
+__all__ = ["Workload", "DEFAULT_OUTPUT_TOKENS", "NO_STATED_WORKLOAD", "describe_built_for",
+           "steps_per_request", "prefill_mix", "serving_step_ms", "goodput_step_ms",
+           "steady_first_lengths"]
 
 # Output tokens per request when the user states none: a chat-style answer. (The acceptance
 # run's 64-token requests are a measuring device, not traffic.)
 DEFAULT_OUTPUT_TOKENS = 256
+
+
+# What a table built from an uncalibrated profile was built for: its provenance states no
+# workload, and its step times are the reject-all profile's.
+NO_STATED_WORKLOAD = ("no stated workload (an uncalibrated profile: pure decode steps at a "
+                      "steady batch, no prefills)")
 
 
 @dataclass(frozen=True)
@@ -149,3 +157,11 @@ def steady_first_lengths(low: int, high: int, clients: int) -> list[int]:
             r += 1
         out.append(max(r, 1))
     return out
+
+
+def describe_built_for(provenance: Mapping[str, Any]) -> str:
+    """The traffic a table document's provenance says the table was built for, on one line."""
+    raw = provenance.get("workload")
+    if raw is None:
+        return NO_STATED_WORKLOAD
+    return Workload.from_dict(raw, "table.provenance.workload").describe()

@@ -21,7 +21,7 @@ from tabletune.core.contracts import Acceptance, Profile, TableDocument
 from tabletune.core.pipeline_errors import GateFailed, PromotionConflict, RegistryStateError, Superseded
 from tabletune.core.run_note import plain
 from tabletune.core.registry_note import version_description
-from tabletune.core.workload import Workload
+from tabletune.core.workload import describe_built_for
 from tabletune.engine.fingerprint import fingerprint_key
 from tabletune.pipeline.candidate import build_candidate, goodput_rows
 from tabletune.pipeline.deployment import flatten_params
@@ -110,9 +110,7 @@ def candidate_description(result: Any, *, production_version: str | None,
     document, metrics = result.document, result.metrics
     table = document.table
     rows = "\n".join(f"| {s}–{e} | {k} |" for s, e, k in table.ranges)
-    workload = document.provenance.get("workload")
-    built_for = (Workload.from_dict(workload).describe() if workload else
-                 "pure decode steps (an uncalibrated profile states no traffic)")
+    built_for = describe_built_for(document.provenance)
     lines = [
         f"`{json.dumps(table.to_vllm())}` (`num_speculative_tokens_per_batch_size`)",
         "",

@@ -14,6 +14,7 @@ from tabletune.core.contracts import GoodputBlock, Profile, TableDocument
 from tabletune.core.errors import check_dict, check_int, check_sequence
 from tabletune.core.losses import goodput_loss
 from tabletune.core.tables import DOCS_TABLE
+from tabletune.core.workload import describe_built_for
 
 
 def describe_calibration(profile: Profile) -> str:
@@ -38,7 +39,7 @@ def describe_document(doc: TableDocument) -> str:
            "num_speculative_tokens_per_batch_size": table.to_vllm()}
     lines.append("paste into vLLM (merge with your method/model keys):")
     lines.append(f"  --speculative-config '{json.dumps(cfg)}'")
-    lines.append("built for: " + _describe_workload(doc.provenance))
+    lines.append("built for: " + describe_built_for(doc.provenance))
     g = doc.goodput
     if g.tokens_per_s:
         # GoodputBlock.from_dict saw to it that a non-empty matrix comes with its lengths,
@@ -72,16 +73,6 @@ def describe_document(doc: TableDocument) -> str:
                          "worst fold")
     lines += _describe_edges(g) + _describe_profile_trust(doc.provenance)
     return "\n".join(lines)
-
-
-def _describe_workload(prov: dict) -> str:
-    from tabletune.core.workload import Workload
-
-    raw = prov.get("workload")
-    if raw is None:
-        return ("no stated workload (an uncalibrated profile: pure decode steps at a steady "
-                "batch, no prefills)")
-    return Workload.from_dict(raw, "table.provenance.workload").describe()
 
 
 def _batch_size_runs(batch_sizes: list, interpolated: set) -> list[str]:

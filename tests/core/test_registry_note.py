@@ -13,7 +13,7 @@ from tabletune.core.registry_note import (HISTORY_ROWS, deployment_line, model_d
                                           version_description)
 from tabletune.core.run_note import plain
 from tabletune.core.step_times import StepTimes
-from tabletune.core.workload import Workload
+from tabletune.core.workload import NO_STATED_WORKLOAD, Workload
 
 
 def document(workload=None):
@@ -38,7 +38,7 @@ def test_a_versions_first_line_is_its_table_and_the_gates_verdict():
     option = {"num_speculative_tokens": doc.num_speculative_tokens,
               "num_speculative_tokens_per_batch_size": doc.table.to_vllm()}
     assert f"`--speculative-config '{json.dumps(option)}'`" in body
-    assert "- Built for: pure decode steps (an uncalibrated profile states no traffic)" in body
+    assert f"- Built for: {plain(NO_STATED_WORKLOAD)}" in body
     rates = " / ".join(f"{a:.3f}" for a in doc.goodput.rates)
     assert f"- Acceptance it was chosen with: a_1..a_{len(doc.goodput.rates)} = {rates}" in body
     assert text.endswith("\n- Gate: **passed**: all checks passed\n")

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from factories import make_acceptance, make_profile
 
+from tabletune.core.run_note import plain
 from tabletune.core.tables import DraftTable
+from tabletune.core.workload import NO_STATED_WORKLOAD
 from tabletune.pipeline.candidate import build_candidate
 from tabletune.pipeline.candidate_flow import candidate_description, gate_description
 from tabletune.pipeline.run_lifecycle import run_description
@@ -41,7 +43,7 @@ def test_the_candidate_section_shows_the_table_its_traffic_and_its_in_sample_los
     assert str(table.to_vllm()).replace(" ", "") in text.replace(" ", "")
     for start, end, k in table.ranges:
         assert f"| {start}–{end} | {k} |" in text
-    assert "- Built for: pure decode steps (an uncalibrated profile states no traffic)" in text
+    assert f"- Built for: {plain(NO_STATED_WORKLOAD)}" in text
     worst = result.metrics["table_worst_loss"]
     assert f"- Worst-load loss, in-sample (on the profile and acceptance it was chosen from): " \
            f"{worst:.1%}" in text
