@@ -134,7 +134,7 @@ class MlflowPromotion(MlflowClientBase):
             history = self.promotion_history(name)
             drift = self._reconcile_locked(name, lease, history)
             if drift.external_move is not None:
-                self._describe_model(name, history, None)
+                self._describe_model(name, history, self.alias_state(name), None)
             return drift
 
     def _reconcile_locked(self, name: str, lease: PromotionLease,
@@ -195,9 +195,10 @@ class MlflowPromotion(MlflowClientBase):
             if state.production is not None and state.production != version:
                 self.tag_version(name, state.production, {STATUS_TAG: PREVIOUS})
             self.tag_version(name, version, {STATUS_TAG: PRODUCTION})
+            final = self.alias_state(name)
             # Also when nothing moved now: the reconciliation may have recorded a move.
-            self._describe_model(name, history, promoted)
-            return self.alias_state(name)
+            self._describe_model(name, history, final, promoted)
+            return final
 
     def rollback(
         self, name: str, *, owner: str = "tabletune", via: Literal["cli", "dag"] = "dag",
@@ -225,18 +226,18 @@ class MlflowPromotion(MlflowClientBase):
             if new_previous is not None:
                 self.tag_version(name, new_previous, {STATUS_TAG: PREVIOUS})
             self.tag_version(name, target, {STATUS_TAG: PRODUCTION})
-            self._describe_model(name, history, restored)
-            return self.alias_state(name)
+            final = self.alias_state(name)
+            self._describe_model(name, history, final, restored)
+            return final
 
-    def _describe_model(self, name: str, history: list[HistoryEntry],
+    def _describe_model(self, name: str, history: list[HistoryEntry], state: AliasState,
                         production: Prior | None) -> None:
         """Write the registered model's description (``core.registry_note``) from the aliases
-        now, ``history`` and the production version's documents (``production``; None: read
-        here). Called last, under the lock, after a move: the move has happened by then, so a
-        description that cannot be written is a warning, not a failed promotion; the next move
-        writes it again."""
+        now (``state``), ``history`` and the production version's documents (``production``;
+        None: read here). Called last, under the lock, after a move: the move has happened by
+        then, so a description that cannot be written is a warning, not a failed promotion; the
+        next move writes it again."""
         try:
-            state = self.alias_state(name)
             if production is None and state.production is not None:
                 production = self.read_version(name, state.production)
             text = model_description(

@@ -36,6 +36,7 @@ from tabletune.core.goodput_block import GoodputBlock
 from tabletune.core.tables import DraftTable
 
 __all__ = [
+    "FINGERPRINT_UNKNOWN_VALUES",
     "PROFILE_SCHEMA",
     "ACCEPTANCE_SCHEMA",
     "TABLE_SCHEMA",
@@ -215,6 +216,10 @@ class ProfileCell:
         flags = check_sequence(d.get("flags", []), f"{name}.flags")
         cell = cls(**{**d, "samples_ms": tuple(samples), "flags": tuple(flags)})
         return cell.validated(name)
+
+
+# Fingerprint values that mean "not known": never a mismatch, never shown as a fact.
+FINGERPRINT_UNKNOWN_VALUES = (None, "", "unknown", "not-installed")
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from tabletune.core.contracts import TableDocument
+from tabletune.core.contracts import FINGERPRINT_UNKNOWN_VALUES, TableDocument
 from tabletune.core.promotion import AliasState, HistoryEntry
 from tabletune.core.run_note import plain
 from tabletune.core.workload import describe_built_for
@@ -73,7 +73,7 @@ def deployment_line(fingerprint: Mapping[str, Any] | None) -> str:
                        ("drafter", "drafter"), ("method", "method"),
                        ("tensor_parallel_size", "tensor parallel")):
         value = fp.get(key)
-        if value not in (None, "", "unknown", "not-installed"):
+        if value not in FINGERPRINT_UNKNOWN_VALUES:
             shown = f"`{value}`" if key in ("model", "drafter") else plain(value)
             parts.append(f"{label} {shown}")
     return " · ".join(parts) or "not known (the fingerprint names none of its fields)"

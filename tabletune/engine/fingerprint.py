@@ -21,6 +21,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from tabletune.core.contracts import FINGERPRINT_UNKNOWN_VALUES
 from tabletune.engine.spec import EngineSpec
 
 __all__ = ["FINGERPRINT_FIELDS", "UNKNOWN_VALUES", "deployment_fingerprint", "engine_fingerprint",
@@ -32,7 +33,7 @@ __all__ = ["FINGERPRINT_FIELDS", "UNKNOWN_VALUES", "deployment_fingerprint", "en
 FINGERPRINT_FIELDS = ("engine", "engine_version", "model", "drafter", "method", "device", "gpu",
                       "tensor_parallel_size")
 # Fingerprint values that mean "not known" (never a mismatch).
-UNKNOWN_VALUES = (None, "", "unknown", "not-installed")
+UNKNOWN_VALUES = FINGERPRINT_UNKNOWN_VALUES
 
 
 def engine_version() -> tuple[str, str]:
