@@ -8,7 +8,7 @@ from parsing it as a DAG file of its own.
 
 from __future__ import annotations
 
-from airflow.sdk import Asset, task
+from airflow.sdk import Asset, Param, task
 from tabletune_airflow import (
     TableTuneEngineHook,
     TableTuneMlflowHook,
@@ -22,6 +22,29 @@ from tabletune_airflow import (
 # tabletune_reprofile emits it when the deployment changed; tabletune_profile runs on it.
 FINGERPRINT_CHANGED = Asset(name="tabletune_fingerprint_changed",
                             uri="x-tabletune://deployment/fingerprint")
+
+
+def deployment_key_param() -> Param:
+    """The form field every DAG has for which registered model it works on."""
+    return Param(None, type=["null", "string"],
+                 description="Registered model key (default: from the engine).")
+
+
+def candidate_params() -> dict[str, Param]:
+    """The form fields that ``rebuild`` and ``gate_and_promote`` below read, for a DAG that
+    builds a candidate table with them (a new instance each call: a DAG owns its params)."""
+    return {
+        "max_batch_size": Param(None, type=["null", "integer"], minimum=1,
+                                description="Largest batch size the table covers (default: "
+                                            "production's, else the largest profiled)."),
+        "tie_margin": Param(None, type=["null", "number"], minimum=0,
+                            description="How much higher (relative, 0.005 = 0.5 %) another "
+                                        "length's goodput must be to take a batch size from "
+                                        "the length of the one before it (default: the "
+                                        "production table's recorded margin)."),
+        "deployment_key": deployment_key_param(),
+        "promote": Param(True, type="boolean", description="Promote when the gate passes."),
+    }
 
 
 # DAG params that set the gate, by GateSettings field; a DAG without one gets the library's default.

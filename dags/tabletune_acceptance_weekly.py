@@ -24,7 +24,14 @@ from __future__ import annotations
 
 import datetime as dt
 
-from _tabletune_tasks import gate_and_promote, rebuild, register, start_run, validate
+from _tabletune_tasks import (
+    candidate_params,
+    gate_and_promote,
+    rebuild,
+    register,
+    start_run,
+    validate,
+)
 from airflow.sdk import Param, dag, task
 from tabletune_airflow import (
     DEFAULT_ARGS,
@@ -61,6 +68,8 @@ _STAGING = envs.STAGING_PREFIX.get()
     catchup=False,
     max_active_runs=1,
     **MLFLOW_RUN_CALLBACKS,
+    description=("Weekly: re-measure acceptance on a week of sampled prompts, rebuild the table, "
+                 "gate it and promote it"),
     doc_md=__doc__,
     default_args=DEFAULT_ARGS,
     tags=["tabletune"],
@@ -87,20 +96,14 @@ _STAGING = envs.STAGING_PREFIX.get()
         "max_tokens": Param(DEFAULT_MAX_TOKENS, type="integer", minimum=1,
                             description="Output tokens a request while measuring acceptance."),
         "edge_tolerance": Param(DEFAULT_EDGE_TOLERANCE, type="number", minimum=0,
-                                description="Max relative move of any table edge."),
+                                description="Max relative move of any table edge against "
+                                            "production's."),
         "edge_tolerance_per_length": Param({}, type="object",
                                            description='Per-length overrides, e.g. {"1": 0.1}.'),
         "compare_edges": Param(True, type="boolean",
                                description="Apply the edge tolerance (turn off only after review, "
                                            "e.g. for the first run after seeding)."),
-        "max_batch_size": Param(None, type=["null", "integer"], minimum=1,
-                                description="Largest batch size the table covers (default: "
-                                            "production's, else the largest profiled)."),
-        "tie_margin": Param(None, type=["null", "number"], minimum=0,
-                            description="Default: the production table's recorded margin."),
-        "deployment_key": Param(None, type=["null", "string"],
-                                description="Registered model key (default: from the engine)."),
-        "promote": Param(True, type="boolean", description="Promote when the gate passes."),
+        **candidate_params(),
     },
 )
 def tabletune_acceptance_weekly():

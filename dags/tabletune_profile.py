@@ -19,6 +19,7 @@ from pathlib import Path
 
 from _tabletune_tasks import (
     FINGERPRINT_CHANGED,
+    candidate_params,
     gate_and_promote,
     rebuild,
     register,
@@ -47,12 +48,15 @@ from tabletune.core.defaults import DEFAULT_EDGE_TOLERANCE
     catchup=False,
     max_active_runs=1,
     **MLFLOW_RUN_CALLBACKS,
+    description=("Profile step times on the engine worker as tabletune tune does, rebuild the "
+                 "table, gate it and promote it"),
     doc_md=__doc__,
     default_args=DEFAULT_ARGS,
     tags=["tabletune"],
     params={
         "batch_sizes": Param(None, type=["null", "array"], items={"type": "integer", "minimum": 1},
-                             description="Batch sizes to profile (default: the tuner's grid)."),
+                             description="Batch sizes to profile, e.g. [1, 2, 4, 8] (empty: the "
+                                         "tuner's grid)."),
         "repeats": Param(None, type=["null", "integer"], minimum=1,
                          description="Repeats per (B, k) cell (default: the tuner's, as "
                                      "tabletune tune takes them on this device)."),
@@ -61,15 +65,10 @@ from tabletune.core.defaults import DEFAULT_EDGE_TOLERANCE
             description="The traffic the table is built for: mean output tokens a request "
                         "(default: the tuner's, as tabletune tune states it)."),
         "edge_tolerance": Param(DEFAULT_EDGE_TOLERANCE, type="number", minimum=0,
-                                description="Applied only if the fingerprint did not change."),
-        "max_batch_size": Param(None, type=["null", "integer"], minimum=1,
-                                description="Largest batch size the table covers (default: "
-                                            "production's, else the largest profiled)."),
-        "tie_margin": Param(None, type=["null", "number"], minimum=0,
-                            description="Default: the production table's recorded margin."),
-        "deployment_key": Param(None, type=["null", "string"],
-                                description="Registered model key (default: from the engine)."),
-        "promote": Param(True, type="boolean", description="Promote when the gate passes."),
+                                description="Max relative move of any table edge against "
+                                            "production's; applied only if the fingerprint "
+                                            "did not change."),
+        **candidate_params(),
     },
 )
 def tabletune_profile():

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import datetime as dt
 
+from _tabletune_tasks import deployment_key_param
 from airflow.sdk import Param, dag, task
 from tabletune_airflow import (
     DEFAULT_ARGS,
@@ -34,6 +35,8 @@ from tabletune_airflow import (
     schedule=None,
     start_date=dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc),
     catchup=False,
+    description=("By hand: make a registered table version production, or roll back to the one "
+                 "before"),
     doc_md=__doc__,
     default_args={**DEFAULT_ARGS, "retries": 0},
     tags=["tabletune"],
@@ -45,8 +48,7 @@ from tabletune_airflow import (
                          description="Version to promote (not used by a rollback)."),
         "expected_production": Param(None, type=["null", "string"],
                                      description="Refuse unless production is this version."),
-        "deployment_key": Param(None, type=["null", "string"],
-                                description="Registered model key (default: from the engine)."),
+        "deployment_key": deployment_key_param(),
     },
 )
 def tabletune_promote():

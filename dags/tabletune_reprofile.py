@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import datetime as dt
 
-from _tabletune_tasks import FINGERPRINT_CHANGED
+from _tabletune_tasks import FINGERPRINT_CHANGED, deployment_key_param
 from airflow.sdk import Param, dag, task
 from tabletune_airflow import (
     DEFAULT_ARGS,
@@ -36,14 +36,15 @@ from tabletune_airflow import (
     start_date=dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc),
     catchup=False,
     max_active_runs=1,
+    description=("Hourly: start tabletune_profile when the deployment changed or the controller "
+                 "marked its profile stale"),
     doc_md=__doc__,
     default_args=DEFAULT_ARGS,
     tags=["tabletune"],
     params={
         "force": Param(False, type="boolean",
                        description="Emit the event even if the fingerprint is unchanged."),
-        "deployment_key": Param(None, type=["null", "string"],
-                                description="Registered model key (default: from the engine)."),
+        "deployment_key": deployment_key_param(),
     },
 )
 def tabletune_reprofile():

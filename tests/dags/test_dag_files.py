@@ -58,3 +58,18 @@ def test_every_field_of_every_trigger_form_says_what_it_is(services):
         if missing or marked:
             bare[dag_id] = {"no description": missing, "backticks": marked}
     assert bare == {}
+
+
+def test_every_dag_says_in_one_line_what_it_does_and_has_its_docs(services):
+    # The DAG list and the Details tab show the description (empty, a reader sees only an id);
+    # the "Dag Docs" button opens doc_md.
+    api = AirflowApi(services.airflow_url, services.env["TABLETUNE_AIRFLOW_USER"],
+                     services.env["TABLETUNE_AIRFLOW_PASSWORD"])
+    unsaid = {}
+    for dag_id in DAG_IDS:
+        api.wait_for_dag(dag_id)
+        details = api.call("GET", f"/dags/{dag_id}/details")
+        description = (details.get("description") or "").strip()
+        if not description or "\n" in description or not (details.get("doc_md") or "").strip():
+            unsaid[dag_id] = {"description": description, "doc_md": bool(details.get("doc_md"))}
+    assert unsaid == {}
