@@ -414,7 +414,8 @@ def measured_prompt_tokens(cells: Sequence[ServingCell]) -> float | None:
 
 
 def workload_step(cell: ServingCell, workload: Workload, rates: Sequence[float],
-                  decode_ms: float | None = None) -> dict:
+                  decode_ms: float | None = None,
+                  prefill: tuple[float, float] | None = None) -> dict:
     """The step time the table is chosen from at this cell under ``workload``
     (``core.workload``). Returns the parts with the value (``step_ms``) and its relative error.
 
@@ -427,6 +428,12 @@ def workload_step(cell: ServingCell, workload: Workload, rates: Sequence[float],
     sums; a prefill's cost is e = (m - d) / p over the profile's decode step d, and the workload
     pays d + lambda e, lambda its prefills per step (``prefill_mix``): the loop's own share
     of prefills is replaced by the workload's (a loop's warm-up leaves it short at large B).
+    A window whose steps at B carried no prefill says nothing of e: it takes ``prefill``, (e,
+    its error in ms) pooled over the other lengths' windows at this B (``prefill_costs``), and
+    its own mean only where no window at this B carried one. Its mean alone would drop the
+    workload's prefills and put the window's moment in place of the profile's decode step: on
+    this CPU a k = 2 window at B = 8 with none in its 15 steps read 0.93 of the profile's step,
+    where the other lengths read 1.02-1.10, and moved the table (2026-12-05).
 
     Without ``decode_ms``: the window's median pure decode step and median prefill-carrying step
     mixed as the workload mixes them; the window's mean where the step log has too few pure
@@ -441,10 +448,18 @@ def workload_step(cell: ServingCell, workload: Workload, rates: Sequence[float],
             serving = decode_ms + per_step * extra
             # d is the profile's (its uncertainty joins in calibration): m's error, scaled.
             error = per_step / mix.prefills_per_step * mix.mean_ms * mix.mean_error / serving
+            how = ("the profile's pure decode step and a prefill's cost from the window's mean "
+                   "period and prefills per step, mixed for the workload")
+        elif prefill is not None:
+            cost, cost_error = prefill
+            serving = decode_ms + per_step * cost
+            error = per_step * cost_error / serving
+            how = ("the profile's pure decode step and a prefill's cost from the other "
+                   "lengths' windows at this batch size (this one carried no prefill), mixed "
+                   "for the workload")
         else:
             serving, error = mix.mean_ms, mix.mean_error
-        how = ("the profile's pure decode step and a prefill's cost from the window's mean "
-               "period and prefills per step, mixed for the workload")
+            how = "window mean (no window at this batch size carried a prefill)"
     elif mix is None or mix.decode is None:
         serving = cell.window.step_ms
         error = cell.window.noise / 2.0
@@ -484,11 +499,39 @@ def measured_for_calibration(cells: Sequence[ServingCell], workload: Workload | 
     half their difference)."""
     if workload is None:
         return {(c.batch_size, c.k): (c.window.step_ms, c.window.noise / 2.0) for c in cells}
-    out = {}
+    return {(w["batch_size"], w["k"]): (w["step_ms"], w["uncertainty"])
+            for w in workload_steps(cells, workload, rates, decode)}
+
+
+def prefill_costs(cells: Sequence[ServingCell], decode: dict[tuple[int, int], float]
+                  ) -> dict[int, tuple[float, float]]:
+    """{B: (a prefill's cost e in ms, its standard error in ms)} from the windows at B whose
+    steps carried prefills: e = sum n (m - d) / sum n p over them (n steps at B, m their mean
+    period, p their prefills per step, d the profile's pure decode step; ``workload_step``),
+    at least 0. The cost of bringing a request in does not depend on the length the others
+    draft, so the lengths' windows pool."""
+    sums: dict[int, list[float]] = {}
     for c in cells:
-        w = workload_step(c, workload, rates, (decode or {}).get((c.batch_size, c.k)))
-        out[(c.batch_size, c.k)] = (w["step_ms"], w["uncertainty"])
-    return out
+        mix, d = c.steps, decode.get((c.batch_size, c.k))
+        if mix is None or mix.mean_ms is None or d is None or mix.prefills_per_step <= 0:
+            continue
+        acc = sums.setdefault(c.batch_size, [0.0, 0.0, 0.0])
+        n = mix.steps_at_b
+        acc[0] += n * (mix.mean_ms - d)
+        acc[1] += n * mix.prefills_per_step
+        acc[2] += (n * mix.mean_ms * mix.mean_error) ** 2
+    return {b: (max(0.0, extra / prefills), math.sqrt(var) / prefills)
+            for b, (extra, prefills, var) in sums.items()}
+
+
+def workload_steps(cells: Sequence[ServingCell], workload: Workload, rates: Sequence[float],
+                   decode: dict[tuple[int, int], float] | None = None) -> list[dict]:
+    """``workload_step`` of every cell, with the profile's ``decode`` steps and, for a window
+    that carried no prefill, the prefill cost its batch size's other windows measured."""
+    decode = decode or {}
+    costs = prefill_costs(cells, decode)
+    return [workload_step(c, workload, rates, decode.get((c.batch_size, c.k)),
+                          costs.get(c.batch_size)) for c in cells]
 
 
 def acceptance_pinned(server: VllmServer, control: Path, prompts: Sequence[str], *,
@@ -547,10 +590,10 @@ def settled_at(cells: Sequence[ServingCell], batch_size: int, lengths: Sequence[
     under ``workload`` (goodput (1 + A_k) / T from ``workload_step``, with the profile's decode
     steps ``decode``; see RESOLVE_MARGIN)."""
     scored = {}
-    for c in cells:
-        if c.batch_size == batch_size and c.k in lengths:
-            w = workload_step(c, workload, rates, (decode or {}).get((c.batch_size, c.k)))
-            scored[c.k] = (w["tokens_per_step"] / w["step_ms"], w["uncertainty"])
+    here = [c for c in cells if c.batch_size == batch_size]
+    for w in workload_steps(here, workload, rates, decode):
+        if w["k"] in lengths:
+            scored[w["k"]] = (w["tokens_per_step"] / w["step_ms"], w["uncertainty"])
     if len(scored) < len(set(lengths)):
         return False
     best = max(scored, key=lambda k: scored[k][0])

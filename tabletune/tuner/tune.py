@@ -364,7 +364,7 @@ def tune(spec: EngineSpec, plan: TunePlan, out_dir: Path, *, prompts: Sequence[s
     from tabletune.tuner.serving import (acceptance_pinned, launch_tune_server,
                                          measured_for_calibration, measured_prompt_tokens,
                                          resolve_contested, serving_windows, wait_for,
-                                         workload_step)
+                                         workload_steps)
 
     out = Path(out_dir)
     started = time.time() if started is None else started
@@ -457,13 +457,13 @@ def tune(spec: EngineSpec, plan: TunePlan, out_dir: Path, *, prompts: Sequence[s
                             "step times a prefill's cost (m - d) / p, m the window's mean "
                             "period and p its prefills per step at B requests (TableTune's "
                             "step log; sums of periods, which asynchronous scheduling leaves "
-                            "intact), per token of goodput (tabletune.core.workload); the "
-                            "window's mean where the step log has too few steps",
+                            "intact), per token of goodput (tabletune.core.workload); a "
+                            "window that carried no prefill at B takes e pooled over the "
+                            "other lengths' windows at B; the window's mean where the step "
+                            "log has too few steps",
                   "workload": workload.to_dict(),
                   "plan": plan.serving.to_dict(), "windows": [c.to_dict() for c in cells],
-                  "workload_steps": [workload_step(c, workload, rates,
-                                                   decode.get((c.batch_size, c.k)))
-                                     for c in cells]})
+                  "workload_steps": workload_steps(cells, workload, rates, decode)})
         save_json(out / "profile.json", profile)
         if on_calibrated is not None:
             on_calibrated(profile)

@@ -16,7 +16,8 @@ from tabletune.tuner.assemble import assemble_profile
 from tabletune.tuner.profile_settings import ProfileSettings
 from tabletune.tuner.raw_cell import RawCell
 from tabletune.tuner.serving import (ServingCell, StepMix, measured_for_calibration,
-                                     window_from_steps, workload_step)
+                                     prefill_costs, window_from_steps, workload_step,
+                                     workload_steps)
 
 
 def truth(b: int, k: int) -> float:
@@ -258,6 +259,44 @@ def test_a_window_without_prefills_is_its_own_mean_and_turns_that_differ_are_unc
     w = workload_step(cell, Workload(32), (0.8, 0.6), decode_ms=9.0)
     assert w["serving_step_ms"] == pytest.approx(10.0)
     assert w["uncertainty"] > 0.05
+
+
+def _turn(t0, k, decode_ms, prefill_every=None, prefill_extra_ms=6.0, n=12):
+    """A synchronous turn at B = 8: pure decode steps of ``decode_ms``, and every
+    ``prefill_every``-th step one that brought a request in and cost ``prefill_extra_ms`` more."""
+    return [step(t0 + i, decode_ms + prefill_extra_ms, 8, new=1, k=k)
+            if prefill_every and i % prefill_every == 0 else step(t0 + i, decode_ms, 8, k=k)
+            for i in range(n)]
+
+
+def test_a_window_without_prefills_takes_the_prefill_cost_its_batch_sizes_other_windows_saw():
+    # k = 1 and 3 windows carried prefills (6 ms each on top of their decode steps); the k = 2
+    # window carried none and ran in a fast moment of the host: 0.93 of the profile's step.
+    decode = {(8, 1): 10.0, (8, 2): 12.0, (8, 3): 14.0}
+    with_1 = [_turn(100 * j, 1, 10.0, prefill_every=4) for j in range(3)]
+    with_3 = [_turn(1000 + 100 * j, 3, 14.0, prefill_every=3) for j in range(3)]
+    without = [_turn(2000 + 100 * j, 2, 12.0 * 0.93) for j in range(3)]
+    cells = [ServingCell(8, k, window(), StepMix.from_blocks(b, 8, k), tuple(b))
+             for k, b in ((1, with_1), (2, without), (3, with_3))]
+    assert cells[1].steps.prefills_per_step == 0.0
+    rates = (0.8, 0.6, 0.4)
+    costs = prefill_costs(cells, decode)
+    assert costs[8][0] == pytest.approx(6.0)  # the turns agree: no spread
+    steps = {w["k"]: w for w in workload_steps(cells, Workload(32), rates, decode)}
+    q, n = prefill_mix(8, 32, 1 + 0.8 + 0.6)
+    assert steps[2]["serving_step_ms"] == pytest.approx(12.0 + q * n * 6.0)
+    assert "other lengths' windows" in steps[2]["how"]
+    # The windows that carried prefills keep their own (the same cost here).
+    q1, n1 = prefill_mix(8, 32, 1 + 0.8)
+    assert steps[1]["serving_step_ms"] == pytest.approx(10.0 + q1 * n1 * 6.0)
+    # Calibration reads the same: the k = 2 step is no longer below the profile's.
+    measured = measured_for_calibration(cells, Workload(32), rates, decode)
+    assert measured[(8, 2)][0] == pytest.approx(steps[2]["step_ms"])
+    assert steps[2]["serving_step_ms"] > decode[(8, 2)]
+    # With no window at its batch size carrying a prefill, the window's own mean stands.
+    alone = workload_steps([cells[1]], Workload(32), rates, decode)[0]
+    assert alone["serving_step_ms"] == pytest.approx(12.0 * 0.93)
+    assert alone["how"].startswith("window mean")
 
 
 def test_a_serving_loop_short_of_steps_is_timed_again_with_blocks_twice_as_long(
