@@ -140,12 +140,15 @@ def main(folders: list[str]) -> None:
     print("| tune | steps | median | p90 | p99 | mean | median at B = 120..136 (steps) |")
     print("|---|---|---|---|---|---|---|")
     for n, d in dirs.items():
+        if not any((d / "logs" / name).exists() for name in ("tune.steps", "tune.steps.xz")):
+            print(f"| {n} | (no step log kept) | | | | | |")
+            continue
         steps, _ = step_log(d).since(0)
         cost = [s.recording_ns / 1e3 for s in steps if s.recording_ns > 0]
         mid = [s.recording_ns / 1e3 for s in steps if s.recording_ns > 0 and 120 <= s.requests <= 136]
         print(f"| {n} | {len(cost)} | {statistics.median(cost):.1f} | {quantile(cost, .9):.1f} "
               f"| {quantile(cost, .99):.1f} | {statistics.fmean(cost):.1f} | "
-              f"{statistics.median(mid):.1f} ({len(mid)}) |")
+              + (f"{statistics.median(mid):.1f} ({len(mid)}) |" if mid else "- (0) |"))
 
 
 if __name__ == "__main__":
