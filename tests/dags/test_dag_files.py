@@ -42,15 +42,23 @@ def test_the_shared_task_module_is_not_a_dag_file(services):
     assert (REPO / "dags" / "_tabletune_tasks.py").is_file()
 
 
+def dag_details(services) -> dict[str, dict]:
+    """{DAG id: what the REST API's details say of it}, as the UI's pages read them."""
+    api = AirflowApi(services.airflow_url, services.env["TABLETUNE_AIRFLOW_USER"],
+                     services.env["TABLETUNE_AIRFLOW_PASSWORD"])
+    details = {}
+    for dag_id in DAG_IDS:
+        api.wait_for_dag(dag_id)
+        details[dag_id] = api.call("GET", f"/dags/{dag_id}/details")
+    return details
+
+
 def test_every_field_of_every_trigger_form_says_what_it_is(services):
     # Airflow's "Trigger DAG" form shows a param's description under its field; a field without
     # one is a bare name an operator has to look up in the DAG's code.
-    api = AirflowApi(services.airflow_url, services.env["TABLETUNE_AIRFLOW_USER"],
-                     services.env["TABLETUNE_AIRFLOW_PASSWORD"])
     bare = {}
-    for dag_id in DAG_IDS:
-        api.wait_for_dag(dag_id)
-        params = api.call("GET", f"/dags/{dag_id}/details")["params"]
+    for dag_id, details in dag_details(services).items():
+        params = details["params"]
         assert params, dag_id
         missing = sorted(name for name, p in params.items() if not (p.get("description") or ""))
         # The form shows a description as plain text: Markdown's backticks would show as such.
@@ -63,12 +71,8 @@ def test_every_field_of_every_trigger_form_says_what_it_is(services):
 def test_every_dag_says_in_one_line_what_it_does_and_has_its_docs(services):
     # The DAG list and the Details tab show the description (empty, a reader sees only an id);
     # the "Dag Docs" button opens doc_md.
-    api = AirflowApi(services.airflow_url, services.env["TABLETUNE_AIRFLOW_USER"],
-                     services.env["TABLETUNE_AIRFLOW_PASSWORD"])
     unsaid = {}
-    for dag_id in DAG_IDS:
-        api.wait_for_dag(dag_id)
-        details = api.call("GET", f"/dags/{dag_id}/details")
+    for dag_id, details in dag_details(services).items():
         description = (details.get("description") or "").strip()
         if not description or "\n" in description or not (details.get("doc_md") or "").strip():
             unsaid[dag_id] = {"description": description, "doc_md": bool(details.get("doc_md"))}
