@@ -95,6 +95,9 @@ def rebuild(info: dict, profile: dict | None = None, acceptance: dict | None = N
 @task
 @permanent_errors_fail_fast
 def validate(info: dict, built: dict, params=None) -> dict:
+    """Run the great-expectations gate on the candidate table against production (the edge
+    tolerance from this run's params) and log its report to the MLflow run; a failed gate does
+    not fail this task: ``gate_and_promote`` does, after the version is registered."""
     from tabletune.pipeline import candidate_flow
     from tabletune.pipeline.gate import GateSettings
 
@@ -110,6 +113,8 @@ def validate(info: dict, built: dict, params=None) -> dict:
 @task
 @permanent_errors_fail_fast
 def register(info: dict, built: dict, report: dict, run_id=None) -> str:
+    """Register the candidate table as a new version of the deployment's model (alias
+    ``candidate``), tagged and described with the gate's verdict; returns the version."""
     from tabletune.pipeline import candidate_flow
 
     return candidate_flow.register(
@@ -123,6 +128,8 @@ def register(info: dict, built: dict, report: dict, run_id=None) -> str:
 @permanent_errors_fail_fast
 def gate_and_promote(info: dict, version: str, report: dict, params=None,
                      run_id=None) -> dict:
+    """Fail with the gate's reason, or (``promote`` on) move the ``production`` alias to the
+    version, refused if production moved since ``start_run`` pinned it."""
     from tabletune.pipeline import candidate_flow
 
     return candidate_flow.gate_and_promote(

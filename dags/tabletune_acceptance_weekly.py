@@ -110,6 +110,8 @@ def tabletune_acceptance_weekly():
     @task
     @permanent_errors_fail_fast
     def sample_prompts(info: dict, params=None, run_id=None, dag_run=None) -> dict:
+        """Sample ``n_prompts`` prompts from the last ``days`` daily partitions in S3 (seeded
+        by the run id unless ``seed`` is set) and stage them in S3 for the engine worker."""
         from tabletune.pipeline import weekly_flow
         from tabletune.core.sampling import seed_for_run
 
@@ -130,6 +132,8 @@ def tabletune_acceptance_weekly():
     @task(queue=ENGINE_QUEUE, pool=ENGINE_POOL, execution_timeout=dt.timedelta(minutes=45))
     @permanent_errors_fail_fast
     def measure_acceptance(info: dict, sample: dict, params=None) -> dict:
+        """On the engine worker: serve the staged prompts at the longest draft length and
+        log the acceptance a_1..a_K read from vLLM's counters to the MLflow run."""
         from tabletune.pipeline import weekly_flow
 
         return weekly_flow.measure_acceptance(

@@ -76,6 +76,9 @@ def tabletune_profile():
           multiple_outputs=True)
     @permanent_errors_fail_fast
     def profile(info: dict, params=None, run_id=None) -> dict:
+        """On the engine worker: measure step times as ``tabletune tune`` does (the reject-all
+        profile, then the serving calibration for the stated workload); a retry resumes from
+        the run's checkpoint instead of timing finished cells again."""
         import re
 
         from tabletune.pipeline import reprofile_flow

@@ -55,6 +55,9 @@ def tabletune_promote():
     @task
     @permanent_errors_fail_fast
     def move_aliases(params=None, run_id=None, dag_run=None) -> dict:
+        """Promote ``version`` or roll back, moving the registered model's ``production`` and
+        ``previous`` aliases under the registry lock (refused unless production is
+        ``expected_production`` when that is set)."""
         from tabletune.pipeline import registry_admin
 
         key = params["deployment_key"]

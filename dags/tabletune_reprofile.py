@@ -51,6 +51,9 @@ def tabletune_reprofile():
     @task(queue=ENGINE_QUEUE)
     @permanent_errors_fail_fast
     def check_fingerprint(params=None) -> dict:
+        """On the engine worker: compute the deployment's fingerprint without starting an
+        engine and compare it with the last profiled one on the registered model (or find
+        the controller's stale mark, or ``force``)."""
         from tabletune.core import envs
         from tabletune.pipeline import reprofile_flow
 
@@ -64,6 +67,8 @@ def tabletune_reprofile():
 
     @task(outlets=[FINGERPRINT_CHANGED])
     def announce_change(check: dict, outlet_events=None) -> str:
+        """Emit the asset event that starts ``tabletune_profile``, or skip when nothing
+        changed."""
         from airflow.sdk.exceptions import AirflowSkipException
 
         if not check["changed"]:

@@ -77,3 +77,19 @@ def test_every_dag_says_in_one_line_what_it_does_and_has_its_docs(services):
         if not description or "\n" in description or not (details.get("doc_md") or "").strip():
             unsaid[dag_id] = {"description": description, "doc_md": bool(details.get("doc_md"))}
     assert unsaid == {}
+
+
+def test_every_task_has_the_docs_its_page_opens(services):
+    # A task's page opens its doc_md under "Documentation" (a TaskFlow task's docstring); a
+    # task without one shows an operator ("@task") and a name only.
+    api = AirflowApi(services.airflow_url, services.env["TABLETUNE_AIRFLOW_USER"],
+                     services.env["TABLETUNE_AIRFLOW_PASSWORD"])
+    undocumented = {}
+    for dag_id in DAG_IDS:
+        api.wait_for_dag(dag_id)
+        tasks = api.call("GET", f"/dags/{dag_id}/tasks")["tasks"]
+        assert tasks, dag_id
+        bare = sorted(t["task_id"] for t in tasks if not (t.get("doc_md") or "").strip())
+        if bare:
+            undocumented[dag_id] = bare
+    assert undocumented == {}
