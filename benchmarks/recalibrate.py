@@ -23,28 +23,14 @@ from __future__ import annotations
 import json
 import shutil
 import sys
-from dataclasses import replace
 from pathlib import Path
 
-from tabletune.core.calibration import calibrate_profile
-from tabletune.core.contracts import Profile, load_json, save_json
+from tabletune.core.calibration import calibrate_profile, uncalibrated
+from tabletune.core.contracts import load_json, save_json
 from tabletune.core.document import build_document
 from tabletune.core.workload import Workload
 from tabletune.engine.window import ServingWindow
 from tabletune.tuner.serving import ServingCell, StepMix, measured_for_calibration
-
-
-def uncalibrated(profile: Profile) -> Profile:
-    """The reject-all profile a calibrated one was made from (``calibrate_profile`` undone)."""
-    cells = []
-    for c in profile.cells:
-        f = c.serving_factor or 1.0
-        cells.append(replace(c, step_ms=c.reject_all_ms if c.reject_all_ms else c.step_ms,
-                             samples_ms=tuple(s / f for s in c.samples_ms),
-                             reject_all_ms=None, serving_factor=None, serving_uncertainty=0.0))
-    meta = {k: v for k, v in profile.meta.items() if k != "serving_calibration"}
-    return Profile(fingerprint=profile.fingerprint, max_k=profile.max_k, cells=tuple(cells),
-                   meta=meta)
 
 
 def stored_cell(window: dict) -> ServingCell | None:

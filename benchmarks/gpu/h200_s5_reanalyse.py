@@ -20,8 +20,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from tabletune.core.calibration import calibrate_profile
-from tabletune.core.contracts import Profile, ProfileCell, load_json, save_json
+from tabletune.core.calibration import calibrate_profile, uncalibrated
+from tabletune.core.contracts import load_json, save_json
 from tabletune.core.document import build_document
 from tabletune.core.step_log import StepLogReader
 from tabletune.core.workload import Workload
@@ -46,20 +46,6 @@ def read_steps(tune: Path):
         f.write(lzma.decompress((tune / "tune.steps.xz").read_bytes()))
         f.flush()
         return StepLogReader(f.name).since(0)[0]
-
-
-def uncalibrated(profile: Profile) -> Profile:
-    cells = []
-    for c in profile.cells:
-        f = c.serving_factor or 1.0
-        cells.append(ProfileCell(
-            batch_size=c.batch_size, k=c.k, step_ms=c.profiled_ms,
-            samples_ms=tuple(s / f for s in c.samples_ms), spread=c.spread, source=c.source,
-            flagged=c.flagged, engine_step_ms=c.engine_step_ms, client_step_ms=c.client_step_ms,
-            flags=c.flags, steps=c.steps, interval_ms=c.interval_ms))
-    meta = {k: v for k, v in profile.meta.items() if k != "serving_calibration"}
-    return Profile(fingerprint=profile.fingerprint, max_k=profile.max_k, cells=tuple(cells),
-                   meta=meta)
 
 
 def serving_runs(steps, lengths, min_steps=600):

@@ -32,8 +32,8 @@ from typing import Any, Callable
 from tabletune.core.contracts import Profile
 from tabletune.core.errors import check_nonnegative, check_step_ms, fail
 
-__all__ = ["serving_factors", "calibrate_profile", "contested_serving", "off_graphs",
-           "graph_line_sizes", "crowded_line_sizes", "knee_line_sizes", "UNTIMED_UNCERTAINTY",
+__all__ = ["serving_factors", "calibrate_profile", "uncalibrated", "contested_serving",
+           "off_graphs", "graph_line_sizes", "crowded_line_sizes", "knee_line_sizes", "UNTIMED_UNCERTAINTY",
            "CONTESTED_LOSS", "CONTESTED_BAND", "KNEE_OFF_SHARE"]
 
 # (serving step ms, relative uncertainty of that time) per measured (B, k)
@@ -246,6 +246,18 @@ def calibrate_profile(profile: Profile, measured: Measured,
     }
     return Profile(fingerprint=profile.fingerprint, max_k=profile.max_k, cells=tuple(cells),
                    meta=new_meta)
+
+
+def uncalibrated(profile: Profile) -> Profile:
+    """The reject-all profile ``calibrate_profile`` made ``profile`` from: each cell's step and
+    repeats divided by its factor (its interval was never scaled), the calibration's record
+    dropped. An uncalibrated profile comes back as it is."""
+    cells = tuple(replace(c, step_ms=c.profiled_ms,
+                          samples_ms=tuple(s / (c.serving_factor or 1.0) for s in c.samples_ms),
+                          reject_all_ms=None, serving_factor=None, serving_uncertainty=0.0)
+                  for c in profile.cells)
+    meta = {k: v for k, v in profile.meta.items() if k != "serving_calibration"}
+    return Profile(fingerprint=profile.fingerprint, max_k=profile.max_k, cells=cells, meta=meta)
 
 
 def contested_serving(goodput: Any, lengths: Sequence[int], chosen: Sequence[int],

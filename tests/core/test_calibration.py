@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
-from tabletune.core.calibration import calibrate_profile, off_graphs, serving_factors
+from tabletune.core.calibration import (calibrate_profile, off_graphs, serving_factors,
+                                        uncalibrated)
 from tabletune.core.contracts import Profile, ProfileCell
 from tabletune.core.errors import ContractError
 from tabletune.core.step_times import StepTimes
@@ -58,6 +61,26 @@ def test_a_calibrated_profile_scales_step_times_and_repeats_and_keeps_the_reject
     assert StepTimes(again).grid([8], [2])[0, 0] == pytest.approx(cell.step_ms)
     with pytest.raises(ContractError, match="calibrated already"):
         calibrate_profile(c, measured)
+
+
+def test_uncalibrated_gives_back_the_reject_all_profile_a_calibration_was_made_from():
+    p = _profile()
+    p = Profile(fingerprint=p.fingerprint, max_k=p.max_k, meta={"steps": {"total": 9}},
+                cells=tuple(replace(c, interval_ms=(c.step_ms - 0.2, c.step_ms + 0.2))
+                            for c in p.cells))
+    measured = {(b, k): (p.step_ms(b, k) * (1.0 + 0.1 * k), 0.03) for b in (1, 16)
+                for k in p.lengths}
+    back = uncalibrated(calibrate_profile(p, measured, meta={"plan": "test"}))
+    assert back.meta == p.meta  # the calibration's record is gone, the rest kept
+    for c in back.cells:
+        was = p.cell(c.batch_size, c.k)
+        assert c.step_ms == pytest.approx(was.step_ms)
+        assert c.samples_ms == pytest.approx(was.samples_ms)
+        assert c.interval_ms == was.interval_ms  # calibration never scaled it
+        assert c.serving_factor is None and c.reject_all_ms is None
+    # It can be calibrated again, and an uncalibrated profile comes back as it is.
+    calibrate_profile(back, measured)
+    assert uncalibrated(p) == p
 
 
 def test_calibration_input_is_checked_and_named():
