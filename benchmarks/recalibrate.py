@@ -28,6 +28,7 @@ from pathlib import Path
 from tabletune.core.calibration import calibrate_profile, uncalibrated
 from tabletune.core.contracts import load_json, save_json
 from tabletune.core.document import build_document
+from tabletune.core.errors import ContractError
 from tabletune.core.workload import Workload
 from tabletune.engine.window import ServingWindow
 from tabletune.tuner.serving import ServingCell, StepMix, measured_for_calibration
@@ -51,11 +52,19 @@ def stored_cell(window: dict) -> ServingCell | None:
     return ServingCell(window["batch_size"], window["k"], seen, mix)
 
 
-def recalibrate(tune_dir: Path, out: Path) -> str:
+def read_tune(tune_dir: Path):
+    """(profile, acceptance, the table it built) of a stored tune; ContractError names what is
+    missing or malformed."""
     profile = load_json(tune_dir / "profile.json", "profile")
     acceptance = load_json(tune_dir / "acceptance.json", "acceptance")
-    before = json.loads((tune_dir / "table.json").read_text())[
-        "num_speculative_tokens_per_batch_size"]
+    table = load_json(tune_dir / "table.json", "table")
+    if "serving_calibration" not in profile.meta:
+        raise ContractError(f"{tune_dir / 'profile.json'}: not calibrated (no serving windows "
+                            f"stored)")
+    return profile, acceptance, table.to_dict()["num_speculative_tokens_per_batch_size"]
+
+
+def recalibrate(tune_dir: Path, out: Path, profile, acceptance, before) -> str:
     stored = profile.meta["serving_calibration"]
     cells = [c for c in map(stored_cell, stored["windows"]) if c is not None]
     workload = Workload.from_dict(stored["workload"])
@@ -87,9 +96,13 @@ def main(argv: list[str]) -> int:
         print(__doc__.split("\n\n")[1].strip(), file=sys.stderr)
         return 2
     out = Path(argv[0])
-    for name in argv[1:]:
-        tune_dir = Path(name)
-        print(recalibrate(tune_dir, out / tune_dir.name))
+    try:  # every tune read and checked before anything is written
+        tunes = [(Path(name), read_tune(Path(name))) for name in argv[1:]]
+    except ContractError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    for tune_dir, read in tunes:
+        print(recalibrate(tune_dir, out / tune_dir.name, *read))
     return 0
 
 

@@ -33,8 +33,8 @@ from tabletune.core.contracts import Profile
 from tabletune.core.errors import check_nonnegative, check_step_ms, fail
 
 __all__ = ["serving_factors", "calibrate_profile", "uncalibrated", "contested_serving",
-           "off_graphs", "graph_line_sizes", "crowded_line_sizes", "knee_line_sizes", "UNTIMED_UNCERTAINTY",
-           "CONTESTED_LOSS", "CONTESTED_BAND", "KNEE_OFF_SHARE"]
+           "off_graphs", "graph_line_sizes", "crowded_line_sizes", "knee_line_sizes",
+           "UNTIMED_UNCERTAINTY", "CONTESTED_LOSS", "CONTESTED_BAND", "KNEE_OFF_SHARE"]
 
 # (serving step ms, relative uncertainty of that time) per measured (B, k)
 Measured = Mapping[tuple[int, int], tuple[float, float]]
