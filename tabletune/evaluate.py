@@ -24,7 +24,7 @@ from tabletune.core.files import check_output_dir, parse_json
 from tabletune.core.options import int_list, integer, number
 from tabletune.core.tables import DraftTable
 from tabletune.engine.client import run_load
-from tabletune.engine.fingerprint import deployment_fingerprint
+from tabletune.engine.fingerprint import deployment_differences, deployment_fingerprint
 from tabletune.engine.server import EngineError, VllmServer
 from tabletune.engine.vllm_args import speculative_config
 from tabletune.engine.spec import EngineSpec
@@ -381,6 +381,14 @@ def cmd_evaluate(args) -> int:
     from tabletune.controller.settings import ControllerSettings
 
     ControllerSettings.from_dict(controller_settings, "--controller-settings")  # fail here
+    # A table is measured for the deployment it was tuned on; served on another (an engine
+    # argument, a GPU, a vLLM apart) its lengths may be wrong, and the reader should know.
+    here = deployment_fingerprint(spec) if any(a.tuned_on for a in arms) else {}
+    tuned_elsewhere = {a.name: diffs for a in arms if a.tuned_on
+                       for diffs in [deployment_differences(a.tuned_on, here)] if diffs}
+    for name, diffs in tuned_elsewhere.items():
+        print(f"note: {name} was tuned on another deployment ({'; '.join(diffs)}); its "
+              "table may not be the best for this one", flush=True)
     out = Path(args.out_dir)
     started = time.time()
     startups: dict = {}
@@ -405,7 +413,7 @@ def cmd_evaluate(args) -> int:
     def extra() -> dict:
         return {"arms": [a.name for a in arms], "wall_s": round(time.time() - started, 1),
                 "max_tokens": max_tokens, "output_spread": output_spread,
-                "workload": workload,
+                "workload": workload, "tuned_elsewhere": tuned_elsewhere,
                 "requests_per_client": args.requests_per_client,
                 "min_seconds_per_level": args.min_seconds,
                 "repeats": args.repeats, "window": args.window,

@@ -5,7 +5,8 @@ One module for every side of it. ``deployment_fingerprint(spec)`` is what the tu
 engine's side, read inside vLLM by the controller (``tabletune.vllm.controller_setup``);
 ``fingerprint_mismatches`` is the controller's check of a prior against that engine (only
 ``FINGERPRINT_FIELDS``, unknown values never count); ``fingerprint_key`` and
-``fingerprint_changes`` are the pipeline's (the re-profile trigger and the registry's tags).
+``fingerprint_changes`` are the pipeline's (the re-profile trigger and the registry's tags);
+``deployment_differences`` is ``evaluate``'s note on a table tuned on another deployment.
 
 Standard library only; vLLM is imported only when no distribution metadata names it.
 """
@@ -24,9 +25,10 @@ from typing import Any
 from tabletune.core.contracts import FINGERPRINT_UNKNOWN_VALUES
 from tabletune.engine.spec import EngineSpec
 
-__all__ = ["FINGERPRINT_FIELDS", "UNKNOWN_VALUES", "deployment_fingerprint", "engine_fingerprint",
-           "engine_version", "fingerprint_changes", "fingerprint_key", "fingerprint_mismatches",
-           "gpu_inventory", "model_identity", "same_model"]
+__all__ = ["FINGERPRINT_FIELDS", "UNKNOWN_VALUES", "deployment_differences",
+           "deployment_fingerprint", "engine_fingerprint", "engine_version",
+           "fingerprint_changes", "fingerprint_key", "fingerprint_mismatches", "gpu_inventory",
+           "model_identity", "same_model"]
 
 # Fingerprint fields that must agree between a prior's profile and the running engine: a
 # prior measured on another vLLM, model pair, method or device has other step times.
@@ -171,6 +173,36 @@ def fingerprint_mismatches(recorded: Mapping[str, Any], engine: Mapping[str, Any
                 else str(theirs) == str(ours))
         if not same:
             out.append(f"prior profile.fingerprint.{key}: {theirs!r} but the engine has {ours!r}")
+    return out
+
+
+def deployment_differences(tuned: Mapping[str, Any], here: Mapping[str, Any]) -> list[str]:
+    """What differs between the deployment a table was tuned on (``tuned``: its provenance
+    fingerprint) and the one it is served on (``here``), one line a field that both sides know.
+
+    Every field counts, not only ``FINGERPRINT_FIELDS``: on the H200 a table tuned under vLLM's
+    default CUDA graph mode lost 19 % when served with ``cudagraph_mode`` FULL, a difference
+    only ``extra_args`` shows (benchmarks/results/h200-s20). The arguments are compared as
+    sets, each side's own listed, so that a reader sees which one moved."""
+    out = []
+    for key in sorted(set(tuned) & set(here)):
+        theirs, ours = tuned[key], here[key]
+        if key == "extra_args":
+            if not isinstance(theirs, list) or not isinstance(ours, list):
+                continue
+            only_tuned = [a for a in theirs if a not in ours]
+            only_here = [a for a in ours if a not in theirs]
+            parts = ([f"{' '.join(only_tuned)} only in the tune"] if only_tuned else []) + (
+                [f"{' '.join(only_here)} only here"] if only_here else [])
+            if parts:
+                out.append(f"extra_args: {'; '.join(parts)}")
+            continue
+        if theirs in UNKNOWN_VALUES or ours in UNKNOWN_VALUES:
+            continue
+        same = (same_model(theirs, ours) if key in ("model", "drafter")
+                else str(theirs) == str(ours))
+        if not same:
+            out.append(f"{key}: {theirs!r} in the tune, {ours!r} here")
     return out
 
 

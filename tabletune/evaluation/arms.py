@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Sequence
 
@@ -44,6 +44,9 @@ class Arm:
     # The workload the arm's table was built for (its provenance), if it states one.
     workload: Workload | None = None
     source: str | None = None      # the table.json (or prior folder) it came from
+    # The fingerprint of the deployment the arm's table was tuned on (its provenance, or the
+    # prior profile's), if it records one; not part of the arm's identity.
+    tuned_on: dict | None = field(default=None, compare=False, repr=False)
 
     def speculative(self, spec: EngineSpec, max_batch_size: int) -> dict | None:
         if self.kind == "none":
@@ -83,7 +86,7 @@ def parse_arm(text: str, max_k: int) -> Arm:
         check_prior_fits_engine(prior, num_spec_tokens=max_k)
         return Arm("controller", "controller", prior=str(folder),
                    workload=stated_workload(prior.table, folder / "table.json"),
-                   source=str(folder))
+                   source=str(folder), tuned_on=dict(prior.profile.fingerprint or {}) or None)
     if kind == "none":
         return Arm("no speculation", "none")
     if kind == "docs":
@@ -95,7 +98,9 @@ def parse_arm(text: str, max_k: int) -> Arm:
         doc = load_json(arg, "table")
         name = (f"table {Path(arg).name}" if kind == "table"
                 else f"adaptive + table {Path(arg).name}")
-        return Arm(name, kind, table=doc.table, workload=stated_workload(doc, arg), source=arg)
+        recorded = doc.provenance.get("fingerprint")
+        return Arm(name, kind, table=doc.table, workload=stated_workload(doc, arg), source=arg,
+                   tuned_on=dict(recorded) if isinstance(recorded, dict) and recorded else None)
     if kind in ("fixed", "fixed-table", "adaptive"):
         try:
             k = int(arg)

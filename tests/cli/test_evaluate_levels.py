@@ -213,3 +213,35 @@ def test_a_table_arm_carries_the_workload_its_document_states(tmp_path):
     path.write_text(json.dumps(doc))
     with pytest.raises(Exception, match="provenance.workload.output_tokens"):
         parse_arm(f"table:{path}", 3)
+
+
+def test_a_table_tuned_on_another_deployment_is_noted_and_recorded(tmp_path, capsys,
+                                                                  monkeypatch):
+    import json
+
+    from pathlib import Path
+
+    from tabletune import evaluate
+    from tabletune.cli import main
+    from tabletune.evaluation.arms import parse_arm
+
+    cpu = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "cpu" / "table.json"
+    doc = json.loads(cpu.read_text())
+    tuned_on = doc["provenance"]["fingerprint"]
+    assert parse_arm(f"table:{cpu}", 3).tuned_on == tuned_on
+    # This run's deployment: the tune's, with full CUDA graphs asked for (h200-s20's case).
+    here = {**tuned_on, "extra_args": ['--compilation-config={"cudagraph_mode":"FULL"}']}
+    same = tmp_path / "same.json"
+    same.write_text(json.dumps({**doc, "provenance": {**doc["provenance"], "fingerprint": here}}))
+    monkeypatch.setattr(evaluate, "deployment_fingerprint", lambda spec: dict(here))
+    monkeypatch.setattr(evaluate, "run_arms", lambda spec, arms, *, concurrency, **_: [
+        ArmResult(a.name, c, 100.0 + i, 1, 1, 1.0, r) for c in concurrency
+        for i, a in enumerate(arms) for r in range(3)])
+    out = tmp_path / "eval"
+    assert main(["evaluate", "--concurrency", "1", "--arms",
+                 f"fixed:1,table:{cpu},table:{same}", "--out-dir", str(out)]) == 0
+    recorded = json.loads((out / "evaluate.json").read_text())["tuned_elsewhere"]
+    line = 'extra_args: --compilation-config={"cudagraph_mode":"FULL"} only here'
+    assert recorded == {"table table.json": [line]}  # the table tuned here is not named
+    assert (f"note: table table.json was tuned on another deployment ({line}); its table may "
+            "not be the best for this one") in capsys.readouterr().out

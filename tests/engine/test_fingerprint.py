@@ -1,7 +1,9 @@
 """The deployment fingerprint in its one module (tabletune.engine.fingerprint): the key, what
-changed, and which differences a prior is refused for."""
+changed, which differences a prior is refused for, and what evaluate notes of a table tuned
+elsewhere."""
 
 from tabletune.engine.fingerprint import (
+    deployment_differences,
     engine_fingerprint,
     fingerprint_changes,
     fingerprint_key,
@@ -42,3 +44,18 @@ def test_the_running_engine_side_leaves_out_what_it_cannot_read():
     fp = engine_fingerprint(Config(), want_gpu=False)
     assert fp["model"] == "/nowhere/target" and fp["tensor_parallel_size"] == 2
     assert "drafter" not in fp and "device" not in fp
+
+
+def test_differences_name_each_known_field_and_each_sides_own_engine_arguments():
+    tuned = {**RECORDED, "gpu": "NVIDIA H200", "driver": "unknown",
+             "extra_args": ["--load-format=dummy", "--max-cudagraph-capture-size=1024"]}
+    here = {**RECORDED, "model": "/m/#abc", "driver": "580.159.04",
+            "extra_args": ["--load-format=dummy",
+                           '--compilation-config={"cudagraph_mode":"FULL"}'],
+            "gpu": "NVIDIA H100 80GB HBM3"}
+    assert deployment_differences(tuned, here) == [
+        'extra_args: --max-cudagraph-capture-size=1024 only in the tune; '
+        '--compilation-config={"cudagraph_mode":"FULL"} only here',
+        "gpu: 'NVIDIA H200' in the tune, 'NVIDIA H100 80GB HBM3' here"]
+    # The same deployment (a model path written two ways, a field one side lacks): nothing.
+    assert deployment_differences(RECORDED, {**RECORDED, "model": "/m/", "cpu": "x"}) == []
