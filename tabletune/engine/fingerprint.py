@@ -164,16 +164,17 @@ def same_model(a: str, b: str) -> bool:
 def fingerprint_mismatches(recorded: Mapping[str, Any], engine: Mapping[str, Any]) -> list[str]:
     """``field: prior value vs engine value`` for each of ``FINGERPRINT_FIELDS`` both sides know
     and disagree on; ``recorded`` is the prior profile's fingerprint."""
-    out = []
-    for key in FINGERPRINT_FIELDS:
-        theirs, ours = recorded.get(key), engine.get(key)
-        if theirs in UNKNOWN_VALUES or ours in UNKNOWN_VALUES:
-            continue  # a key missing on either side is not a mismatch
-        same = (same_model(theirs, ours) if key in ("model", "drafter")
-                else str(theirs) == str(ours))
-        if not same:
-            out.append(f"prior profile.fingerprint.{key}: {theirs!r} but the engine has {ours!r}")
-    return out
+    return [f"prior profile.fingerprint.{key}: {recorded.get(key)!r} but the engine has "
+            f"{engine.get(key)!r}" for key in FINGERPRINT_FIELDS
+            if not _agree(key, recorded.get(key), engine.get(key))]
+
+
+def _agree(key: str, a: Any, b: Any) -> bool:
+    """Whether two values of fingerprint field ``key`` agree: a value not known (or missing) on
+    either side always does; model identities by ``same_model``."""
+    if a in UNKNOWN_VALUES or b in UNKNOWN_VALUES:
+        return True
+    return same_model(a, b) if key in ("model", "drafter") else str(a) == str(b)
 
 
 def deployment_differences(tuned: Mapping[str, Any], here: Mapping[str, Any]) -> list[str]:
@@ -197,11 +198,7 @@ def deployment_differences(tuned: Mapping[str, Any], here: Mapping[str, Any]) ->
             if parts:
                 out.append(f"extra_args: {'; '.join(parts)}")
             continue
-        if theirs in UNKNOWN_VALUES or ours in UNKNOWN_VALUES:
-            continue
-        same = (same_model(theirs, ours) if key in ("model", "drafter")
-                else str(theirs) == str(ours))
-        if not same:
+        if not _agree(key, theirs, ours):
             out.append(f"{key}: {theirs!r} in the tune, {ours!r} here")
     return out
 

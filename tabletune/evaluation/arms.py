@@ -86,7 +86,7 @@ def parse_arm(text: str, max_k: int) -> Arm:
         check_prior_fits_engine(prior, num_spec_tokens=max_k)
         return Arm("controller", "controller", prior=str(folder),
                    workload=stated_workload(prior.table, folder / "table.json"),
-                   source=str(folder), tuned_on=dict(prior.profile.fingerprint or {}) or None)
+                   source=str(folder), tuned_on=dict(prior.profile.fingerprint) or None)
     if kind == "none":
         return Arm("no speculation", "none")
     if kind == "docs":
