@@ -15,7 +15,7 @@
 #    192), each level looping while a loss interval is wider than +-2 % for up to PAIRED_BUDGET
 #    s (default 75); fixed K = 1..3 and the docs table beside it (no speculation left out:
 #    30-50 % behind at every level in h200-s10).
-# GRID replaces the tunes' --batch-sizes (default 1..256 in 11 sizes): h200-s12 found k = 3's
+# GRID replaces the tunes' --batch-sizes (default h200_s10.sh's): h200-s12 found k = 3's
 # end decided between 192 and its graph line at 248 where nothing was timed, so
 # GRID=1,2,4,8,16,32,64,96,128,192,224,248,256 times both sides of the line.
 # It is h200_s10.sh with these defaults (a part after the tunes falls back to FALLBACK_PRIOR's

@@ -7,6 +7,8 @@ never a KeyError or a ``nan%``."""
 from __future__ import annotations
 
 import json
+import math
+from bisect import bisect_left
 
 import numpy as np
 
@@ -88,14 +90,42 @@ def _batch_size_runs(batch_sizes: list, interpolated: set) -> list[str]:
             for lo, hi in runs]
 
 
+# An edge whose nearest profiled batch sizes on either side lie more than this ratio apart sits
+# where the interpolation between them puts it. On the H100 two tunes on 11 profiled sizes
+# (benchmarks/results/h100-s21) ended k = 3 at B = 186 and 207, between the profiled 128 and
+# 192, while a paired referee found k = 2 ahead by 5.2 % [4.1, 7.1] at c = 160 and k = 2 and 3
+# tied at 128. The default grid's widest step (64 to 72) is 12.5 %.
+WIDE_BRACKET = 1.2
+
+
+def widely_bracketed_edges(g: GoodputBlock) -> list[tuple[int, int, int]]:
+    """(edge B, profiled B below it, profiled B at or above it) for each edge of ``g`` whose
+    two profiled neighbours are more than WIDE_BRACKET apart: nothing was timed where its
+    length changes."""
+    interpolated = set(g.interpolated_batch_sizes or ())
+    profiled = sorted(set(g.batch_sizes or ()) - interpolated)
+    out = []
+    for e in g.edges or ():
+        i = bisect_left(profiled, e.batch_size)
+        if 0 < i < len(profiled) and profiled[i] / profiled[i - 1] > WIDE_BRACKET:
+            out.append((e.batch_size, profiled[i - 1], profiled[i]))
+    return out
+
+
 def _describe_edges(g: GoodputBlock) -> list[str]:
     if not g.edges:
         return []
     out = ["edges (the new length's goodput gain over the kept one there, against the two "
            "cells' combined uncertainty):"]
+    wide = {b: (lo, hi) for b, lo, hi in widely_bracketed_edges(g)}
     for e in g.edges:
         out.append(f"  B={e.batch_size}: k {e.from_k} → {e.to_k} by {e.gain:.1%} "
                    f"(uncertainty {e.uncertainty:.1%})")
+        if e.batch_size in wide:
+            lo, hi = wide[e.batch_size]
+            out.append(f"    placed by interpolation: nothing was profiled between B={lo} and "
+                       f"{hi}; add a batch size between them (e.g. {round(math.sqrt(lo * hi))}) "
+                       "to --batch-sizes to time where the length changes")
     held = list(g.held_by_noise_batch_sizes or ())
     if held:
         interpolated = set(g.interpolated_batch_sizes or ())

@@ -65,3 +65,19 @@ def test_the_calibration_is_one_line_per_measured_batch_size():
         "  B=2: k=0 1.020, k=1 1.120",
         "  B=8: k=0 1.080, k=1 1.180",
     ]
+
+
+def test_an_edge_between_far_apart_profiled_sizes_says_it_was_placed_by_interpolation(doc):
+    # The factory's profile times B = 1, 2, 4, .., 128; its table changes length at 25, 39
+    # and 55, each between two profiled sizes twice apart.
+    assert [e.batch_size for e in doc.goodput.edges] == [25, 39, 55]
+    lines = describe_document(doc).splitlines()
+    at = lines.index(next(line for line in lines if line.startswith("  B=25: k 3 → 2 by ")))
+    assert lines[at + 1] == ("    placed by interpolation: nothing was profiled between B=16 "
+                             "and 32; add a batch size between them (e.g. 23) to --batch-sizes "
+                             "to time where the length changes")
+    assert sum("placed by interpolation" in line for line in lines) == 3
+    # Profiled at every batch size, no edge is placed by interpolation.
+    goodput = {**doc.goodput.to_dict(), "interpolated_batch_sizes": []}
+    dense = describe_document(dataclasses.replace(doc, goodput=GoodputBlock.from_dict(goodput)))
+    assert "  B=25: k 3 → 2 by " in dense and "placed by interpolation" not in dense
