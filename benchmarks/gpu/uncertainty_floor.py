@@ -1,0 +1,94 @@
+"""Would a floor under the serving cells' uncertainty have given better tables? Stored tunes
+calibrated again without an engine, their tables scored at their run's paired referee levels.
+
+    python benchmarks/gpu/uncertainty_floor.py RUN_DIR [RUN_DIR ...]
+
+A serving window's relative error resamples its turns (``core.step_stats.mean_step_ms``): with
+three turns whose means happen to agree it can come out near nothing (h100-s21's warm tune:
+0.1 % for B = 226, k = 1, whose cell moved B = 208-231 to k = 1, 12 % behind k = 2 at c = 224).
+The floor pools the turns' spread over every window of the tune that has three or more (its
+variance weighted by turns less one) and gives each window at least that spread over the square
+root of its turns. Each RUN_DIR holds ``tune-cold/`` and ``tune-warm/`` (profile.json with its
+serving windows, acceptance.json; ``benchmarks/recalibrate.py``'s path, which gives the stored
+tables back unchanged) and, where it has them, ``paired*/evaluate.json``. One line per tune and
+rule: the table and its loss at each referee level against the best fixed length there
+(``step_estimators.referee_levels``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import sys
+from pathlib import Path
+
+from tabletune.core.calibration import calibrate_profile, uncalibrated
+from tabletune.core.contracts import load_json
+from tabletune.core.document import build_document
+from tabletune.core.workload import Workload
+from tabletune.tuner.serving import measured_for_calibration
+
+from step_estimators import referee_levels
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from recalibrate import stored_cell  # noqa: E402  (benchmarks/recalibrate.py)
+
+
+def turns_of(window: dict) -> int:
+    log = window["step_log"]
+    return max((log.get("decode") or {}).get("blocks", 1), (log.get("mixed") or {}).get("blocks", 1))
+
+
+def pooled_turn_spread(windows: list[tuple]) -> float:
+    """The relative spread of one turn's mean, pooled over windows of three turns or more."""
+    parts = [((c.steps.mean_error * math.sqrt(n)) ** 2, n - 1) for c, n in windows if n >= 3]
+    return math.sqrt(sum(v * d for v, d in parts) / sum(d for _, d in parts)) if parts else 0.0
+
+
+def table(tune_dir: Path, floor: bool):
+    profile = load_json(tune_dir / "profile.json", "profile")
+    acceptance = load_json(tune_dir / "acceptance.json", "acceptance")
+    stored = profile.meta["serving_calibration"]
+    windows = [(c, turns_of(w)) for w in stored["windows"] if (c := stored_cell(w)) is not None]
+    spread = pooled_turn_spread(windows)
+    cells = []
+    for c, n in windows:
+        if floor:
+            error = max(c.steps.mean_error, spread / math.sqrt(n))
+            c = dataclasses.replace(c, steps=dataclasses.replace(c.steps, mean_error=error))
+        cells.append(c)
+    workload = Workload.from_dict(stored["workload"])
+    rates = acceptance.rates[:profile.max_k]
+    base = uncalibrated(profile)
+    decode = {(x.batch_size, x.k): x.step_ms for x in base.cells}
+    graphs = stored.get("graphs") or {}
+    again = calibrate_profile(base, measured_for_calibration(cells, workload, rates, decode),
+                              graph_tokens=graphs.get("graph_tokens"),
+                              prefill_tokens=graphs.get("prefill_tokens") or 0.0)
+    return build_document(again, acceptance).document.table, spread
+
+
+def main(argv: list[str]) -> int:
+    if not argv:
+        print(__doc__.strip().splitlines()[3].strip(), file=sys.stderr)
+        return 2
+    print("| run | tune | rule | pooled turn spread | table | loss at the referee levels |")
+    print("|---|---|---|---|---|---|")
+    for arg in argv:
+        run_dir = Path(arg)
+        levels = referee_levels(run_dir)
+        for tune in ("cold", "warm"):
+            for floor in (False, True):
+                built, spread = table(run_dir / f"tune-{tune}", floor)
+                losses = ", ".join(
+                    f"c = {c}: {1 - levels[c][built.k_for(c)] / max(levels[c].values()):.1%}"
+                    for c in sorted(levels) if built.k_for(c) in levels[c]) or "no referee"
+                ranges = json.dumps(built.to_vllm()).replace(" ", "")
+                print(f"| {run_dir.name} | {tune} | {'floor' if floor else 'as tuned'} | "
+                      f"{spread:.1%} | `{ranges}` | {losses} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
