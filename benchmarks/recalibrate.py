@@ -64,9 +64,10 @@ def read_tune(tune_dir: Path):
     return profile, acceptance, table.to_dict()["num_speculative_tokens_per_batch_size"]
 
 
-def recalibrate(tune_dir: Path, out: Path, profile, acceptance, before) -> str:
+def calibrated_again(profile, acceptance, cells):
+    """(``profile`` calibrated again from the serving ``cells`` as the tune calibrates, the
+    document built from it): the stored workload, the profile's own decode steps, its graphs."""
     stored = profile.meta["serving_calibration"]
-    cells = [c for c in map(stored_cell, stored["windows"]) if c is not None]
     workload = Workload.from_dict(stored["workload"])
     rates = acceptance.rates[:profile.max_k]
     base = uncalibrated(profile)
@@ -76,7 +77,13 @@ def recalibrate(tune_dir: Path, out: Path, profile, acceptance, before) -> str:
         base, measured_for_calibration(cells, workload, rates, decode),
         graph_tokens=graphs.get("graph_tokens"), prefill_tokens=graphs.get("prefill_tokens") or 0.0,
         meta={k: v for k, v in stored.items() if k not in ("measured", "factors", "graphs")})
-    built = build_document(again, acceptance)
+    return again, build_document(again, acceptance)
+
+
+def recalibrate(tune_dir: Path, out: Path, profile, acceptance, before) -> str:
+    stored = profile.meta["serving_calibration"]
+    cells = [c for c in map(stored_cell, stored["windows"]) if c is not None]
+    again, built = calibrated_again(profile, acceptance, cells)
     out.mkdir(parents=True, exist_ok=True)
     save_json(out / "profile.json", again)
     shutil.copy2(tune_dir / "acceptance.json", out / "acceptance.json")

@@ -40,15 +40,12 @@ import tempfile
 from collections import defaultdict
 from pathlib import Path
 
-from tabletune.core.calibration import calibrate_profile, uncalibrated
 from tabletune.core.contracts import load_json
-from tabletune.core.document import build_document
 from tabletune.core.step_log import StepLogReader
-from tabletune.core.workload import Workload
-from tabletune.tuner.serving import batch_band, measured_for_calibration
+from tabletune.tuner.serving import batch_band
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from recalibrate import stored_cell  # noqa: E402  (benchmarks/recalibrate.py)
+from recalibrate import calibrated_again, stored_cell  # noqa: E402  (benchmarks/recalibrate.py)
 
 GRAPH_LINE_B = 232  # ratio errors are taken below this batch size
 
@@ -80,7 +77,8 @@ def turns(steps: list) -> list[list]:
         if st.t_ns - loop_start < WARM_UP_S * 1e9:
             continue
         if current and (st.k != current[0].k
-                        or abs(st.requests - current[0].requests) > max(8, 0.1 * current[0].requests)):
+                        or abs(st.requests - current[0].requests)
+                        > max(8, 0.1 * current[0].requests)):
             out.append(current)
             current = []
         current.append(st)
@@ -100,7 +98,8 @@ def cells(steps: list, sizes: list[int] | None = None) -> dict[tuple[int, int], 
             b = min(sizes, key=lambda x: abs(x - req))
             if abs(b - req) > 0.06 * b + 1:
                 continue
-        out[(b, t[0].k)].append([(s.period_ns / 1e6, s.new_requests > 0) for s in t if s.period_ns > 0])
+        out[(b, t[0].k)].append([(s.period_ns / 1e6, s.new_requests > 0)
+                                 for s in t if s.period_ns > 0])
     return out
 
 
@@ -215,15 +214,7 @@ def rebuilt_table(tune_dir: Path, steps: list, estimator) -> tuple[object, float
                               type(cell.steps)(**{**cell.steps.__dict__,
                                                   "mean_ms": estimator(found)}))
         cells.append(cell)
-    workload = Workload.from_dict(stored["workload"])
-    rates = acceptance.rates[:profile.max_k]
-    base = uncalibrated(profile)
-    decode = {(c.batch_size, c.k): c.step_ms for c in base.cells}
-    graphs = stored.get("graphs") or {}
-    again = calibrate_profile(base, measured_for_calibration(cells, workload, rates, decode),
-                              graph_tokens=graphs.get("graph_tokens"),
-                              prefill_tokens=graphs.get("prefill_tokens") or 0.0)
-    return build_document(again, acceptance).document.table, gap
+    return calibrated_again(profile, acceptance, cells)[1].document.table, gap
 
 
 def referee_levels(run_dir: Path) -> dict[int, dict[int, float]]:

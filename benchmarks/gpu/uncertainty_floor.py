@@ -23,21 +23,18 @@ import math
 import sys
 from pathlib import Path
 
-from tabletune.core.calibration import calibrate_profile, uncalibrated
 from tabletune.core.contracts import load_json
-from tabletune.core.document import build_document
-from tabletune.core.workload import Workload
-from tabletune.tuner.serving import measured_for_calibration
 
 from step_estimators import referee_levels
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from recalibrate import stored_cell  # noqa: E402  (benchmarks/recalibrate.py)
+from recalibrate import calibrated_again, stored_cell  # noqa: E402  (benchmarks/recalibrate.py)
 
 
 def turns_of(window: dict) -> int:
     log = window["step_log"]
-    return max((log.get("decode") or {}).get("blocks", 1), (log.get("mixed") or {}).get("blocks", 1))
+    return max((log.get("decode") or {}).get("blocks", 1),
+               (log.get("mixed") or {}).get("blocks", 1))
 
 
 def pooled_turn_spread(windows: list[tuple]) -> float:
@@ -58,15 +55,7 @@ def table(tune_dir: Path, floor: bool):
             error = max(c.steps.mean_error, spread / math.sqrt(n))
             c = dataclasses.replace(c, steps=dataclasses.replace(c.steps, mean_error=error))
         cells.append(c)
-    workload = Workload.from_dict(stored["workload"])
-    rates = acceptance.rates[:profile.max_k]
-    base = uncalibrated(profile)
-    decode = {(x.batch_size, x.k): x.step_ms for x in base.cells}
-    graphs = stored.get("graphs") or {}
-    again = calibrate_profile(base, measured_for_calibration(cells, workload, rates, decode),
-                              graph_tokens=graphs.get("graph_tokens"),
-                              prefill_tokens=graphs.get("prefill_tokens") or 0.0)
-    return build_document(again, acceptance).document.table, spread
+    return calibrated_again(profile, acceptance, cells)[1].document.table, spread
 
 
 def main(argv: list[str]) -> int:
