@@ -285,14 +285,14 @@ def _steps_detail(steps: dict) -> str:
     return ", ".join(parts) or f"{steps['steps']} steps"
 
 
-def _write_results(out_dir: Path, kind: str, spec: EngineSpec, results, losses, extra,
+def _write_results(out_dir: Path, kind: str, fingerprint: dict, results, losses, extra,
                    *, complete: bool = True) -> Path:
     from tabletune.report import plots
 
     out_dir.mkdir(parents=True, exist_ok=True)
     levels = [{**lv, "half_width": lv["half_width"] if lv["half_width"] != float("inf")
                else None} for lv in level_stats(results).values()]
-    doc = {"schema": RESULTS_SCHEMA, "kind": kind, "fingerprint": deployment_fingerprint(spec),
+    doc = {"schema": RESULTS_SCHEMA, "kind": kind, "fingerprint": fingerprint,
            "complete": complete, "results": [asdict(r) for r in results],
            "levels": levels, "losses": losses, **extra}
     path = out_dir / f"{kind}.json"
@@ -383,7 +383,8 @@ def cmd_evaluate(args) -> int:
     ControllerSettings.from_dict(controller_settings, "--controller-settings")  # fail here
     # A table is measured for the deployment it was tuned on; served on another (an engine
     # argument, a GPU, a vLLM apart) its lengths may be wrong, and the reader should know.
-    here = deployment_fingerprint(spec) if any(a.tuned_on for a in arms) else {}
+    # Taken once: every save (one a level) writes it, and on a GPU it asks nvidia-smi.
+    here = deployment_fingerprint(spec)
     tuned_elsewhere = {a.name: diffs for a in arms if a.tuned_on
                        for diffs in [deployment_differences(a.tuned_on, here)] if diffs}
     for name, diffs in tuned_elsewhere.items():
@@ -440,7 +441,7 @@ def cmd_evaluate(args) -> int:
             # A level whose loops held no turn (a host too busy for two timed steps a block)
             # is in no verdict: said here, not left to a reader to find missing.
             more["paired_lengths"]["unscored_levels"] = _unscored(results, concurrency)
-        return _write_results(out, "evaluate", spec, results, losses,
+        return _write_results(out, "evaluate", here, results, losses,
                               {**more, **against}, complete=complete), losses
 
     if args.paired_lengths:

@@ -233,14 +233,25 @@ def test_a_table_tuned_on_another_deployment_is_noted_and_recorded(tmp_path, cap
     here = {**tuned_on, "extra_args": ['--compilation-config={"cudagraph_mode":"FULL"}']}
     same = tmp_path / "same.json"
     same.write_text(json.dumps({**doc, "provenance": {**doc["provenance"], "fingerprint": here}}))
-    monkeypatch.setattr(evaluate, "deployment_fingerprint", lambda spec: dict(here))
-    monkeypatch.setattr(evaluate, "run_arms", lambda spec, arms, *, concurrency, **_: [
-        ArmResult(a.name, c, 100.0 + i, 1, 1, 1.0, r) for c in concurrency
-        for i, a in enumerate(arms) for r in range(3)])
+    taken = []
+    monkeypatch.setattr(evaluate, "deployment_fingerprint",
+                        lambda spec: taken.append(spec) or dict(here))
+
+    def run_arms(spec, arms, *, concurrency, on_level, **_):
+        results = [ArmResult(a.name, c, 100.0 + i, 1, 1, 1.0, r) for c in concurrency
+                   for i, a in enumerate(arms) for r in range(3)]
+        on_level(results[:3])  # a save a level, as a run of two levels makes
+        on_level(results)
+        return results
+
+    monkeypatch.setattr(evaluate, "run_arms", run_arms)
     out = tmp_path / "eval"
     assert main(["evaluate", "--concurrency", "1", "--arms",
                  f"fixed:1,table:{cpu},table:{same}", "--out-dir", str(out)]) == 0
-    recorded = json.loads((out / "evaluate.json").read_text())["tuned_elsewhere"]
+    saved = json.loads((out / "evaluate.json").read_text())
+    # Taken once for the run's three saves (on a GPU each would ask nvidia-smi again).
+    assert len(taken) == 1 and saved["fingerprint"] == here
+    recorded = saved["tuned_elsewhere"]
     line = 'extra_args: --compilation-config={"cudagraph_mode":"FULL"} only here'
     assert recorded == {"table table.json": [line]}  # the table tuned here is not named
     assert (f"note: table table.json was tuned on another deployment ({line}); its table may "
