@@ -41,6 +41,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from tabletune.core.contracts import load_json
+from tabletune.core.errors import ContractError
 from tabletune.core.step_log import StepLogReader
 from tabletune.tuner.serving import batch_band
 
@@ -52,11 +53,14 @@ GRAPH_LINE_B = 232  # ratio errors are taken below this batch size
 
 def read_steps(path: Path) -> list:
     with tempfile.NamedTemporaryFile(suffix=".steps") as tmp:
-        tmp.write(lzma.decompress(path.read_bytes()))
-        tmp.flush()
-        reader = StepLogReader(tmp.name)
-        steps, _ = reader.since(0)
-        reader.close()
+        try:
+            tmp.write(lzma.decompress(path.read_bytes()))
+            tmp.flush()
+            reader = StepLogReader(tmp.name)
+            steps, _ = reader.since(0)
+            reader.close()
+        except (lzma.LZMAError, OSError, ValueError) as exc:
+            raise ContractError(f"{path}: cannot read the step log: {exc}") from None
     return steps
 
 
@@ -255,13 +259,35 @@ def tables(run_dir: Path) -> list[str]:
     return lines + [""]
 
 
+TUNE_FILES = ("profile.json", "acceptance.json", "logs/tune.steps.xz")
+
+
+def missing(run_dirs: list[Path], files: tuple[str, ...] = TUNE_FILES) -> str | None:
+    """The first file a run directory lacks, as an error line; None when all are there."""
+    for run_dir in run_dirs:
+        for tune in ("tune-cold", "tune-warm"):
+            for name in files:
+                if not (run_dir / tune / name).is_file():
+                    return (f"error: {run_dir / tune / name}: not found (a RUN_DIR holds "
+                            f"tune-cold/ and tune-warm/ with {', '.join(files)})")
+    return None
+
+
 def main(argv: list[str]) -> int:
     if not argv:
-        print(__doc__.strip().splitlines()[2].strip(), file=sys.stderr)
+        print("usage: " + __doc__.strip().splitlines()[3].strip(), file=sys.stderr)
         return 2
-    for arg in argv:
-        for line in run(Path(arg)) + tables(Path(arg)):
-            print(line)
+    run_dirs = [Path(arg) for arg in argv]
+    error = missing(run_dirs)
+    if error:
+        print(error, file=sys.stderr)
+        return 2
+    try:  # every run read before anything is printed
+        lines = [line for run_dir in run_dirs for line in run(run_dir) + tables(run_dir)]
+    except (ContractError, KeyError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print("\n".join(lines))
     return 0
 
 

@@ -24,8 +24,9 @@ import sys
 from pathlib import Path
 
 from tabletune.core.contracts import load_json
+from tabletune.core.errors import ContractError
 
-from step_estimators import referee_levels
+from step_estimators import missing, referee_levels
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from recalibrate import calibrated_again, stored_cell  # noqa: E402  (benchmarks/recalibrate.py)
@@ -60,24 +61,36 @@ def table(tune_dir: Path, floor: bool):
 
 def main(argv: list[str]) -> int:
     if not argv:
-        print(__doc__.strip().splitlines()[3].strip(), file=sys.stderr)
+        print("usage: " + __doc__.strip().splitlines()[3].strip(), file=sys.stderr)
+        return 2
+    error = missing([Path(arg) for arg in argv], ("profile.json", "acceptance.json"))
+    if error:
+        print(error, file=sys.stderr)
+        return 2
+    try:
+        rows = [row for arg in argv for row in rows_of(Path(arg))]
+    except (ContractError, KeyError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 2
     print("| run | tune | rule | pooled turn spread | table | loss at the referee levels |")
     print("|---|---|---|---|---|---|")
-    for arg in argv:
-        run_dir = Path(arg)
-        levels = referee_levels(run_dir)
-        for tune in ("cold", "warm"):
-            for floor in (False, True):
-                built, spread = table(run_dir / f"tune-{tune}", floor)
-                losses = ", ".join(
-                    f"c = {c}: {1 - levels[c][built.k_for(c)] / max(levels[c].values()):.1%}"
-                    for c in sorted(levels) if built.k_for(c) in levels[c]) or "no referee"
-                ranges = json.dumps(built.to_vllm()).replace(" ", "")
-                print(f"| {run_dir.name} | {tune} | {'floor' if floor else 'as tuned'} | "
-                      f"{spread:.1%} | `{ranges}` | {losses} |")
+    print("\n".join(rows))
     return 0
 
+
+def rows_of(run_dir: Path) -> list[str]:
+    rows = []
+    levels = referee_levels(run_dir)
+    for tune in ("cold", "warm"):
+        for floor in (False, True):
+            built, spread = table(run_dir / f"tune-{tune}", floor)
+            losses = ", ".join(
+                f"c = {c}: {1 - levels[c][built.k_for(c)] / max(levels[c].values()):.1%}"
+                for c in sorted(levels) if built.k_for(c) in levels[c]) or "no referee"
+            ranges = json.dumps(built.to_vllm()).replace(" ", "")
+            rows.append(f"| {run_dir.name} | {tune} | {'floor' if floor else 'as tuned'} | "
+                        f"{spread:.1%} | `{ranges}` | {losses} |")
+    return rows
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

@@ -78,3 +78,21 @@ def test_two_equal_tunes_agree_and_a_referee_of_the_same_ratio_gives_no_error(tm
     # Cells at B = 128, k = 1 (the warm-up's last 20 steps), 2 and 3; one pair (k = 2 and 3)
     # with a referee level near it in each tune.
     assert row == "| window mean (now) | 0.0%, 0.0% (3) | 0.0%, 0.0% (2) |"
+
+
+def test_a_run_without_its_files_or_with_a_broken_step_log_is_named_with_exit_2(tmp_path, capsys):
+    assert step_estimators.main([]) == 2
+    assert capsys.readouterr().err.startswith("usage: python benchmarks/gpu/step_estimators.py")
+    assert step_estimators.main([str(tmp_path)]) == 2
+    assert capsys.readouterr().err == (
+        f"error: {tmp_path / 'tune-cold' / 'profile.json'}: not found (a RUN_DIR holds "
+        "tune-cold/ and tune-warm/ with profile.json, acceptance.json, logs/tune.steps.xz)\n")
+    for tune in ("tune-cold", "tune-warm"):
+        (tmp_path / tune / "logs").mkdir(parents=True)
+        (tmp_path / tune / "profile.json").write_text("{}")
+        (tmp_path / tune / "acceptance.json").write_text("{}")
+        (tmp_path / tune / "logs" / "tune.steps.xz").write_bytes(b"not xz")
+    assert step_estimators.main([str(tmp_path)]) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and out.err.startswith(
+        f"error: {tmp_path / 'tune-cold' / 'logs' / 'tune.steps.xz'}: cannot read the step log: ")

@@ -29,3 +29,11 @@ def test_the_turns_of_a_window_are_its_step_kinds_largest_block_count():
     window = {"step_log": {"decode": {"blocks": 3}, "mixed": {"blocks": 6}}}
     assert uncertainty_floor.turns_of(window) == 6
     assert uncertainty_floor.turns_of({"step_log": {"decode": None, "mixed": None}}) == 1
+
+
+def test_a_run_without_its_tunes_is_named_with_exit_2_and_nothing_printed(tmp_path, capsys):
+    assert uncertainty_floor.main([str(tmp_path)]) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and out.err == (
+        f"error: {tmp_path / 'tune-cold' / 'profile.json'}: not found (a RUN_DIR holds "
+        "tune-cold/ and tune-warm/ with profile.json, acceptance.json)\n")
