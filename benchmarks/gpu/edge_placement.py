@@ -1,0 +1,119 @@
+"""Where should an edge go once the noise lets the table move? Stored tunes' tables built
+again, the edge left where the new length's lead first clears the cells' uncertainty (the
+builder's rule) or put back to where that lead began (the point estimates' crossing), and
+both scored at their run's paired referee levels and under the other tune's cells.
+
+    python benchmarks/gpu/edge_placement.py RUN_DIR [RUN_DIR ...]
+
+The builder (``core.builder.build_table``) keeps the previous batch size's length until another
+leads it by more than the two cells' combined uncertainty, then moves there. T is continuous
+in B, so the lengths cross where their point estimates do, and the rule puts every edge past
+the crossing by about the noise: h100-s22's two tunes cross at B = 134 and 136 and end k = 3
+at 142 and 144, and the warm table loses 2.0 % [1.1, 2.6] at c = 144. "crossing" keeps the
+builder's decision to move and moves the edge back over the unbroken run of batch sizes, ending
+at the builder's edge, where the new length already led the kept one by more than the tie
+margin. Each RUN_DIR holds ``tune-cold/`` and ``tune-warm/`` (profile.json calibrated as the
+tune left it, acceptance.json, table.json) and, where it has them, ``paired*/evaluate.json``.
+The builder's tables come back as stored (checked). One line per tune and rule: the table, its
+worst loss under the other tune's cells (the cross-score of issue 27 item 5), and its loss at
+each referee level against the best fixed length there (``step_estimators.referee_levels``).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from tabletune.core.builder import BuildResult, build_table
+from tabletune.core.contracts import load_json
+from tabletune.core.errors import ContractError
+from tabletune.core.step_times import StepTimes
+from tabletune.core.tables import DraftTable
+
+from step_estimators import missing, referee_levels
+
+TUNE_FILES = ("profile.json", "acceptance.json", "table.json")
+
+
+def at_crossing(result: BuildResult) -> tuple[int, ...]:
+    """``result.chosen`` with each edge moved back over the batch sizes just before it where
+    the new length led the kept one by more than the tie margin."""
+    chosen = list(result.chosen)
+    column = {k: j for j, k in enumerate(result.lengths)}
+    g = result.goodput
+    for edge in result.edges:
+        i = edge["batch_size"] - 1
+        kept, new = column[edge["from_k"]], column[edge["to_k"]]
+        start = i
+        while (start > 0 and chosen[start - 1] == edge["from_k"]
+               and g[start - 1, new] > g[start - 1, kept] * (1.0 + result.tie_margin)):
+            start -= 1
+        chosen[start:i] = [edge["to_k"]] * (i - start)
+    return tuple(chosen)
+
+
+def worst_loss(goodput: np.ndarray, lengths: tuple[int, ...],
+               chosen: tuple[int, ...]) -> tuple[float, int]:
+    """(the largest relative goodput loss against the best length at any B, that B)."""
+    served = goodput[np.arange(len(chosen)), [lengths.index(k) for k in chosen]]
+    loss = 1.0 - served / goodput.max(axis=1)
+    at = int(loss.argmax())
+    return float(loss[at]), at + 1
+
+
+def built(tune_dir: Path) -> BuildResult:
+    profile = load_json(tune_dir / "profile.json", "profile")
+    acceptance = load_json(tune_dir / "acceptance.json", "acceptance")
+    result = build_table(StepTimes.from_profile(profile), acceptance.rates[:profile.max_k])
+    stored = load_json(tune_dir / "table.json", "table").table
+    if result.table.to_vllm() != stored.to_vllm():
+        raise ContractError(f"{tune_dir / 'table.json'}: {stored.to_vllm()} is not the table "
+                            f"its profile builds ({result.table.to_vllm()}); built with "
+                            "other settings than the defaults")
+    return result
+
+
+def rows_of(run_dir: Path) -> list[str]:
+    results = {tune: built(run_dir / f"tune-{tune}") for tune in ("cold", "warm")}
+    levels = referee_levels(run_dir)
+    rows = []
+    for tune, other in (("cold", "warm"), ("warm", "cold")):
+        r = results[tune]
+        for rule, chosen in (("where it clears", r.chosen), ("crossing", at_crossing(r))):
+            table = DraftTable.from_lookup(chosen)
+            cross, at = worst_loss(results[other].goodput, r.lengths, chosen)
+            losses = ", ".join(
+                f"c = {c}: {1 - levels[c][table.k_for(c)] / max(levels[c].values()):.1%}"
+                for c in sorted(levels) if table.k_for(c) in levels[c]) or "no referee"
+            ranges = json.dumps(table.to_vllm()).replace(" ", "")
+            rows.append(f"| {run_dir.name} | {tune} | {rule} | `{ranges}` | "
+                        f"{cross:.1%} at {at} | {losses} |")
+    return rows
+
+
+def main(argv: list[str]) -> int:
+    if not argv:
+        usage = next(line for line in __doc__.splitlines() if line.strip().startswith("python"))
+        print("usage: " + usage.strip(), file=sys.stderr)
+        return 2
+    error = missing([Path(arg) for arg in argv], TUNE_FILES)
+    if error:
+        print(error, file=sys.stderr)
+        return 2
+    try:  # every run read before anything is printed
+        rows = [row for arg in argv for row in rows_of(Path(arg))]
+    except (ContractError, KeyError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print("| run | tune | edge | table | worst loss under the other tune's cells | "
+          "loss at the referee levels |")
+    print("|---|---|---|---|---|---|")
+    print("\n".join(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
