@@ -15,6 +15,15 @@
 #    (h200_paired): the arms compared within the second on one server.
 #  - convergence: issue 28 item 3, the controller started from tune-warm's table with that tune
 #    as its prior, steady 60-s windows at c = 64, 128, 256 (h200_convergence).
+#  - evaluate: issue 28 item 3, every arm of EVAL_ARMS on a server of its own, all started side
+#    by side (h200_evaluate: rotating order, 3 rounds of 1 s + 2 s steady windows and a 4th
+#    while an arm's 90 % interval is wider than +-2 % within EVAL_BUDGET s a level), at
+#    EVAL_LEVELS, in SERVER_CONFIG. Default arms: fixed K = 1..3 without a table, the docs
+#    table, the prior's table and the controller started from it with that tune as its prior.
+#    Each server gets EVAL_KV_BYTES of KV cache and EVAL_GPU_UTIL of the GPU (default the
+#    H200's six side by side, 11.5 GB and 0.15; an 80-GB H100 holds about three at 14 GB and
+#    0.28: the 4B-shaped target's weights are ~8 GB a server; EVAL_PARALLEL=3 then starts and
+#    measures them three at a time).
 #  - turnovers, turnovers_sync, tune_pair (h200_lib.sh): fixed K = 2 at TURNOVER_LEVELS under
 #    TURNOVER_CONFIGS (deployed, full-graphs, sync), the sync one alone, and the two tunes in
 #    the configuration the turnovers found quieter at no cost (TUNE_CONFIG overrides it).
@@ -33,6 +42,8 @@ GRID="${GRID:-1,4,16,32,64,96,128,160,192,256}"
 # committed warm tune, h200-s8's until h200-s15).
 FALLBACK_PRIOR="${FALLBACK_PRIOR:-$PWD/benchmarks/results/h200-s16/tune-warm}"
 EVAL_LEVELS="${EVAL_LEVELS:-64,128,256,192,96,32,8,1}"; PAIRED_BUDGET="${PAIRED_BUDGET:-}"
+EVAL_BUDGET="${EVAL_BUDGET:-75}"; EVAL_KV_BYTES="${EVAL_KV_BYTES:-11500000000}"
+EVAL_GPU_UTIL="${EVAL_GPU_UTIL:-0.15}"; EVAL_ARMS="${EVAL_ARMS:-}"; EVAL_PARALLEL="${EVAL_PARALLEL:-}"
 SAMPLER="$PWD/benchmarks/gpu/host_sampler.py"
 # shellcheck source=benchmarks/gpu/h200_lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/h200_lib.sh"  # engine, tt, the phases
@@ -51,6 +62,15 @@ turnovers() { h200_turnovers; }
 turnovers_sync() { TURNOVER_CONFIGS=sync h200_turnovers; }
 tune_pair() { h200_tune_pair; }
 paired() { h200_paired "$(prior)"; }
+evaluate() {
+  local from arms
+  from=$(prior)
+  arms="${EVAL_ARMS:-fixed:1,fixed:2,fixed:3,docs,table:$from/table.json,controller:$from}"
+  # One server per arm, all up at once unless EVAL_PARALLEL says fewer: only servers started
+  # together take turns within a level; the next group is measured after the first.
+  h200_evaluate "$EVAL_KV_BYTES" "$EVAL_GPU_UTIL" \
+    "${EVAL_PARALLEL:-$(tr ',' '\n' <<< "$arms" | wc -l)}" "$arms" "$from"
+}
 convergence() { h200_convergence "$(prior)"; }
 job() { h200_job_sampled; }
 case "$1" in
@@ -58,10 +78,11 @@ case "$1" in
     h200_plugin_metadata
     h200_machine_facts
     export -f job prior tune_cold tune_warm tune_warm_switch turnovers turnovers_sync tune_pair \
-      paired convergence engine tt h200_tune h200_paired h200_convergence h200_job_sampled \
-      h200_config_args h200_turnovers h200_tune_pair
+      paired evaluate convergence engine tt h200_tune h200_paired h200_evaluate \
+      h200_convergence h200_job_sampled h200_config_args h200_turnovers h200_tune_pair
     export MODELS WORK GRID FALLBACK_PRIOR EVAL_LEVELS SAMPLER JOB PAIRED_BUDGET SWITCH_INTERVAL_S \
-      TURNOVER_LEVELS TURNOVER_CONFIGS TUNE_CONFIG TURNOVER_REFERENCE SERVER_CONFIG
+      TURNOVER_LEVELS TURNOVER_CONFIGS TUNE_CONFIG TURNOVER_REFERENCE SERVER_CONFIG \
+      EVAL_BUDGET EVAL_KV_BYTES EVAL_GPU_UTIL EVAL_ARMS EVAL_PARALLEL
     h200_launch ;;
   wait) h200_wait "${2:-500}" ;;
   collect) h200_collect ;;
