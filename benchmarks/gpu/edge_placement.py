@@ -1,22 +1,23 @@
 """Where should an edge go once the noise lets the table move? Stored tunes' tables built
-again, the edge left where the new length's lead first clears the cells' uncertainty (the
-builder's rule) or put back to where that lead began (the point estimates' crossing), and
-both scored at their run's paired referee levels and under the other tune's cells.
+again, the edge where the new length's lead began (the point estimates' crossing: the builder
+since 2026-12-05) and where that lead first cleared the cells' uncertainty (the builder
+before), both scored at their run's paired referee levels and under the other tune's cells.
 
     python benchmarks/gpu/edge_placement.py RUN_DIR [RUN_DIR ...]
 
 The builder (``core.builder.build_table``) keeps the previous batch size's length until another
-leads it by more than the two cells' combined uncertainty, then moves there. T is continuous
-in B, so the lengths cross where their point estimates do, and the rule puts every edge past
-the crossing by about the noise: h100-s22's two tunes cross at B = 134 and 136 and end k = 3
-at 142 and 144, and the warm table loses 2.0 % [1.1, 2.6] at c = 144. "crossing" keeps the
-builder's decision to move and moves the edge back over the unbroken run of batch sizes, ending
-at the builder's edge, where the new length already led the kept one by more than the tie
-margin. Each RUN_DIR holds ``tune-cold/`` and ``tune-warm/`` (profile.json calibrated as the
-tune left it, acceptance.json, table.json) and, where it has them, ``paired*/evaluate.json``.
-The builder's tables come back as stored (checked). One line per tune and rule: the table, its
-worst loss under the other tune's cells (the cross-score of issue 27 item 5), and its loss at
-each referee level against the best fixed length there (``step_estimators.referee_levels``).
+leads it by more than the two cells' combined uncertainty. T is continuous in B, so the lengths
+cross where their point estimates do, and an edge left where the lead clears puts every edge
+past the crossing by about the noise: h100-s22's two tunes cross at B = 134 and 136 and ended
+k = 3 at 142 and 144, and the warm table lost 2.0 % [1.1, 2.6] at c = 144. The builder now
+moves the edge back over the unbroken run of batch sizes, ending where the lead cleared, in
+which the new length already led the kept one by more than the tie margin; "where it clears"
+moves it forward again (each edge's ``cleared_at``). Each RUN_DIR holds ``tune-cold/`` and
+``tune-warm/`` (profile.json calibrated as the tune left it, acceptance.json, table.json) and,
+where it has them, ``paired*/evaluate.json``. A stored table must be one of the two (checked).
+One line per tune and rule: the table, its worst loss under the other tune's cells (the
+cross-score of issue 27 item 5), and its loss at each referee level against the best fixed
+length there (``step_estimators.referee_levels``).
 """
 
 from __future__ import annotations
@@ -38,20 +39,13 @@ from step_estimators import missing, referee_levels
 TUNE_FILES = ("profile.json", "acceptance.json", "table.json")
 
 
-def at_crossing(result: BuildResult) -> tuple[int, ...]:
-    """``result.chosen`` with each edge moved back over the batch sizes just before it where
-    the new length led the kept one by more than the tie margin."""
+def where_it_clears(result: BuildResult) -> tuple[int, ...]:
+    """``result.chosen`` with each edge left where the new length's lead first cleared the
+    cells' combined uncertainty (``cleared_at``): the builder's tables before 2026-12-05."""
     chosen = list(result.chosen)
-    column = {k: j for j, k in enumerate(result.lengths)}
-    g = result.goodput
     for edge in result.edges:
-        i = edge["batch_size"] - 1
-        kept, new = column[edge["from_k"]], column[edge["to_k"]]
-        start = i
-        while (start > 0 and chosen[start - 1] == edge["from_k"]
-               and g[start - 1, new] > g[start - 1, kept] * (1.0 + result.tie_margin)):
-            start -= 1
-        chosen[start:i] = [edge["to_k"]] * (i - start)
+        start, cleared = edge["batch_size"], edge.get("cleared_at", edge["batch_size"])
+        chosen[start - 1:cleared - 1] = [edge["from_k"]] * (cleared - start)
     return tuple(chosen)
 
 
@@ -69,8 +63,9 @@ def built(tune_dir: Path) -> BuildResult:
     acceptance = load_json(tune_dir / "acceptance.json", "acceptance")
     result = build_table(StepTimes.from_profile(profile), acceptance.rates[:profile.max_k])
     stored = load_json(tune_dir / "table.json", "table").table
-    if result.table.to_vllm() != stored.to_vllm():
-        raise ContractError(f"{tune_dir / 'table.json'}: {stored.to_vllm()} is not the table "
+    if stored.to_vllm() not in (result.table.to_vllm(),
+                                DraftTable.from_lookup(where_it_clears(result)).to_vllm()):
+        raise ContractError(f"{tune_dir / 'table.json'}: {stored.to_vllm()} is not a table "
                             f"its profile builds ({result.table.to_vllm()}); built with "
                             "other settings than the defaults")
     return result
@@ -82,7 +77,7 @@ def rows_of(run_dir: Path) -> list[str]:
     rows = []
     for tune, other in (("cold", "warm"), ("warm", "cold")):
         r = results[tune]
-        for rule, chosen in (("where it clears", r.chosen), ("crossing", at_crossing(r))):
+        for rule, chosen in (("where it clears", where_it_clears(r)), ("crossing", r.chosen)):
             table = DraftTable.from_lookup(chosen)
             cross, at = worst_loss(results[other].goodput, r.lengths, chosen)
             losses = ", ".join(

@@ -82,15 +82,18 @@ def _list(items: tuple[Any, ...] | None) -> list[Any] | None:
 
 @dataclass(frozen=True)
 class GoodputEdge:
-    """A length change walking B upward: at ``batch_size`` the table moves from ``from_k`` to
-    ``to_k``, whose goodput there was ``gain`` (relative) higher, against the two cells'
-    combined relative ``uncertainty``."""
+    """A length change walking B upward: from ``batch_size`` on the table serves ``to_k``
+    instead of ``from_k``. At ``cleared_at`` (None in documents from before it was recorded: the
+    same as ``batch_size``) the new length's goodput was ``gain`` (relative) higher, beyond the
+    two cells' combined relative ``uncertainty``: there the builder decided to move, and it put
+    the edge back to where the new length's lead began (``core.builder.build_table``)."""
 
     batch_size: int
     from_k: int
     to_k: int
     gain: float
     uncertainty: float
+    cleared_at: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     _PARSERS = {
@@ -99,16 +102,25 @@ class GoodputEdge:
         "to_k": lambda v, n: check_int(v, n, minimum=0),
         "gain": check_number,
         "uncertainty": check_nonnegative,
+        "cleared_at": lambda v, n: check_int(v, n, minimum=1),
     }
+    _REQUIRED = ("batch_size", "from_k", "to_k", "gain", "uncertainty")
 
     def to_dict(self) -> dict[str, Any]:
         return {"batch_size": self.batch_size, "from_k": self.from_k, "to_k": self.to_k,
-                "gain": self.gain, "uncertainty": self.uncertainty, **self.extra}
+                "gain": self.gain, "uncertainty": self.uncertainty,
+                **({"cleared_at": self.cleared_at} if self.cleared_at is not None else {}),
+                **self.extra}
 
     @classmethod
     def from_dict(cls, d: Any, name: str = "edge") -> GoodputEdge:
-        """Parse one edge; every key but extras is required, errors name ``name.<field>``."""
-        parsed, extra = _parse_fields(d, name, cls._PARSERS, required=tuple(cls._PARSERS))
+        """Parse one edge; every key but ``cleared_at`` and extras is required, errors name
+        ``name.<field>``."""
+        parsed, extra = _parse_fields(d, name, cls._PARSERS, required=cls._REQUIRED)
+        cleared = parsed.get("cleared_at")
+        if cleared is not None and cleared < parsed["batch_size"]:
+            fail(f"{name}.cleared_at", cleared,
+                 f"is below the edge's batch_size {parsed['batch_size']}")
         return cls(**parsed, extra=extra)
 
 

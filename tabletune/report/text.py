@@ -115,12 +115,16 @@ def widely_bracketed_edges(g: GoodputBlock) -> list[tuple[int, int, int]]:
 def _describe_edges(g: GoodputBlock) -> list[str]:
     if not g.edges:
         return []
-    out = ["edges (the new length's goodput gain over the kept one there, against the two "
-           "cells' combined uncertainty):"]
+    out = ["edges (the new length's goodput gain over the kept one where it first passed the "
+           "two cells' combined uncertainty; the edge sits where that lead began):"]
     wide = {b: (lo, hi) for b, lo, hi in widely_bracketed_edges(g)}
     for e in g.edges:
-        out.append(f"  B={e.batch_size}: k {e.from_k} → {e.to_k} by {e.gain:.1%} "
-                   f"(uncertainty {e.uncertainty:.1%})")
+        if e.cleared_at is not None and e.cleared_at > e.batch_size:
+            out.append(f"  B={e.batch_size}: k {e.from_k} → {e.to_k}, ahead from here; by "
+                       f"{e.gain:.1%} at B={e.cleared_at} (uncertainty {e.uncertainty:.1%})")
+        else:
+            out.append(f"  B={e.batch_size}: k {e.from_k} → {e.to_k} by {e.gain:.1%} "
+                       f"(uncertainty {e.uncertainty:.1%})")
         if e.batch_size in wide:
             lo, hi = wide[e.batch_size]
             out.append(f"    placed by interpolation: nothing was profiled between B={lo} and "

@@ -1,4 +1,4 @@
-"""benchmarks/gpu/edge_placement.py: an edge moved back to where its new length's lead began."""
+"""benchmarks/gpu/edge_placement.py: the builder's edges and where their leads cleared."""
 
 from __future__ import annotations
 
@@ -12,31 +12,26 @@ from benchmark_scripts import load_script
 edge_placement = load_script("edge_placement.py")
 
 
-def _result(goodput, chosen, edges, tie_margin=0.005):
-    return SimpleNamespace(goodput=np.array(goodput, dtype=float), lengths=(2, 3),
-                           chosen=tuple(chosen), edges=tuple(edges), tie_margin=tie_margin)
+def _result(chosen, edges):
+    return SimpleNamespace(chosen=tuple(chosen), edges=tuple(edges))
 
 
-def _edge(batch_size, from_k, to_k):
-    return {"batch_size": batch_size, "from_k": from_k, "to_k": to_k, "gain": 0.03,
+def _edge(batch_size, from_k, to_k, cleared_at=None):
+    edge = {"batch_size": batch_size, "from_k": from_k, "to_k": to_k, "gain": 0.03,
             "uncertainty": 0.02}
+    return edge if cleared_at is None else {**edge, "cleared_at": cleared_at}
 
 
-def test_the_edge_goes_back_over_the_unbroken_lead_and_no_further():
-    # Columns k = 2, k = 3. k = 2 leads by 0.3 % at B = 2 (inside the 0.5 % margin), then by
-    # 1, 2 and 3 % at B = 3..5; the builder, held by 2 % of noise, moved at B = 5.
-    goodput = [[90, 100], [100.3, 100], [101, 100], [102, 100], [103, 100], [104, 100]]
-    result = _result(goodput, [3, 3, 3, 3, 2, 2], [_edge(5, 3, 2)])
-    assert edge_placement.at_crossing(result) == (3, 3, 2, 2, 2, 2)
+def test_each_edge_goes_forward_to_where_its_lead_cleared_the_noise():
+    # k = 2 from B = 3 (its lead began there), cleared at 5; k = 3 again from 6, cleared at 7.
+    result = _result([3, 3, 2, 2, 2, 3, 3], [_edge(3, 3, 2, 5), _edge(6, 2, 3, 7)])
+    assert edge_placement.where_it_clears(result) == (3, 3, 3, 3, 2, 2, 3)
 
 
-def test_a_lead_broken_before_the_edge_stops_the_walk_and_a_second_edge_keeps_the_first():
-    # k = 2 led at B = 2, fell back at 3, led again from 4; then k = 3 takes over again at 7
-    # after leading from 6.
-    goodput = [[90, 100], [102, 100], [99, 100], [102, 100], [103, 100],
-               [100, 102], [100, 103]]
-    result = _result(goodput, [3, 3, 3, 3, 2, 2, 3], [_edge(5, 3, 2), _edge(7, 2, 3)])
-    assert edge_placement.at_crossing(result) == (3, 3, 3, 2, 2, 3, 3)
+def test_an_edge_without_its_clearing_point_stays_where_it_is():
+    # Documents built before 2026-12-05 have no cleared_at: their edges are where it cleared.
+    result = _result([3, 3, 2, 2], [_edge(3, 3, 2)])
+    assert edge_placement.where_it_clears(result) == (3, 3, 2, 2)
 
 
 def test_the_worst_loss_is_against_the_best_length_at_each_batch_size():

@@ -295,6 +295,43 @@ def test_an_edge_moves_only_when_the_gain_beats_the_combined_noise():
     assert doc["goodput"]["held_by_noise_batch_sizes"] == [2]
 
 
+def _crossing_k2_k3(unc: float):
+    """k = 3 best at B = 1, k = 2 ahead from B = 7 by the point estimates (the two lengths'
+    steps interpolated between B = 1 and 16), by more each batch size on. ``unc``: every cell's
+    relative uncertainty."""
+    cells = {(1, 2): 5.0, (1, 3): 5.2, (16, 2): 6.0, (16, 3): 8.0}
+    return StepTimes(cells, uncertainty={key: unc for key in cells})
+
+
+def test_the_noise_decides_whether_the_table_moves_and_the_point_estimates_where():
+    exact = build_table(_crossing_k2_k3(0.0), PAPER_RATES, lengths=[2, 3])
+    crossing = exact.chosen.index(2) + 1
+    (edge,) = exact.edges
+    assert edge["batch_size"] == edge["cleared_at"] == crossing
+    # Cells uncertain by 5 % each (7.1 % combined): k = 2's lead passes that a few batch sizes
+    # later; the move is decided there and the edge still sits at the crossing.
+    noisy = build_table(_crossing_k2_k3(0.05), PAPER_RATES, lengths=[2, 3])
+    (edge,) = noisy.edges
+    assert noisy.chosen == exact.chosen
+    assert edge["batch_size"] == crossing < edge["cleared_at"]
+    assert edge["gain"] > edge["uncertainty"] == pytest.approx(0.05 * math.sqrt(2))
+    g = noisy.goodput
+    at = edge["cleared_at"] - 1
+    assert g[at, 0] / g[at, 1] - 1 == pytest.approx(edge["gain"])
+    assert g[at - 1, 0] / g[at - 1, 1] - 1 <= edge["uncertainty"]
+    # The batch sizes in between were not held: the table moved there.
+    assert noisy.held_by_noise == ()
+    doc = noisy.to_document({}).to_dict()["goodput"]
+    assert doc["edges"][0]["cleared_at"] == edge["cleared_at"]
+
+
+def test_a_lead_that_never_clears_the_noise_moves_nothing():
+    held = build_table(_crossing_k2_k3(0.5), PAPER_RATES, lengths=[2, 3])
+    assert set(held.chosen) == {3} and held.edges == ()
+    assert held.held_by_noise[0] == build_table(_crossing_k2_k3(0.0), PAPER_RATES,
+                                                lengths=[2, 3]).chosen.index(2) + 1
+
+
 def test_identical_repeats_give_todays_rule_exactly():
     # A profile whose repeats agree exactly has zero uncertainty: the same table and goodput as
     # the bare step times, for a grid with many near-ties.

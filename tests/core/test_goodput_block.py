@@ -65,6 +65,15 @@ def test_optional_fields_stay_absent(block):
     assert g.to_dict() == block
 
 
+def test_an_edge_from_before_its_clearing_point_was_recorded_reads_and_writes_back(block):
+    edge = block["edges"][0]
+    assert edge["cleared_at"] >= edge["batch_size"]
+    del edge["cleared_at"]
+    g = GoodputBlock.from_dict(block)
+    assert g.edges[0].cleared_at is None and g.edges[0].extra == {}
+    assert g.to_dict() == block
+
+
 def test_unknown_keys_are_kept_at_every_level_and_written_back(block):
     block["note"] = {"by": "hand"}
     block["edges"][0]["why"] = "measured"
@@ -96,6 +105,10 @@ def test_unknown_keys_are_kept_at_every_level_and_written_back(block):
     (lambda g: g["edges"][0].update(gain="big"),
      r"^table\.goodput\.edges\[0\]\.gain: 'big' is not a finite number$"),
     (lambda g: g["edges"][0].pop("to_k"), r"^table\.goodput\.edges\[0\]\.to_k: None is missing$"),
+    (lambda g: g["edges"][0].update(cleared_at=0),
+     r"^table\.goodput\.edges\[0\]\.cleared_at: 0 is not an integer >= 1$"),
+    (lambda g: g["edges"][0].update(cleared_at=g["edges"][0]["batch_size"] - 1),
+     r"^table\.goodput\.edges\[0\]\.cleared_at: 24 is below the edge's batch_size 25$"),
     (lambda g: g.update(edges={"batch_size": 2}), r"^table\.goodput\.edges: \{'batch_size'"),
     (lambda g: g["out_of_sample"].pop("folds"),
      r"^table\.goodput\.out_of_sample\.folds: None is missing$"),

@@ -67,6 +67,19 @@ def test_the_calibration_is_one_line_per_measured_batch_size():
     ]
 
 
+def test_an_edge_put_back_from_where_its_lead_cleared_the_noise_says_both(doc):
+    first = doc.goodput.edges[0]
+    assert first.cleared_at == first.batch_size  # the factory's repeats agree exactly
+    moved = dataclasses.replace(first, cleared_at=first.batch_size + 4, gain=0.031,
+                                uncertainty=0.024)
+    g = dataclasses.replace(doc.goodput, edges=(moved,) + doc.goodput.edges[1:])
+    lines = describe_document(dataclasses.replace(doc, goodput=g)).splitlines()
+    assert f"  B=25: k {first.from_k} → {first.to_k}, ahead from here; by 3.1% at B=29 " \
+           "(uncertainty 2.4%)" in lines
+    assert f"  B=25: k {first.from_k} → {first.to_k} by " in "\n".join(
+        describe_document(doc).splitlines())
+
+
 def test_an_edge_between_far_apart_profiled_sizes_says_it_was_placed_by_interpolation(doc):
     # The factory's profile times B = 1, 2, 4, .., 128; its table changes length at 25, 39
     # and 55, each between two profiled sizes twice apart.
