@@ -16,6 +16,9 @@ The windows keep sums, not single steps, so this reads tunes whose windows store
 log's sums (h200-s12 on, and the CPU main job's since 2026-12-03). Run on this checkout's
 predecessor (2026-12-05, before windows without a prefill took their batch size's prefill
 cost), it gives back every stored table of h200-s12 to h200-s18 and h200-v033-fix unchanged.
+Since the builder places an edge where the new length's lead began (d7b411e, 2026-12-05), a
+table whose edge was held by the noise comes back with that edge earlier
+(``benchmarks/gpu/edge_placement.py`` builds both placements).
 """
 
 from __future__ import annotations

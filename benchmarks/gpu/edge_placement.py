@@ -34,7 +34,7 @@ from tabletune.core.errors import ContractError
 from tabletune.core.step_times import StepTimes
 from tabletune.core.tables import DraftTable
 
-from step_estimators import missing, referee_levels
+from step_estimators import missing, referee_levels, referee_losses
 
 TUNE_FILES = ("profile.json", "acceptance.json", "table.json")
 
@@ -80,9 +80,7 @@ def rows_of(run_dir: Path) -> list[str]:
         for rule, chosen in (("where it clears", where_it_clears(r)), ("crossing", r.chosen)):
             table = DraftTable.from_lookup(chosen)
             cross, at = worst_loss(results[other].goodput, r.lengths, chosen)
-            losses = ", ".join(
-                f"c = {c}: {1 - levels[c][table.k_for(c)] / max(levels[c].values()):.1%}"
-                for c in sorted(levels) if table.k_for(c) in levels[c]) or "no referee"
+            losses = referee_losses(table, levels)
             ranges = json.dumps(table.to_vllm()).replace(" ", "")
             rows.append(f"| {run_dir.name} | {tune} | {rule} | `{ranges}` | "
                         f"{cross:.1%} at {at} | {losses} |")

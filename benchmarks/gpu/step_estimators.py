@@ -234,6 +234,14 @@ def referee_levels(run_dir: Path) -> dict[int, dict[int, float]]:
     return dict(out)
 
 
+def referee_losses(table, levels: dict[int, dict[int, float]]) -> str:
+    """"c = C: L, ..." for a DraftTable: at each referee level, the loss of the length it serves
+    there against the best fixed length (levels without that length left out)."""
+    return ", ".join(
+        f"c = {c}: {1 - levels[c][table.k_for(c)] / max(levels[c].values()):.1%}"
+        for c in sorted(levels) if table.k_for(c) in levels[c]) or "no referee"
+
+
 def tables(run_dir: Path) -> list[str]:
     steps = {name: read_steps(run_dir / f"tune-{name}/logs/tune.steps.xz")
              for name in ("cold", "warm")}

@@ -9,8 +9,11 @@ three turns whose means happen to agree it can come out near nothing (h100-s21's
 The floor pools the turns' spread over every window of the tune that has three or more (its
 variance weighted by turns less one) and gives each window at least that spread over the square
 root of its turns. Each RUN_DIR holds ``tune-cold/`` and ``tune-warm/`` (profile.json with its
-serving windows, acceptance.json; ``benchmarks/recalibrate.py``'s path, which gives the stored
-tables back unchanged) and, where it has them, ``paired*/evaluate.json``. One line per tune and
+serving windows, acceptance.json; ``benchmarks/recalibrate.py``'s path, which gave the stored
+tables back unchanged with the builder they were tuned with; since d7b411e the builder puts an
+edge where the new length's lead began, so "as tuned" is the stored cells under today's builder
+and h100-s21/uncertainty-floor.md the builder before) and, where it has them,
+``paired*/evaluate.json``. One line per tune and
 rule: the table and its loss at each referee level against the best fixed length there
 (``step_estimators.referee_levels``).
 """
@@ -26,7 +29,7 @@ from pathlib import Path
 from tabletune.core.contracts import load_json
 from tabletune.core.errors import ContractError
 
-from step_estimators import missing, referee_levels
+from step_estimators import missing, referee_levels, referee_losses
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from recalibrate import calibrated_again, stored_cell  # noqa: E402  (benchmarks/recalibrate.py)
@@ -84,9 +87,7 @@ def rows_of(run_dir: Path) -> list[str]:
     for tune in ("cold", "warm"):
         for floor in (False, True):
             built, spread = table(run_dir / f"tune-{tune}", floor)
-            losses = ", ".join(
-                f"c = {c}: {1 - levels[c][built.k_for(c)] / max(levels[c].values()):.1%}"
-                for c in sorted(levels) if built.k_for(c) in levels[c]) or "no referee"
+            losses = referee_losses(built, levels)
             ranges = json.dumps(built.to_vllm()).replace(" ", "")
             rows.append(f"| {run_dir.name} | {tune} | {'floor' if floor else 'as tuned'} | "
                         f"{spread:.1%} | `{ranges}` | {losses} |")

@@ -7,6 +7,7 @@ import dataclasses
 import lzma
 
 from tabletune.core.step_log import Step, StepLogWriter
+from tabletune.core.tables import DraftTable
 
 from benchmark_scripts import load_script
 
@@ -96,3 +97,12 @@ def test_a_run_without_its_files_or_with_a_broken_step_log_is_named_with_exit_2(
     out = capsys.readouterr()
     assert out.out == "" and out.err.startswith(
         f"error: {tmp_path / 'tune-cold' / 'logs' / 'tune.steps.xz'}: cannot read the step log: ")
+
+
+def test_a_tables_referee_losses_are_against_the_best_fixed_length_at_each_level():
+    table = DraftTable.from_lookup((3,) * 100 + (2,) * 100)
+    levels = {64: {2: 95.0, 3: 100.0}, 160: {2: 100.0, 3: 90.0}, 8: {1: 10.0}}
+    assert step_estimators.referee_losses(table, levels) == "c = 64: 0.0%, c = 160: 0.0%"
+    late = DraftTable.from_lookup((3,) * 200)
+    assert step_estimators.referee_losses(late, levels) == "c = 64: 0.0%, c = 160: 10.0%"
+    assert step_estimators.referee_losses(late, {}) == "no referee"
