@@ -214,14 +214,10 @@ def build_table(
     edges: list[dict[str, Any]] = []
     held: list[int] = []
     current = int(best[0])
-    # Per other length, the first row of its unbroken lead over the kept one by more than the
-    # tie margin: where a move clears the noise, the edge goes back to there.
-    lead_from: dict[int, int] = {}
+    settled = 0  # rows before this are past the last move's decision: no edge goes back there
     for i, j in enumerate(best):
         j = int(j)
-        ahead = g[i] > g[i, current] * (1.0 + tie_margin)
-        lead_from = {c: lead_from.get(c, i) for c in np.flatnonzero(ahead).tolist()}
-        if ahead[j]:
+        if g[i, j] > g[i, current] * (1.0 + tie_margin):
             noise = float(np.hypot(u[i, j], u[i, current]))
             gain = float(g[i, j] / g[i, current] - 1.0)
             # Only a measured noise can hold an edge back: without one this is the tie margin
@@ -234,14 +230,19 @@ def build_table(
                 # left where the lead first clears the noise loses up to that noise on the
                 # way (benchmarks/results/h100-s22: k = 3 held to 142 and 144 past crossings
                 # at 134 and 136, 2.0 % lost at c = 144).
-                start = lead_from[j]
+                # Back over the unbroken run where the new length already led by the margin
+                # (walked only at a move, so a build with no noise costs what it did).
+                start = i
+                while start > settled and g[start - 1, j] > g[start - 1, current] * (
+                        1.0 + tie_margin):
+                    start -= 1
                 picks[start:] = [j] * (i - start)
                 held = [b for b in held if b < batch_sizes[start]]
                 edges.append({"batch_size": batch_sizes[start], "from_k": lengths[current],
                               "to_k": lengths[j], "gain": gain, "uncertainty": noise,
                               "cleared_at": batch_sizes[i]})
                 current = j
-                lead_from = {}
+                settled = i + 1
         picks.append(current)
     chosen = tuple(lengths[j] for j in picks)
     return BuildResult(
