@@ -34,7 +34,7 @@ from tabletune.core.errors import ContractError
 from tabletune.core.step_times import StepTimes
 from tabletune.core.tables import DraftTable
 
-from step_estimators import missing, referee_levels, referee_losses
+from step_estimators import missing, print_lines, referee_levels, referee_losses, usage_of
 
 TUNE_FILES = ("profile.json", "acceptance.json", "table.json")
 
@@ -89,23 +89,16 @@ def rows_of(run_dir: Path) -> list[str]:
 
 def main(argv: list[str]) -> int:
     if not argv:
-        usage = next(line for line in __doc__.splitlines() if line.strip().startswith("python"))
-        print("usage: " + usage.strip(), file=sys.stderr)
+        print(usage_of(__doc__), file=sys.stderr)
         return 2
     error = missing([Path(arg) for arg in argv], TUNE_FILES)
     if error:
         print(error, file=sys.stderr)
         return 2
-    try:  # every run read before anything is printed
-        rows = [row for arg in argv for row in rows_of(Path(arg))]
-    except (ContractError, KeyError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print("| run | tune | edge | table | worst loss under the other tune's cells | "
-          "loss at the referee levels |")
-    print("|---|---|---|---|---|---|")
-    print("\n".join(rows))
-    return 0
+    return print_lines(lambda: [
+        "| run | tune | edge | table | worst loss under the other tune's cells | "
+        "loss at the referee levels |",
+        "|---|---|---|---|---|---|"] + [row for arg in argv for row in rows_of(Path(arg))])
 
 
 if __name__ == "__main__":

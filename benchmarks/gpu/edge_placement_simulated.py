@@ -26,10 +26,10 @@ import numpy as np
 
 from tabletune.core.builder import build_table, fixed_length_goodput
 from tabletune.core.contracts import load_json
-from tabletune.core.errors import ContractError
 from tabletune.core.step_times import StepTimes
 
 from edge_placement import where_it_clears, worst_loss
+from step_estimators import print_lines, usage_of
 
 NOISE = (1.0, 2.0, 4.0)
 SEED = 20261205
@@ -86,9 +86,8 @@ def rows_of(tune_dir: Path, n: int) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    usage = next(line for line in __doc__.splitlines() if line.strip().startswith("python"))
     if len(argv) < 2 or not argv[0].isdigit() or int(argv[0]) < 2:
-        print("usage: " + usage.strip() + "  (DRAWS: an integer >= 2)", file=sys.stderr)
+        print(usage_of(__doc__) + "  (DRAWS: an integer >= 2)", file=sys.stderr)
         return 2
     n, dirs = int(argv[0]), [Path(arg) for arg in argv[1:]]
     for d in dirs:
@@ -97,16 +96,10 @@ def main(argv: list[str]) -> int:
                 print(f"error: {d / file_name}: not found (a TUNE_DIR holds profile.json and "
                       "acceptance.json)", file=sys.stderr)
                 return 2
-    try:  # every tune simulated before anything is printed
-        rows = [row for d in dirs for row in rows_of(d, n)]
-    except (ContractError, KeyError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print("| tune (the truth) | noise | edge | worst loss under the truth, median / p90 | "
-          "mean loss over B under the truth | worst loss under another draw |")
-    print("|---|---|---|---|---|---|")
-    print("\n".join(rows))
-    return 0
+    return print_lines(lambda: [
+        "| tune (the truth) | noise | edge | worst loss under the truth, median / p90 | "
+        "mean loss over B under the truth | worst loss under another draw |",
+        "|---|---|---|---|---|---|"] + [row for d in dirs for row in rows_of(d, n)])
 
 
 if __name__ == "__main__":

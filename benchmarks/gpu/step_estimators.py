@@ -38,6 +38,7 @@ import statistics
 import sys
 import tempfile
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
 from tabletune.core.contracts import load_json
@@ -281,22 +282,35 @@ def missing(run_dirs: list[Path], files: tuple[str, ...] = TUNE_FILES) -> str | 
     return None
 
 
+def usage_of(doc: str) -> str:
+    """The usage line of a script's docstring: its ``python benchmarks/...`` line."""
+    return "usage: " + next(line.strip() for line in doc.splitlines()
+                            if line.strip().startswith("python "))
+
+
+def print_lines(make_lines: Callable[[], list[str]]) -> int:
+    """The offline scripts' way out: every line made before any is printed (0), or a stored
+    document that cannot be read named on stderr (2)."""
+    try:
+        lines = make_lines()
+    except (ContractError, KeyError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print("\n".join(lines))
+    return 0
+
+
 def main(argv: list[str]) -> int:
     if not argv:
-        print("usage: " + __doc__.strip().splitlines()[3].strip(), file=sys.stderr)
+        print(usage_of(__doc__), file=sys.stderr)
         return 2
     run_dirs = [Path(arg) for arg in argv]
     error = missing(run_dirs)
     if error:
         print(error, file=sys.stderr)
         return 2
-    try:  # every run read before anything is printed
-        lines = [line for run_dir in run_dirs for line in run(run_dir) + tables(run_dir)]
-    except (ContractError, KeyError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print("\n".join(lines))
-    return 0
+    return print_lines(lambda: [line for run_dir in run_dirs
+                                for line in run(run_dir) + tables(run_dir)])
 
 
 if __name__ == "__main__":

@@ -27,9 +27,8 @@ import sys
 from pathlib import Path
 
 from tabletune.core.contracts import load_json
-from tabletune.core.errors import ContractError
 
-from step_estimators import missing, referee_levels, referee_losses
+from step_estimators import missing, print_lines, referee_levels, referee_losses, usage_of
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from recalibrate import calibrated_again, stored_cell  # noqa: E402  (benchmarks/recalibrate.py)
@@ -64,21 +63,15 @@ def table(tune_dir: Path, floor: bool):
 
 def main(argv: list[str]) -> int:
     if not argv:
-        print("usage: " + __doc__.strip().splitlines()[3].strip(), file=sys.stderr)
+        print(usage_of(__doc__), file=sys.stderr)
         return 2
     error = missing([Path(arg) for arg in argv], ("profile.json", "acceptance.json"))
     if error:
         print(error, file=sys.stderr)
         return 2
-    try:
-        rows = [row for arg in argv for row in rows_of(Path(arg))]
-    except (ContractError, KeyError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print("| run | tune | rule | pooled turn spread | table | loss at the referee levels |")
-    print("|---|---|---|---|---|---|")
-    print("\n".join(rows))
-    return 0
+    return print_lines(lambda: [
+        "| run | tune | rule | pooled turn spread | table | loss at the referee levels |",
+        "|---|---|---|---|---|---|"] + [row for arg in argv for row in rows_of(Path(arg))])
 
 
 def rows_of(run_dir: Path) -> list[str]:
