@@ -12,7 +12,8 @@ padded). Two tables per tune:
   intervals apart (``interval_ms``, of the reject-all value). The profile's model of T is
   monotone in B between profiled sizes (interpolated in log B); an inversion is a step the
   interpolation cannot draw.
-- **same tokens, other lengths**: cells of different k with the same padded token count, the
+- **same tokens, other lengths**: cells of different k with the same padded token count (the
+  graph of its length: a capture size rounded up to a multiple of 1 + k), the
   spread of their steps. Where a step's cost is the target's forward pass over its tokens,
   cells of equal tokens take about equal time whatever k and B make them up (the drafter adds
   k passes over B tokens, the attention grows with the requests' context).
@@ -32,6 +33,7 @@ from pathlib import Path
 from tabletune.core.contracts import load_json
 from tabletune.core.errors import ContractError
 
+from graph_candidates import full_graphs
 from step_estimators import print_lines, usage_of
 
 ENGINE_FACTS = Path("logs") / "tune.steps.engine.json"
@@ -52,8 +54,8 @@ def capture_sizes(tune_dir: Path) -> tuple[int, ...]:
 
 
 def padded(tokens: int, sizes: tuple[int, ...]) -> int:
-    """The captured size a step of ``tokens`` runs in (the next one up); ``tokens`` itself past
-    the largest or with none."""
+    """The captured size a step of ``tokens`` runs in (the next one of ``sorted`` ``sizes`` up);
+    ``tokens`` itself past the largest or with none."""
     at = bisect_left(sizes, tokens)
     return sizes[at] if at < len(sizes) else tokens
 
@@ -62,6 +64,13 @@ def cells_of(tune_dir: Path) -> list[dict]:
     """(B, k, tokens, padded tokens, reject-all ms, interval) of every cell with k >= 1."""
     profile = load_json(tune_dir / "profile.json", "profile")
     sizes = capture_sizes(tune_dir)
+    lengths = sorted({c.k for c in profile.cells if c.k >= 1})
+    # The token counts of the full uniform-decode graphs of each query length 1 + k, as the
+    # engine builds them (graph_candidates.full_graphs: each capture size rounded up to a
+    # multiple of 1 + k), the tune's largest batch size standing in for max_num_seqs.
+    graphs = full_graphs(list(sizes), [1 + k for k in lengths],
+                         max(c.batch_size for c in profile.cells)) if sizes and lengths else {}
+    counts = {k: tuple(sorted(t for t, qs in graphs.items() if 1 + k in qs)) for k in lengths}
     out = []
     for cell in profile.cells:
         if cell.k < 1:
@@ -70,7 +79,7 @@ def cells_of(tune_dir: Path) -> list[dict]:
         low, high = cell.interval_ms if cell.interval_ms is not None else (ms, ms)
         tokens = cell.batch_size * (1 + cell.k)
         out.append({"b": cell.batch_size, "k": cell.k, "tokens": tokens,
-                    "padded": padded(tokens, sizes), "ms": ms, "low": low, "high": high})
+                    "padded": padded(tokens, counts[cell.k]), "ms": ms, "low": low, "high": high})
     return sorted(out, key=lambda c: (c["k"], c["b"]))
 
 
