@@ -71,6 +71,9 @@ class RoundRobin:
         self.reference_ms: list[dict] = []
         self.events: list[dict] = []
         self.remeasured: dict[str, list[list[int]]] = {}
+        # Cells given an extra repeat for a spread or a step count short of the rule, once per
+        # repeat: a resumed run tops up a cell the dead run had timed, and says so here.
+        self.topped_up: list[list[int]] = []
 
     # -- engine boundary ------------------------------------------------------------------
 
@@ -263,6 +266,7 @@ class RoundRobin:
             "drift_events": self.events,
             "epochs": self.epoch + 1,
             "remeasured": self.remeasured,
+            "topped_up": self.topped_up,
         }
 
 
@@ -285,6 +289,7 @@ def _top_up(rr: RoundRobin, keys: Sequence[tuple[int, int]],
                  if not _steady(rr.ckpt.cells[key], settings.max_spread)}
         if not noisy:
             break
+        rr.topped_up.extend(sorted([list(key) for key in noisy]))
         if rr.progress is not None:
             rr.progress.more(len(noisy), f"one more repeat of {len(noisy)} cells whose spread "
                              f"is above {settings.max_spread:.0%} or that have fewer than "

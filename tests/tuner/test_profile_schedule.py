@@ -341,6 +341,7 @@ def test_a_cell_timed_again_with_too_few_steps_gets_its_extra_repeat(tmp_path):
     p, rr = profile(tmp_path, machine, s)
     assert [2, 2] in rr.meta()["remeasured"]["inconsistent"]
     assert machine.timed.count((2, 2)) == 3
+    assert rr.meta()["topped_up"] == [[2, 2]]  # the extra repeat is named in the meta
     assert p.cell(2, 2).steps == 12 + 30 and p.cell(2, 2).source == "steps"
     assert not p.cell(2, 2).flagged
     # The cells it was compared with were timed again too, with their 30 steps at once: no
