@@ -32,7 +32,10 @@ def recording_costs_us(path: Path) -> list[tuple[int, float]]:
     if path.suffix == ".xz":
         with tempfile.TemporaryDirectory() as tmp:
             plain = Path(tmp) / path.stem
-            plain.write_bytes(lzma.decompress(path.read_bytes()))
+            try:
+                plain.write_bytes(lzma.decompress(path.read_bytes()))
+            except lzma.LZMAError as e:
+                raise ValueError(f"{path}: not an xz file ({e})") from None
             return recording_costs_us(plain)
     reader = StepLogReader(path)
     try:
@@ -69,7 +72,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("run_dir", type=Path)
     p.add_argument("--batch-size", type=int, default=128)
     args = p.parse_args(argv)
-    lines = rows(args.run_dir, args.batch_size)
+    try:
+        lines = rows(args.run_dir, args.batch_size)
+    except (ValueError, OSError, lzma.LZMAError) as e:  # not a step log, a broken .xz
+        p.exit(2, f"error: {e}\n")
     if not lines:
         p.exit(2, f"error: {args.run_dir}: no PART/logs/*.steps[.xz] under it\n")
     b = args.batch_size

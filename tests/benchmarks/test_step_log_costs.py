@@ -55,3 +55,14 @@ def test_a_folder_without_step_logs_exits_2_naming_it(tmp_path, capsys):
         step_log_costs.main([str(tmp_path)])
     assert ended.value.code == 2
     assert capsys.readouterr().err == f"error: {tmp_path}: no PART/logs/*.steps[.xz] under it\n"
+
+
+@pytest.mark.parametrize("name, data", [("arm0.steps", b"junk"), ("arm0.steps.xz", b"junk")])
+def test_a_file_that_is_no_step_log_exits_2_naming_it(tmp_path, capsys, name, data):
+    (tmp_path / "evaluate" / "logs").mkdir(parents=True)
+    (tmp_path / "evaluate" / "logs" / name).write_bytes(data)
+    with pytest.raises(SystemExit) as ended:
+        step_log_costs.main([str(tmp_path)])
+    assert ended.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "arm0.steps" in err and "Traceback" not in err
