@@ -151,9 +151,12 @@ h200_paired() {
   echo "paired end $(date +%s)"
 }
 
-# The controller alone under steady load at c = 64, 128, 256 (one 60-s window each), started
-# from the table of the prior folder $1 with that tune as its prior; its rebuilds in
-# $WORK/convergence/controller/rebuilds.jsonl (issue 28 item 3). CONVERGENCE_ARMS adds arms
+# The controller alone under steady load at c = 64, 128, 256 (one window each, 60 s after 2 s of
+# warm-up unless CONVERGENCE_WINDOW says otherwise: at 500 steps a rebuild, a minute gives 5-14
+# rebuilds a level, short of "one change per 10 rebuilds after the first 3"), started from the
+# table of the prior folder $1 with that tune as its prior; its rebuilds in
+# $WORK/convergence/controller/rebuilds.jsonl (issue 28 item 3; convergence_levels.py splits them
+# by level). CONVERGENCE_ARMS adds arms
 # beside it, each on a server of its own (h200-s17: the controller ran 24 ms steps at c = 256
 # over the minute against 18-20 in the evaluation's 2-s windows; `controller:$1,table:$1/
 # table.json` tells whether the minute or the controller makes the difference).
@@ -161,7 +164,8 @@ h200_convergence() {
   echo "convergence start $(date +%s)"
   # shellcheck disable=SC2046
   tt evaluate $(engine 24000000000 0.45) --max-num-seqs 256 --concurrency 64,128,256 \
-    --requests-per-client 1 --window 2,60 --arms "${CONVERGENCE_ARMS:-controller:$1}" \
+    --requests-per-client 1 --window "${CONVERGENCE_WINDOW:-2,60}" \
+    --arms "${CONVERGENCE_ARMS:-controller:$1}" \
     --controller-start "$1/table.json" --startup-timeout 1200 \
     --out-dir "$WORK/convergence" 2>&1 | grep -v "Iteration("
   echo "convergence end $(date +%s)"

@@ -14,7 +14,8 @@
 #  - paired: issue 28, `evaluate --paired-lengths` at EVAL_LEVELS with the table of tune-warm
 #    (h200_paired): the arms compared within the second on one server.
 #  - convergence: issue 28 item 3, the controller started from tune-warm's table with that tune
-#    as its prior, steady 60-s windows at c = 64, 128, 256 (h200_convergence).
+#    as its prior, steady 60-s windows at c = 64, 128, 256 (h200_convergence;
+#    CONVERGENCE_WINDOW=2,120 makes them 120 s after 2 s of warm-up).
 #  - evaluate: issue 28 item 3, every arm of EVAL_ARMS on a server of its own, all started side
 #    by side (h200_evaluate: rotating order, 3 rounds of 1 s + 2 s steady windows and a 4th
 #    while an arm's 90 % interval is wider than +-2 % within EVAL_BUDGET s a level), at
@@ -82,7 +83,7 @@ case "$1" in
       h200_convergence h200_job_sampled h200_config_args h200_turnovers h200_tune_pair
     export MODELS WORK GRID FALLBACK_PRIOR EVAL_LEVELS SAMPLER JOB PAIRED_BUDGET SWITCH_INTERVAL_S \
       TURNOVER_LEVELS TURNOVER_CONFIGS TUNE_CONFIG TURNOVER_REFERENCE SERVER_CONFIG \
-      EVAL_BUDGET EVAL_KV_BYTES EVAL_GPU_UTIL EVAL_ARMS EVAL_PARALLEL
+      EVAL_BUDGET EVAL_KV_BYTES EVAL_GPU_UTIL EVAL_ARMS EVAL_PARALLEL CONVERGENCE_WINDOW
     h200_launch ;;
   wait) h200_wait "${2:-500}" ;;
   collect) h200_collect ;;
