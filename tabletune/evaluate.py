@@ -287,8 +287,6 @@ def _steps_detail(steps: dict) -> str:
 
 def _write_results(out_dir: Path, kind: str, fingerprint: dict, results, losses, extra,
                    *, complete: bool = True) -> Path:
-    from tabletune.report import plots
-
     out_dir.mkdir(parents=True, exist_ok=True)
     levels = [{**lv, "half_width": lv["half_width"] if lv["half_width"] != float("inf")
                else None} for lv in level_stats(results).values()]
@@ -299,15 +297,31 @@ def _write_results(out_dir: Path, kind: str, fingerprint: dict, results, losses,
     atomic_write_text(path, json.dumps(doc, indent=2) + "\n")
     if not complete:
         return path
+    plot_results(doc, out_dir / f"{kind}.png")
+    return path
+
+
+def plot_results(doc: dict, path: Path) -> Path:
+    """The plot of an ``evaluate.json`` (written beside it, or drawn again from a stored one):
+    each arm's median throughput and interval per level and, where the run had fixed-K arms,
+    each arm's loss against the level's best of them with its interval."""
+    from tabletune.report import plots
+
     arms: dict[str, list] = {}
     intervals: dict[str, list] = {}
-    for (arm, c), stats in level_stats(results).items():
-        arms.setdefault(arm, []).append((c, stats["median_tokens_per_s"]))
-        if stats["interval_tokens_per_s"] is not None:
-            intervals.setdefault(arm, []).append((c, *stats["interval_tokens_per_s"]))
-    plots.plot_throughput(arms, out_dir / f"{kind}.png", title=f"tabletune {kind}",
-                          intervals=intervals)
-    return path
+    for level in doc["levels"]:
+        arm, c = level["arm"], int(level["concurrency"])
+        arms.setdefault(arm, []).append((c, level["median_tokens_per_s"]))
+        if level.get("interval_tokens_per_s") is not None:
+            intervals.setdefault(arm, []).append((c, *level["interval_tokens_per_s"]))
+    losses: dict[str, list] = {}
+    for arm, row in ((doc.get("losses") or {}).get("arms") or {}).items():
+        bounds = row.get("loss_interval_by_concurrency") or {}
+        for c, loss in row["loss_by_concurrency"].items():
+            low, high = bounds.get(c) or (loss, loss)  # no interval: the median alone
+            losses.setdefault(arm, []).append((int(c), loss, low, high))
+    return plots.plot_throughput(arms, path, title=f"tabletune {doc['kind']}",
+                                 intervals=intervals, losses=losses)
 
 
 def _common(args) -> tuple[EngineSpec, list[str], list[int]]:

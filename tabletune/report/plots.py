@@ -221,19 +221,34 @@ def plot_tables(tables: dict[str, DraftTable], max_batch_size: int, path: Path,
     return _save(fig, path)
 
 
+# The loss panel's upper edge (%): a loss past it (a length off the captured graphs, 50 %)
+# would flatten the 1-3 % gaps the panel is for; it is drawn at the edge with its value.
+LOSS_PANEL_CAP_PCT = 15.0
+
+
 def plot_throughput(arms: dict[str, Sequence[tuple[int, float]]], path: Path,
                     title: str = "Measured throughput",
-                    intervals: dict[str, Sequence[tuple[int, float, float]]] | None = None
+                    intervals: dict[str, Sequence[tuple[int, float, float]]] | None = None,
+                    losses: dict[str, Sequence[tuple[int, float, float, float]]] | None = None
                     ) -> Path:
     """Evaluation: output tokens/s against concurrency for each arm (the medians of the
     repeats), with each level's interval (``intervals[arm]``: (concurrency, low, high)) as an
-    error bar where there is one."""
+    error bar where there is one. With ``losses`` (``losses[arm]``: (concurrency, loss, low,
+    high), fractions of the level's best fixed-K server), a second panel draws each arm's loss
+    and its interval: on the throughput axis a 2 % gap is a line's width."""
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    with_losses = bool(losses) and any(losses.values())
+    if with_losses:
+        fig, (ax, loss_ax) = plt.subplots(2, 1, figsize=(8, 8), sharex=True,
+                                          gridspec_kw={"height_ratios": [3, 2]})
+    else:
+        fig, ax = plt.subplots(figsize=(8, 4.5))
+    colours = {}
     for name, points in arms.items():
         points = sorted(points)
         line, = ax.plot([p[0] for p in points], [p[1] for p in points], marker="o",
                         markersize=3, label=name)
+        colours[name] = line.get_color()
         bars = dict((c, (lo, hi)) for c, lo, hi in (intervals or {}).get(name, ()))
         with_bar = [(c, v) for c, v in points if c in bars]
         if with_bar:
@@ -241,12 +256,47 @@ def plot_throughput(arms: dict[str, Sequence[tuple[int, float]]], path: Path,
                         yerr=[[v - bars[c][0] for c, v in with_bar],
                               [bars[c][1] - v for c, v in with_bar]],
                         fmt="none", ecolor=line.get_color(), capsize=3, alpha=0.8)
-    _level_axis(ax, sorted({p[0] for points in arms.values() for p in points}))
-    ax.set_xlabel("concurrency")
+    levels = sorted({p[0] for points in arms.values() for p in points})
+    _level_axis(ax, levels)
     ax.set_ylabel("output tokens/s" + (" (median; bars: 90 % interval)"
                                        if any(intervals.values()) else "")
                   if intervals else "output tokens/s")
     ax.set_title(title)
     ax.legend()
     ax.grid(alpha=0.3)
+    if with_losses:
+        _loss_panel(loss_ax, losses, colours)
+        _level_axis(loss_ax, levels)
+        loss_ax.set_xlabel("concurrency")
+    else:
+        ax.set_xlabel("concurrency")
     return _save(fig, path)
+
+
+def _loss_panel(ax, losses: dict[str, Sequence[tuple[int, float, float, float]]],
+                colours: dict[str, str]) -> None:
+    cap = LOSS_PANEL_CAP_PCT
+    low = min([-1.0] + [100 * lo for points in losses.values() for _, _, lo, _ in points])
+    capped_at: dict[int, int] = {}  # labels already at the edge per level: stacked, not overlaid
+    for name, points in losses.items():
+        points = sorted(points)
+        if not points:
+            continue
+        colour = colours.get(name)
+        shown = [min(100 * loss, cap) for _, loss, _, _ in points]
+        ax.plot([p[0] for p in points], shown, marker="o", markersize=3, color=colour,
+                label=name)
+        ax.errorbar([p[0] for p in points], shown,
+                    yerr=[[max(0.0, s - 100 * lo) for s, (_, _, lo, _) in zip(shown, points)],
+                          [max(0.0, min(100 * hi, cap) - s)
+                           for s, (_, _, _, hi) in zip(shown, points)]],
+                    fmt="none", ecolor=colour, capsize=3, alpha=0.8)
+        for c, loss, _, _ in points:
+            if 100 * loss > cap:
+                n = capped_at[c] = capped_at.get(c, 0) + 1
+                ax.annotate(f"{100 * loss:.0f} %", (c, cap), textcoords="offset points",
+                            xytext=(4, -10 * n), fontsize=8, color=colour)
+    ax.axhline(0.0, color="black", linewidth=0.8)
+    ax.set_ylim(max(low, -cap) - 0.5, cap + 0.5)
+    ax.set_ylabel("loss vs the level's best fixed-K server, %\n(median; bars: 90 % interval)")
+    ax.grid(alpha=0.3)
