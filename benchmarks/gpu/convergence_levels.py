@@ -31,6 +31,8 @@ def read_json(path: Path) -> dict:
         return json.loads(path.read_text())
     except FileNotFoundError:
         raise InputError(f"{path}: no such file") from None
+    except OSError as e:  # a folder, no permission
+        raise InputError(f"{path}: {e.strerror}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise InputError(f"{path}: not JSON ({e})") from None
 
@@ -40,6 +42,10 @@ def read_rebuilds(path: Path) -> list[dict]:
         lines = path.read_text().splitlines()
     except FileNotFoundError:
         raise InputError(f"{path}: no such file") from None
+    except OSError as e:
+        raise InputError(f"{path}: {e.strerror}") from None
+    except UnicodeDecodeError:
+        raise InputError(f"{path}: not text") from None
     records = []
     for number, line in enumerate(lines, 1):
         if not line.strip():
@@ -127,9 +133,12 @@ def main(argv: list[str] | None = None) -> None:
         p.exit(2, f"error: {e}\n")
     for c, records in by_level.items():
         folder = args.run_dir / f"c{c}"
-        folder.mkdir(exist_ok=True)
-        (folder / "rebuilds.jsonl").write_text(
-            "".join(json.dumps(r) + "\n" for r in records))
+        try:
+            folder.mkdir(exist_ok=True)
+            (folder / "rebuilds.jsonl").write_text(
+                "".join(json.dumps(r) + "\n" for r in records))
+        except OSError as e:  # a file named like the level's folder
+            p.exit(2, f"error: {folder}: {e.strerror}\n")
     print(f"| c | rebuilds | after the first {SETTLING_REBUILDS} | table changes after them "
           f"| changes per 10 (target <= {MAX_CHANGES_PER_10}) | tables it rebuilt "
           "| batch sizes held, by evidence | live / prior step time | tokens/s |")

@@ -64,6 +64,11 @@ def test_two_changes_in_ten_settled_rebuilds_miss_the_target(tmp_path, capsys):
      "rebuilds.jsonl: line 1: not a rebuild record"),
     (lambda run: (run / "controller" / "rebuilds.jsonl").write_text("x\n"),
      "rebuilds.jsonl: line 1: not JSON"),
+    (lambda run: ((run / "controller" / "rebuilds.jsonl").unlink(),
+                  (run / "controller" / "rebuilds.jsonl").mkdir()),
+     "rebuilds.jsonl: Is a directory"),
+    (lambda run: (run / "controller" / "rebuilds.jsonl").write_bytes(b"\xff\xfe"),
+     "rebuilds.jsonl: not text"),
 ])
 def test_bad_input_exits_2_naming_the_file_and_writes_nothing(tmp_path, capsys, damage,
                                                                message):
@@ -75,3 +80,13 @@ def test_bad_input_exits_2_naming_the_file_and_writes_nothing(tmp_path, capsys, 
     err = capsys.readouterr().err
     assert err.startswith(f"error: {run}/") and message in err
     assert not (run / "c64").exists()
+
+
+def test_a_file_where_a_level_folder_goes_exits_2_naming_it(tmp_path, capsys):
+    run = _run(tmp_path, [(64, 0.0, 10.0)], [(1.0, False)])
+    (run / "c64").write_text("not a folder")
+    with pytest.raises(SystemExit) as ended:
+        convergence_levels.main([str(run)])
+    assert ended.value.code == 2
+    assert capsys.readouterr().err.startswith(f"error: {run}/c64: ")
+    assert (run / "c64").read_text() == "not a folder"
