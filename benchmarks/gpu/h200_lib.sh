@@ -12,11 +12,18 @@ engine() {
   if [ "${SERVER_CONFIG:-deployed}" != deployed ]; then
     h200_config_args "$SERVER_CONFIG" || return
   fi
-  echo --model "$MODELS/target" --drafter "$MODELS/eagle3" --method eagle3 --max-k 3 \
-       --device cuda --runner v2 --cache-root /tmp/tt-cache --engine-arg=--load-format=dummy \
+  # PAIR=agreeing: agreeing_pair.py's target and drafter with real weights and vLLM's real
+  # verification (issue 29: adaptive verification ranks drafts by the drafter's confidence,
+  # which dummy weights leave flat).
+  local pair=(--model "$MODELS/target" --drafter "$MODELS/eagle3" --engine-arg=--load-format=dummy
+              --synthetic-acceptance 0.75,0.55,0.40)
+  if [ "${PAIR:-dummy}" = agreeing ]; then
+    pair=(--model "$MODELS/agreeing/target" --drafter "$MODELS/agreeing/eagle3")
+  fi
+  echo "${pair[@]}" --method eagle3 --max-k 3 --device cuda --runner v2 \
+       --cache-root /tmp/tt-cache \
        --engine-arg=--kv-cache-memory-bytes="$1" --engine-arg=--gpu-memory-utilization="$2" \
-       --engine-arg=--max-cudagraph-capture-size=1024 --synthetic-acceptance 0.75,0.55,0.40 \
-       --max-model-len 1024 "${CONFIG_ARGS[@]}"
+       --engine-arg=--max-cudagraph-capture-size=1024 --max-model-len 1024 "${CONFIG_ARGS[@]}"
 }
 tt() { python3 -m tabletune.cli "$@"; }
 
@@ -45,6 +52,11 @@ h200_machine_facts() {
 # what it calls.
 h200_launch() {
   [ -f "$MODELS/eagle3/config.json" ] || python3 benchmarks/gpu/make_models.py "$MODELS" >/dev/null
+  if [ "${PAIR:-dummy}" = agreeing ] && [ ! -f "$MODELS/agreeing/eagle3/model.safetensors" ]; then
+    # Seeded weights made here (9 GB: no call carries them), on the GPU: about half a minute.
+    python3 benchmarks/gpu/agreeing_pair.py "$MODELS/agreeing" --tokenizer "$MODELS/tokenizer" \
+      --device cuda || return
+  fi
   setsid nohup bash -c job > "$WORK/job.out" 2>&1 < /dev/null &
   sleep 5; echo started
 }
