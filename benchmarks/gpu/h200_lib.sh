@@ -100,7 +100,7 @@ h200_evaluate() {
   tt evaluate $(engine "$1" "$2") --max-num-seqs 256 --concurrency "$EVAL_LEVELS" \
     --requests-per-client 1 --window 1,2 --repeats 3 --max-repeats 4 --target-interval 0.02 \
     --level-budget "$EVAL_BUDGET" --parallel-startups "$3" --startup-timeout 1200 \
-    --arms "$4" --controller-start "$5/table.json" --out-dir "$WORK/evaluate" 2>&1 \
+    --arms "$4" --controller-start "$5/table.json" --out-dir "$WORK/${EVAL_DIR:-evaluate}" 2>&1 \
     | grep -v "Iteration("
   echo "evaluate end $(date +%s)"
 }

@@ -3,7 +3,9 @@
 # in /tmp/site033, the deployment of every H200 run (h200_lib.sh's engine: V2 runner, EAGLE-3,
 # synthetic acceptance 0.75/0.55/0.40, graphs up to 1 024 tokens), in one detached job (setsid,
 # so it outlives a device call). Runs: benchmarks/results/h200-v033/ (2026-12-04, without the
-# graph-candidates fix) and h200-v033-fix/ (the same day, with it). The parts come in the order
+# graph-candidates fix) and h200-v033-fix/ (the same day, with it); h100-v033-agreeing/
+# (2026-12-06, PAIR=agreeing on an H100: the comparison with adaptive verification on real
+# weights, two groups of four servers via EVAL_ARMS / EVAL_ARMS_B). The parts come in the order
 # whose results are each worth landing alone:
 #  - doctor: which of the compat layer's fixes this vLLM still needs (its start-up line), the
 #    graph trace per length, and the 0.26 runs' latest tuned table (h200-s18/tune-warm) against
@@ -109,6 +111,13 @@ evaluate() {
     h200_evaluate 6500000000 0.14 6 "$arms" "$prior"
   fi
 }
+# A second group of arms after the first, where the GPU holds fewer servers than the arms (an
+# 80-GB H100 holds four of ~19 GB): EVAL_ARMS_B at EVAL_LEVELS_B (default EVAL_LEVELS) into
+# $WORK/evaluate-b. One arm in both groups relates them.
+evaluate_b() {
+  EVAL_DIR=evaluate-b EVAL_ARMS="$EVAL_ARMS_B" EVAL_LEVELS="${EVAL_LEVELS_B:-$EVAL_LEVELS}" \
+    EVAL_PARALLEL="${EVAL_PARALLEL_B:-${EVAL_PARALLEL:-}}" evaluate
+}
 # Not in the default JOB (h200_lib.sh says what each asks): turnovers, fixed K = 2 at
 # TURNOVER_LEVELS under each of TURNOVER_CONFIGS (deployed, full-graphs, sync); turnovers_sync,
 # the sync one alone; tune_pair, issue 27's two tunes in the configuration the turnovers found
@@ -127,10 +136,10 @@ case "$1" in
     h200_machine_facts
     export -f job doctor doctor_try tune evaluate turnovers turnovers_sync tune_pair engine tt \
       h200_evaluate h200_job_sampled h200_tune h200_config_args h200_turnovers h200_tune_pair \
-      agreeing_check acceptance
+      agreeing_check acceptance evaluate_b
     export MODELS WORK OLD_TABLE GRID EVAL_LEVELS EVAL_BUDGET SAMPLER JOB ADAPTIVE \
       TURNOVER_LEVELS TURNOVER_CONFIGS TUNE_CONFIG TURNOVER_REFERENCE SERVER_CONFIG PAIR \
-      EVAL_ARMS EVAL_KV_BYTES EVAL_GPU_UTIL EVAL_PARALLEL
+      EVAL_ARMS EVAL_KV_BYTES EVAL_GPU_UTIL EVAL_PARALLEL EVAL_ARMS_B EVAL_LEVELS_B EVAL_PARALLEL_B
     h200_launch ;;
   wait) h200_wait "${2:-500}" ;;
   collect) h200_collect ;;

@@ -27,8 +27,8 @@ def step_logs(run_dir: Path) -> list[Path]:
     return sorted(found, key=lambda p: str(p).removesuffix(".xz"))
 
 
-def recording_costs_us(path: Path) -> list[tuple[int, float]]:
-    """(requests in the step, µs recording it cost) for every timed record."""
+def read_steps(path: Path) -> list:
+    """Every record of a stored step log, ``NAME.steps`` or its ``.xz``."""
     if path.suffix == ".xz":
         with tempfile.TemporaryDirectory() as tmp:
             plain = Path(tmp) / path.stem
@@ -36,13 +36,18 @@ def recording_costs_us(path: Path) -> list[tuple[int, float]]:
                 plain.write_bytes(lzma.decompress(path.read_bytes()))
             except lzma.LZMAError as e:
                 raise ValueError(f"{path}: not an xz file ({e})") from None
-            return recording_costs_us(plain)
+            return read_steps(plain)
     reader = StepLogReader(path)
     try:
         steps, _ = reader.since(0)
     finally:
         reader.close()
-    return [(s.requests, s.recording_ns / 1e3) for s in steps if s.recording_ns > 0]
+    return steps
+
+
+def recording_costs_us(path: Path) -> list[tuple[int, float]]:
+    """(requests in the step, µs recording it cost) for every timed record."""
+    return [(s.requests, s.recording_ns / 1e3) for s in read_steps(path) if s.recording_ns > 0]
 
 
 def quantile(values: list[float], q: float) -> float:
