@@ -78,6 +78,12 @@ else
   # xz -1, not the 0.26 script's -4: on 20 MB of cuDNN here -1 took 8.5 s for 2.38 MB and -4
   # 56 s for 2.28 MB (4 % smaller, 6.6 times the time; on ~5 GB that is an hour on two cores).
   tar -C "$work/site" -cf - . | nice -n 19 xz -T0 "${XZ_LEVEL:--1}" > "$work/site.tar.xz"
+  if [ -z "${PART_BYTES:-}" ] && [ "$part_bytes" -lt 60000000 ]; then
+    # 2026-12-06: built with the results in the tree, this gave 609 parts of 3.6 MB.
+    echo "note: the tree sends $tree_bytes bytes with every call, so parts of $part_bytes" \
+         "bytes; benchmarks/gpu/results-aside.sh aside before this script (or" \
+         "PART_BYTES=60000000 for calls sent from a slimmer tree) gives 60-MB parts, 37 calls" >&2
+  fi
   split -b "$part_bytes" -d -a 3 "$work/site.tar.xz" "$work/bundle."  # > 100 parts fit
   i=0
   for f in "$work"/bundle.*; do
