@@ -326,14 +326,35 @@ def main(argv: list[str] | None = None) -> int:
         d = replace(d, logit_std=a.logit_std)
     if a.self_attention is not None:
         d = replace(d, self_attention=a.self_attention)
+    problem = _bad_input(a, d)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     if a.check:
         print(json.dumps(check(d, a.device, new_tokens=a.new_tokens)))
         return 0
-    if a.out is None or a.tokenizer is None:
-        print("error: OUT and --tokenizer are required unless --check", file=sys.stderr)
-        return 2
     write(a.out, d, a.tokenizer, a.device)
     return 0
+
+
+def _bad_input(a, d: Design) -> str | None:
+    """What is wrong with the command line, before any weight is made; None if nothing."""
+    for name, value in (("--residual-scale", d.residual_scale), ("--logit-std", d.logit_std),
+                        ("--self-attention", d.self_attention)):
+        if not (math.isfinite(value) and value >= 0):
+            return f"{name}: {value}: must be a finite number >= 0"
+    if not a.new_tokens >= 1:
+        return f"--new-tokens: {a.new_tokens}: must be at least 1"
+    if a.check:
+        return None
+    if a.out is None or a.tokenizer is None:
+        return "OUT and --tokenizer are required unless --check"
+    if not a.tokenizer.is_dir():
+        return f"--tokenizer: {a.tokenizer}: not a folder"
+    for name in ("target", "eagle3"):
+        if (a.out / name).exists():  # nothing is overwritten: a pair is made once
+            return f"{a.out / name}: already there"
+    return None
 
 
 if __name__ == "__main__":

@@ -96,6 +96,19 @@ def test_write_gives_vllm_folders(tmp_path):
                         ["residual_scale"], MICRO.residual_scale)
 
 
-def test_cli_without_out_is_exit_2(capsys):
-    assert agreeing_pair.main([]) == 2
-    assert capsys.readouterr().err.startswith("error: ")
+@pytest.mark.parametrize("args, message", [
+    ([], "OUT and --tokenizer are required"),
+    (["--check", "--residual-scale", "nan"], "--residual-scale: nan"),
+    (["--check", "--logit-std", "-1"], "--logit-std: -1.0"),
+    (["--check", "--new-tokens", "0"], "--new-tokens: 0"),
+    (["{tmp}/pair", "--tokenizer", "{tmp}/missing"], "--tokenizer: {tmp}/missing: not a folder"),
+    (["{tmp}", "--tokenizer", "{tmp}"], "{tmp}/target: already there"),
+])
+def test_bad_input_is_exit_2_naming_it_and_writes_nothing(tmp_path, capsys, args, message):
+    (tmp_path / "target").mkdir()
+    before = sorted(tmp_path.rglob("*"))
+    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    assert agreeing_pair.main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message.replace("{tmp}", str(tmp_path)) in err
+    assert sorted(tmp_path.rglob("*")) == before
