@@ -39,6 +39,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+import shutil
 import sys
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -290,10 +292,14 @@ def write(out: Path, d: Design, tokenizer: Path, device: str = "cpu") -> None:
     from safetensors.torch import save_file
 
     t, dr = build_weights(d, device)
+    # Written beside OUT and moved in whole: a run killed half-way leaves no half a pair that
+    # the next run would refuse as "already there" (h200_launch makes it when it is missing).
+    staging = out.parent / f".{out.name}.tmp{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
     for name, tensors, config in (("target", t, target_config(d)),
                                   ("eagle3", dr, drafter_config(d))):
-        folder = out / name
-        folder.mkdir(parents=True, exist_ok=True)
+        folder = staging / name
+        folder.mkdir(parents=True)
         (folder / "config.json").write_text(json.dumps(config, indent=2))
         for f in tokenizer.iterdir():
             if f.is_file() and f.name != "config.json":
@@ -303,6 +309,10 @@ def write(out: Path, d: Design, tokenizer: Path, device: str = "cpu") -> None:
         save_file(host, str(folder / "model.safetensors"))
         (folder / "tabletune_design.json").write_text(json.dumps(asdict(d), indent=2))
         del host
+    out.mkdir(parents=True, exist_ok=True)
+    for name in ("target", "eagle3"):
+        os.replace(staging / name, out / name)
+    staging.rmdir()
     print(f"agreeing pair in {out}: target, eagle3 ({json.dumps(asdict(d))})")
 
 
