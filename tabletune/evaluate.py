@@ -358,6 +358,12 @@ def cmd_evaluate(args) -> int:
         from tabletune.engine.fingerprint import engine_version
 
         check_adaptive_arms(arms, spec, engine_version()[1])
+    shared_kinds = ("table", "fixed-table", "controller")
+    for arm in arms:
+        # One server serves these arms (or every arm, paired): it has one environment.
+        if arm.env and (args.paired_lengths or (args.one_server and arm.kind in shared_kinds)):
+            raise ContractError(f"--arms: {arm.name!r}: an environment of its own needs a "
+                                "server of its own; leave out --one-server and --paired-lengths")
     if args.paired_lengths:
         if args.one_server:
             raise ContractError("--paired-lengths: runs its own one server (every length, "
@@ -558,8 +564,9 @@ def add_evaluate_parsers(sub) -> None:
                    "table:PATH, controller:DIR (a prior folder: table.json, profile.json, "
                    "acceptance.json), adaptive:K and adaptive-table:PATH (vLLM's adaptive "
                    "verification, vLLM >= 0.28 on CUDA with the V2 runner, alone or under a "
-                   "table; every arm is also set against it) (default: none, fixed:1..K, docs, "
-                   "and --table if given)")
+                   "table; every arm is also set against it); ARM@NAME=VALUE runs that arm's server "
+                   "with an environment variable of its own, e.g. adaptive:3@TABLETUNE_COMPAT=0 "
+                   "(default: none, fixed:1..K, docs, and --table if given)")
     p.add_argument("--controller-start", default="docs-quarter",
                    help="table the controller arm starts from: docs, docs-quarter (the docs "
                         "table with every range shrunk to a quarter), a table.json or JSON "

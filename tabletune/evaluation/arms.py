@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -68,10 +69,33 @@ class Arm:
         return cfg
 
 
+# ``ARM@NAME=VALUE`` (repeatable, at the end of an arm): the arm's server runs with these
+# environment variables on top of the run's. Issue 29 needs vLLM's adaptive verification served
+# as a user without TableTune serves it (``adaptive:3@TABLETUNE_COMPAT=0``: no compat fix) beside
+# arms that need the layer. Names are upper case, so a path holding "@" is not taken for one.
+_ARM_ENV = re.compile(r"@([A-Z_][A-Z0-9_]*)=([^@]*)$")
+
+
 def parse_arm(text: str, max_k: int) -> Arm:
     """``none``, ``fixed:K``, ``fixed-table:K``, ``docs``, ``table:PATH`` (a table.json),
     ``controller:DIR`` (a prior folder as ``tabletune tune`` writes it), ``adaptive:K`` and
-    ``adaptive-table:PATH`` (vLLM's adaptive verification, alone or under a table)."""
+    ``adaptive-table:PATH`` (vLLM's adaptive verification, alone or under a table), each
+    optionally followed by ``@NAME=VALUE`` environment variables for its server alone."""
+    base, env = text, []
+    while match := _ARM_ENV.search(base):
+        env.insert(0, (match[1], match[2]))
+        base = base[:match.start()]
+    arm = _parse_base_arm(base, max_k)
+    if not env:
+        return arm
+    names = [name for name, _ in env]
+    if len(set(names)) < len(names):
+        raise ContractError(f"--arms: {text!r}: sets one environment variable twice")
+    label = " ".join(f"{name}={value}" for name, value in env)
+    return replace(arm, name=f"{arm.name} [{label}]", env=arm.env + tuple(env))
+
+
+def _parse_base_arm(text: str, max_k: int) -> Arm:
     kind, _, arg = text.partition(":")
     if kind == "controller":
         folder = Path(arg)
@@ -112,7 +136,7 @@ def parse_arm(text: str, max_k: int) -> Arm:
             return Arm(label, kind, k=k)
     raise ContractError(f"--arms: {text!r} is not none, fixed:K, fixed-table:K, adaptive:K "
                         f"(1 <= K <= {max_k}), docs, table:PATH, adaptive-table:PATH or "
-                        "controller:DIR")
+                        "controller:DIR, each optionally followed by @NAME=VALUE")
 
 
 def distinct_arms(arms: Sequence[Arm]) -> list[Arm]:
@@ -134,7 +158,8 @@ def distinct_arms(arms: Sequence[Arm]) -> list[Arm]:
 def _name_by_path(arm: Arm) -> str:
     prefix = {"table": "table", "adaptive-table": "adaptive + table",
               "controller": "controller"}[arm.kind]
-    return f"{prefix} {arm.source}"
+    label = " ".join(f"{name}={value}" for name, value in arm.env)
+    return f"{prefix} {arm.source}" + (f" [{label}]" if label else "")
 
 
 def check_adaptive_arms(arms: Sequence[Arm], spec: EngineSpec,
