@@ -5,7 +5,10 @@
 # so it outlives a device call). Runs: benchmarks/results/h200-v033/ (2026-12-04, without the
 # graph-candidates fix) and h200-v033-fix/ (the same day, with it); h100-v033-agreeing/
 # (2026-12-06, PAIR=agreeing on an H100: the comparison with adaptive verification on real
-# weights, two groups of four servers via EVAL_ARMS / EVAL_ARMS_B). The parts come in the order
+# weights, two groups of four servers via EVAL_ARMS / EVAL_ARMS_B); h100-v033-adaptive-isolated/
+# (the same day: adaptive:3 beside adaptive:3@TABLETUNE_COMPAT=0, the controller with
+# TABLETUNE_CONTROLLER_ALLOW_FOREIGN_PRIOR=1, the prior copied from h100-v033-agreeing/ with no
+# acceptance part). The parts come in the order
 # whose results are each worth landing alone:
 #  - doctor: which of the compat layer's fixes this vLLM still needs (its start-up line), the
 #    graph trace per length, and the 0.26 runs' latest tuned table (h200-s18/tune-warm) against
