@@ -114,6 +114,29 @@ evaluate() {
     h200_evaluate 6500000000 0.14 6 "$arms" "$prior"
   fi
 }
+# adaptive_drop (issue 29, not in the default JOB): does vLLM's adaptive verification lose its
+# acceptance when the load drops after a high level, in the engine a user without TableTune
+# runs? In h100-v033-agreeing and h100-v033-adaptive-isolated every fall of its accepted drafts
+# to ~0 (vLLM's own counters, window by window) came right after a drop in load (c = 256 -> 8,
+# 128 -> 1), with and without the compat layer, but TableTune's scheduler class was in every
+# server for the step log. Here: no step log (vLLM's own scheduler), TABLETUNE_COMPAT=0 on the
+# adaptive arm, fixed K = 3 beside it, levels 8, 256, 4 (a start at low load, the high level,
+# the drop), the pair's workload (256 tokens, 128-384), once per ADAPTIVE_TEMPERATURES (default
+# "0 1": its authors measured at 1), each on fresh servers into $WORK/adaptive-drop-tT. Each
+# window's acceptance is in evaluate.json (window.rates, from vLLM's /metrics).
+adaptive_drop() {
+  local t
+  for t in ${ADAPTIVE_TEMPERATURES:-0 1}; do
+    echo "adaptive_drop t=$t start $(date +%s)"
+    # shellcheck disable=SC2046
+    tt evaluate $(engine "${EVAL_KV_BYTES:-6500000000}" "${EVAL_GPU_UTIL:-0.2}") \
+      --max-num-seqs 256 --concurrency 8,256,4 --max-tokens 256 --output-spread 0.5 \
+      --temperature "$t" --requests-per-client 1 --window 1,2 --repeats 4 --no-step-log \
+      --arms "adaptive:3@TABLETUNE_COMPAT=0,fixed:3" --parallel-startups 2 \
+      --startup-timeout 1200 --out-dir "$WORK/adaptive-drop-t$t" 2>&1 | grep -v "Iteration("
+    echo "adaptive_drop t=$t end $(date +%s)"
+  done
+}
 # A second group of arms after the first, where the GPU holds fewer servers than the arms (an
 # 80-GB H100 holds four of ~19 GB): EVAL_ARMS_B at EVAL_LEVELS_B (default EVAL_LEVELS) into
 # $WORK/evaluate-b. One arm in both groups relates them.
@@ -139,10 +162,11 @@ case "$1" in
     h200_machine_facts
     export -f job doctor doctor_try tune evaluate turnovers turnovers_sync tune_pair engine tt \
       h200_evaluate h200_job_sampled h200_tune h200_config_args h200_turnovers h200_tune_pair \
-      agreeing_check acceptance evaluate_b
+      agreeing_check acceptance evaluate_b adaptive_drop
     export MODELS WORK OLD_TABLE GRID EVAL_LEVELS EVAL_BUDGET SAMPLER JOB ADAPTIVE \
       TURNOVER_LEVELS TURNOVER_CONFIGS TUNE_CONFIG TURNOVER_REFERENCE SERVER_CONFIG PAIR \
-      EVAL_ARMS EVAL_KV_BYTES EVAL_GPU_UTIL EVAL_PARALLEL EVAL_ARMS_B EVAL_LEVELS_B EVAL_PARALLEL_B
+      EVAL_ARMS EVAL_KV_BYTES EVAL_GPU_UTIL EVAL_PARALLEL EVAL_ARMS_B EVAL_LEVELS_B EVAL_PARALLEL_B \
+      ADAPTIVE_TEMPERATURES
     h200_launch ;;
   wait) h200_wait "${2:-500}" ;;
   collect) h200_collect ;;

@@ -99,3 +99,17 @@ def test_an_environment_on_an_arm_that_shares_a_server_exits_2_before_any_engine
     assert (f"error: --arms: 'table table.json [TABLETUNE_COMPAT=0]': an environment of its own "
             "needs a server of its own" in err), err
     assert "Traceback" not in err and not out.exists()
+
+
+def test_without_the_step_log_an_adaptive_arm_runs_vllm_s_own_scheduler_with_its_environment(
+        tmp_path):
+    """h200_v033.sh's adaptive_drop: the engine a user without TableTune runs (no TableTune
+    scheduler class, no compat fix), beside fixed K = 3."""
+    from tabletune.evaluate import _server_groups
+
+    spec = EngineSpec(model="m", drafter="d", method="eagle3", max_k=3, device="cuda")
+    arms = [parse_arm("adaptive:3@TABLETUNE_COMPAT=0", 3), parse_arm("fixed:3", 3)]
+    groups = _server_groups(spec, arms, 256, tmp_path, False, 60.0, {}, step_log=False)
+    assert [(server.extra_args, server.extra_env) for server, _, _ in groups] == [
+        ((), {"TABLETUNE_COMPAT": "0"}), ((), {})]
+    assert groups[0][0].speculative["enable_adaptive_verification"] is True
