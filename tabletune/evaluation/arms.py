@@ -91,8 +91,11 @@ def parse_arm(text: str, max_k: int) -> Arm:
     names = [name for name, _ in env]
     if len(set(names)) < len(names):
         raise ContractError(f"--arms: {text!r}: sets one environment variable twice")
-    label = " ".join(f"{name}={value}" for name, value in env)
-    return replace(arm, name=f"{arm.name} [{label}]", env=arm.env + tuple(env))
+    return replace(arm, name=f"{arm.name} [{_env_label(env)}]", env=arm.env + tuple(env))
+
+
+def _env_label(env) -> str:
+    return " ".join(f"{name}={value}" for name, value in env)
 
 
 def _parse_base_arm(text: str, max_k: int) -> Arm:
@@ -158,8 +161,7 @@ def distinct_arms(arms: Sequence[Arm]) -> list[Arm]:
 def _name_by_path(arm: Arm) -> str:
     prefix = {"table": "table", "adaptive-table": "adaptive + table",
               "controller": "controller"}[arm.kind]
-    label = " ".join(f"{name}={value}" for name, value in arm.env)
-    return f"{prefix} {arm.source}" + (f" [{label}]" if label else "")
+    return f"{prefix} {arm.source}" + (f" [{_env_label(arm.env)}]" if arm.env else "")
 
 
 def check_adaptive_arms(arms: Sequence[Arm], spec: EngineSpec,
