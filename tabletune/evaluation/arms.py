@@ -85,7 +85,7 @@ def parse_arm(text: str, max_k: int) -> Arm:
     while match := _ARM_ENV.search(base):
         env.insert(0, (match[1], match[2]))
         base = base[:match.start()]
-    arm = _parse_base_arm(base, max_k)
+    arm = _parse_base_arm(base, max_k, shown=text)
     if not env:
         return arm
     names = [name for name, _ in env]
@@ -98,14 +98,15 @@ def _env_label(env) -> str:
     return " ".join(f"{name}={value}" for name, value in env)
 
 
-def _parse_base_arm(text: str, max_k: int) -> Arm:
+def _parse_base_arm(text: str, max_k: int, *, shown: str) -> Arm:
+    # Messages quote ``shown``, the arm as given (with any @NAME=VALUE), so the user finds it.
     kind, _, arg = text.partition(":")
     if kind == "controller":
         folder = Path(arg)
         missing = [n for n in ("table.json", "profile.json", "acceptance.json")
                    if not (folder / n).is_file()]
         if not arg or missing:
-            raise ContractError(f"--arms: {text!r}: the controller's prior folder lacks "
+            raise ContractError(f"--arms: {shown!r}: the controller's prior folder lacks "
                                 f"{', '.join(missing) or 'a path'}")
         # A broken prior fails here, not in vLLM after the servers started (where the
         # controller would refuse it and the arm would quietly measure the static table).
@@ -120,7 +121,7 @@ def _parse_base_arm(text: str, max_k: int) -> Arm:
         return Arm("vLLM docs table", "table", table=DOCS_TABLE)
     if kind in ("table", "adaptive-table"):  # a bad file is named by load_json
         if not arg:
-            raise ContractError(f"--arms: {text!r}: needs the path of a table.json after "
+            raise ContractError(f"--arms: {shown!r}: needs the path of a table.json after "
                                 f"'{kind}:'")
         doc = load_json(arg, "table")
         name = (f"table {Path(arg).name}" if kind == "table"
@@ -137,7 +138,7 @@ def _parse_base_arm(text: str, max_k: int) -> Arm:
             label = {"fixed": f"fixed k={k}", "fixed-table": f"k={k} via table",
                      "adaptive": f"adaptive k={k}"}[kind]
             return Arm(label, kind, k=k)
-    raise ContractError(f"--arms: {text!r} is not none, fixed:K, fixed-table:K, adaptive:K "
+    raise ContractError(f"--arms: {shown!r} is not none, fixed:K, fixed-table:K, adaptive:K "
                         f"(1 <= K <= {max_k}), docs, table:PATH, adaptive-table:PATH or "
                         "controller:DIR, each optionally followed by @NAME=VALUE")
 

@@ -66,6 +66,13 @@ def test_an_arm_setting_one_variable_twice_is_refused():
         parse_arm("fixed:2@TABLETUNE_COMPAT=0@TABLETUNE_COMPAT=1", 3)
 
 
+@pytest.mark.parametrize("text", ["fixed:9@X=1", "@X=1", "controller:@X=1"])
+def test_a_refused_arm_with_environment_variables_is_quoted_whole(text):
+    with pytest.raises(ContractError) as refused:
+        parse_arm(text, 3)
+    assert str(refused.value).startswith(f"--arms: {text!r}")
+
+
 def test_tables_named_by_their_paths_keep_their_environment_in_the_name(tmp_path):
     cold, warm = _two_tunes(tmp_path)
     arms = distinct_arms([parse_arm(f"table:{cold}@TABLETUNE_COMPAT=0", 3),
