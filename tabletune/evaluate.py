@@ -434,6 +434,9 @@ def cmd_evaluate(args) -> int:
     def extra() -> dict:
         return {"arms": [a.name for a in arms], "wall_s": round(time.time() - started, 1),
                 "max_tokens": max_tokens, "output_spread": output_spread,
+                # Acceptance, and so every arm's standing, moves with it (issue 29: vLLM's
+                # adaptive verification held at temperature 1 where it fell at 0).
+                "temperature": args.temperature,
                 "workload": workload, "tuned_elsewhere": tuned_elsewhere,
                 "requests_per_client": args.requests_per_client,
                 "min_seconds_per_level": args.min_seconds,

@@ -136,6 +136,23 @@ def test_evaluate_json_keeps_each_arm_against_adaptive_verification(tmp_path, ca
 
 
 
+def test_evaluate_json_says_the_temperature_it_served(tmp_path, monkeypatch):
+    from tabletune import evaluate
+
+    served = {}
+
+    def measured(spec, arms, *, concurrency, temperature, **_):
+        served["temperature"] = temperature
+        return [r for a in arms for c in concurrency for r in _rounds(a.name, c, [90, 91, 92])]
+
+    monkeypatch.setattr(evaluate, "run_arms", measured)
+    out = tmp_path / "eval"
+    assert main(["evaluate", "--max-k", "2", "--concurrency", "1", "--arms", "fixed:1,fixed:2",
+                 "--temperature", "0.7", "--out-dir", str(out)]) == 0
+    doc = json.loads((out / "evaluate.json").read_text())
+    assert served["temperature"] == doc["temperature"] == 0.7
+
+
 class _Server:
     """A stand-in for a VllmServer: one that vLLM refuses fails in wait_ready, as the real one
     does when the process exits during start-up (it has stopped itself by then)."""
