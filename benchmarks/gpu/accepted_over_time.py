@@ -6,12 +6,18 @@ fixed-K server on the same weights shows what the drafts are worth, so the two s
 show whether the estimate drifts (h100-v033-agreeing: adaptive fell from 0.27-0.62 accepted a
 verified draft to 0.00-0.15 in six minutes while fixed K = 3 held 0.63).
 
+With an evaluate.json instead (a run with --no-step-log has no step log): each measured window
+in time order, from vLLM's own /metrics counters, which time such a fall to the window
+(h100-v033-adaptive-drop: a fresh greedy server fell within its first 10 s at c = 8).
+
     python benchmarks/gpu/accepted_over_time.py STEPS[.xz] [--every 20]   (prints Markdown)
+    python benchmarks/gpu/accepted_over_time.py evaluate.json [--arm NAME ...]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import lzma
 import sys
 from pathlib import Path
@@ -51,11 +57,56 @@ def table(rows: list[dict]) -> list[str]:
     return out
 
 
+def windows(doc: dict, arms: list[str] | None = None) -> list[dict]:
+    """Each window of an evaluate.json that carries vLLM's counters, in the order they were
+    measured: seconds from the run's first window, arm, level, round, tokens/s, tokens a
+    request a step (1.0: no draft accepted) and accepted over drafts at each position (a draft
+    adaptive verification trimmed counts as not accepted)."""
+    measured = [r for r in doc.get("results", []) if r.get("window")]
+    if not measured:
+        return []
+    t0 = min(r["started_at"] for r in measured)
+    rows = []
+    for r in sorted(measured, key=lambda r: r["started_at"]):
+        if arms and r["arm"] not in arms:
+            continue
+        w = r["window"]
+        per_step = w["generation_tokens"] / w["steps"] if w["steps"] else None
+        rows.append({"from_s": r["started_at"] - t0, "arm": r["arm"],
+                     "concurrency": r["concurrency"], "round": r["repeat"], "tokens_per_s": r["tokens_per_s"],
+                     "per_request": (per_step / w["verifying_batch"]
+                                     if per_step is not None and w["verifying_batch"] else None),
+                     "rates": w.get("rates") or []})
+    return rows
+
+
+def window_table(rows: list[dict]) -> list[str]:
+    out = ["| from (s) | arm | c | round | tokens/s | tokens a request a step "
+           "| accepted / drafts by position |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        per = "-" if r["per_request"] is None else f"{r['per_request']:.2f}"
+        rates = " / ".join(f"{x:.2f}" for x in r["rates"]) or "-"
+        out.append(f"| {r['from_s']:.1f} | {r['arm']} | {r['concurrency']} | {r['round']} | "
+                   f"{r['tokens_per_s']:.0f} | {per} | {rates} |")
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("steps", type=Path)
+    p.add_argument("steps", type=Path, help="a step log (.steps, .steps.xz) or an evaluate.json")
     p.add_argument("--every", type=float, default=20.0, help="seconds a block (default 20)")
+    p.add_argument("--arm", action="append", help="evaluate.json: this arm only (repeatable)")
     args = p.parse_args(argv)
+    if args.steps.suffix == ".json":
+        try:
+            rows = windows(json.loads(args.steps.read_text()), args.arm)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            p.exit(2, f"error: {args.steps}: not an evaluate.json with windows ({e})\n")
+        if not rows:
+            p.exit(2, f"error: {args.steps}: no window with vLLM's counters"
+                      f"{' for ' + ', '.join(args.arm) if args.arm else ''}\n")
+        print("\n".join(window_table(rows)))
+        return
     if not args.every > 0:
         p.exit(2, f"error: --every: {args.every}: must be above 0\n")
     try:

@@ -3,6 +3,7 @@ from a stored step log (adaptive verification's drift beside a fixed-K server's)
 
 from __future__ import annotations
 
+import json
 import lzma
 
 import pytest
@@ -59,3 +60,46 @@ def test_bad_input_is_exit_2_naming_it(tmp_path, capsys, args, message):
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and message in err
+
+
+def _window(arm, c, repeat, started_at, steps, tokens, batch, rates):
+    return {"arm": arm, "concurrency": c, "repeat": repeat, "started_at": started_at,
+            "tokens_per_s": tokens / 2.0,
+            "window": {"steps": steps, "generation_tokens": tokens, "verifying_batch": batch,
+                       "rates": rates}}
+
+
+def test_an_evaluate_json_is_read_window_by_window_in_the_order_measured(tmp_path, capsys):
+    doc = {"results": [
+        _window("fixed k=3", 8, 0, 103.0, 100, 2400, 8.0, [0.8, 0.6, 0.5]),
+        _window("adaptive k=3", 8, 0, 100.0, 100, 1200, 8.0, [0.25, 0.125, 0.0625]),
+        _window("adaptive k=3", 8, 1, 106.5, 100, 800, 8.0, [0.0, 0.0, 0.0]),
+        {"arm": "fixed k=3", "concurrency": 8, "repeat": 1, "started_at": 99.0,
+         "tokens_per_s": 1.0, "window": None},  # a window without vLLM's counters: left out
+    ]}
+    path = tmp_path / "evaluate.json"
+    path.write_text(json.dumps(doc))
+    accepted_over_time.main([str(path)])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("| from (s) | arm | c | round | tokens/s")
+    assert lines[2:] == [
+        "| 0.0 | adaptive k=3 | 8 | 0 | 600 | 1.50 | 0.25 / 0.12 / 0.06 |",
+        "| 3.0 | fixed k=3 | 8 | 0 | 1200 | 3.00 | 0.80 / 0.60 / 0.50 |",
+        "| 6.5 | adaptive k=3 | 8 | 1 | 400 | 1.00 | 0.00 / 0.00 / 0.00 |"]
+    accepted_over_time.main([str(path), "--arm", "fixed k=3"])
+    assert capsys.readouterr().out.splitlines()[2:] == [
+        "| 3.0 | fixed k=3 | 8 | 0 | 1200 | 3.00 | 0.80 / 0.60 / 0.50 |"]
+
+
+@pytest.mark.parametrize("text, message", [
+    ('{"results": 3}', "not an evaluate.json with windows"),
+    ('{"results": []}', "no window with vLLM's counters"),
+    ("{not json", "not an evaluate.json with windows"),
+])
+def test_an_evaluate_json_without_windows_is_exit_2_naming_it(tmp_path, capsys, text, message):
+    path = tmp_path / "evaluate.json"
+    path.write_text(text)
+    with pytest.raises(SystemExit) as e:
+        accepted_over_time.main([str(path)])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.startswith(f"error: {path}: {message}")
