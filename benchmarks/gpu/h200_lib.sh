@@ -93,14 +93,15 @@ h200_collect() {
 # of its own, $3 started side by side with $1 bytes of KV cache and $2 of the GPU each, at
 # EVAL_LEVELS, 3 rounds of 1 s + 2 s steady windows and a 4th while an arm's 90 % interval is
 # wider than +-2 % and the level has used under EVAL_BUDGET s; the controller arm starts from
-# the table in the prior folder $5.
+# the table in the prior folder $5. EVAL_TEMPERATURE: the requests' temperature (default 0).
 h200_evaluate() {
   echo "evaluate start $(date +%s)"
   # shellcheck disable=SC2046
   tt evaluate $(engine "$1" "$2") --max-num-seqs 256 --concurrency "$EVAL_LEVELS" \
     --requests-per-client 1 --window 1,2 --repeats 3 --max-repeats 4 --target-interval 0.02 \
     --level-budget "$EVAL_BUDGET" --parallel-startups "$3" --startup-timeout 1200 \
-    --arms "$4" --controller-start "$5/table.json" --out-dir "$WORK/${EVAL_DIR:-evaluate}" 2>&1 \
+    --arms "$4" --controller-start "$5/table.json" --temperature "${EVAL_TEMPERATURE:-0}" \
+    --out-dir "$WORK/${EVAL_DIR:-evaluate}" 2>&1 \
     | grep -v "Iteration("
   echo "evaluate end $(date +%s)"
 }

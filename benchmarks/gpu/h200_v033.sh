@@ -8,8 +8,8 @@
 # weights, two groups of four servers via EVAL_ARMS / EVAL_ARMS_B); h100-v033-adaptive-isolated/
 # (the same day: adaptive:3 beside adaptive:3@TABLETUNE_COMPAT=0, the controller with
 # TABLETUNE_CONTROLLER_ALLOW_FOREIGN_PRIOR=1, the prior copied from h100-v033-agreeing/ with no
-# acceptance part). The parts come in the order
-# whose results are each worth landing alone:
+# acceptance part); h100-v033-adaptive-drop/ (the same day: JOB=adaptive_drop). The parts come
+# in the order whose results are each worth landing alone:
 #  - doctor: which of the compat layer's fixes this vLLM still needs (its start-up line), the
 #    graph trace per length, and the 0.26 runs' latest tuned table (h200-s18/tune-warm) against
 #    fixed K and no speculation on 0.33, each runner's servers side by side (~5 min with
@@ -79,7 +79,9 @@ tune() { h200_tune tune; }  # the 0.26 runs' tune (h200_lib.sh), resolve pass an
 #    `tabletune build` makes from it and h200-v033-fix's 0.33 profile (step times depend on the
 #    shapes, which are the same but for Qwen3's q/k norms): $WORK/prior, the table and the
 #    controller's prior of the evaluation. Not a tune: its step times were measured on the dummy
-#    pair.
+#    pair. PRIOR_TEMPERATURE (default 0) is the temperature the acceptance is measured at, and
+#    EVAL_TEMPERATURE (h200_lib.sh) the evaluation's: at 1, adaptive verification held its drafts
+#    and beat fixed K = 3 at c = 256 (h100-v033-adaptive-drop), against no table built for it.
 agreeing_check() {
   python3 benchmarks/gpu/agreeing_pair.py --check --device cuda | tee "$WORK/agreeing-check.json"
 }
@@ -88,8 +90,8 @@ acceptance() {
   echo "acceptance start $(date +%s)"
   # shellcheck disable=SC2046
   tt acceptance $(engine 24000000000 0.45) --max-num-seqs 256 --num-prompts 160 \
-    --max-tokens 128 --out "$prior/acceptance.json" 2>&1 \
-    | grep -v "Iteration(" | tail -20
+    --max-tokens 128 --temperature "${PRIOR_TEMPERATURE:-0}" --out "$prior/acceptance.json" \
+    2>&1 | grep -v "Iteration(" | tail -20
   cp "$PWD/benchmarks/results/h200-v033-fix/tune/profile.json" "$prior/profile.json"
   tt build --profile "$prior/profile.json" --acceptance "$prior/acceptance.json" \
     --out "$prior/table.json" 2>&1 | tail -20
@@ -123,7 +125,9 @@ evaluate() {
 # adaptive arm, fixed K = 3 beside it, levels 8, 256, 4 (a start at low load, the high level,
 # the drop), the pair's workload (256 tokens, 128-384), once per ADAPTIVE_TEMPERATURES (default
 # "0 1": its authors measured at 1), each on fresh servers into $WORK/adaptive-drop-tT. Each
-# window's acceptance is in evaluate.json (window.rates, from vLLM's /metrics).
+# window's acceptance is in evaluate.json (window.rates, from vLLM's /metrics). Run in
+# h100-v033-adaptive-drop: at 0 a fresh server fell within seconds at c = 8 with no drop before
+# it; at 1 it held at c = 8 and 256 and fell after the drop to c = 4.
 adaptive_drop() {
   local t
   for t in ${ADAPTIVE_TEMPERATURES:-0 1}; do
@@ -166,7 +170,7 @@ case "$1" in
     export MODELS WORK OLD_TABLE GRID EVAL_LEVELS EVAL_BUDGET SAMPLER JOB ADAPTIVE \
       TURNOVER_LEVELS TURNOVER_CONFIGS TUNE_CONFIG TURNOVER_REFERENCE SERVER_CONFIG PAIR \
       EVAL_ARMS EVAL_KV_BYTES EVAL_GPU_UTIL EVAL_PARALLEL EVAL_ARMS_B EVAL_LEVELS_B EVAL_PARALLEL_B \
-      ADAPTIVE_TEMPERATURES
+      ADAPTIVE_TEMPERATURES PRIOR_TEMPERATURE EVAL_TEMPERATURE
     h200_launch ;;
   wait) h200_wait "${2:-500}" ;;
   collect) h200_collect ;;
