@@ -73,7 +73,8 @@ def windows(doc: dict, arms: list[str] | None = None) -> list[dict]:
         w = r["window"]
         per_step = w["generation_tokens"] / w["steps"] if w["steps"] else None
         rows.append({"from_s": r["started_at"] - t0, "arm": r["arm"],
-                     "concurrency": r["concurrency"], "round": r["repeat"], "tokens_per_s": r["tokens_per_s"],
+                     "concurrency": r["concurrency"], "round": r["repeat"],
+                     "tokens_per_s": r["tokens_per_s"],
                      "per_request": (per_step / w["verifying_batch"]
                                      if per_step is not None and w["verifying_batch"] else None),
                      "rates": w.get("rates") or []})
