@@ -95,10 +95,15 @@ def window_table(rows: list[dict]) -> list[str]:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("steps", type=Path, help="a step log (.steps, .steps.xz) or an evaluate.json")
-    p.add_argument("--every", type=float, default=20.0, help="seconds a block (default 20)")
+    p.add_argument("--every", type=float, help="step log: seconds a block (default 20)")
     p.add_argument("--arm", action="append", help="evaluate.json: this arm only (repeatable)")
     args = p.parse_args(argv)
+    # Each option belongs to one kind of input; one given to the other would be ignored, and a
+    # table printed as if it had been obeyed.
     if args.steps.suffix == ".json":
+        if args.every is not None:
+            p.exit(2, f"error: --every: {args.every:g}: an evaluate.json is read by window, "
+                      "not in blocks of time\n")
         try:
             rows = windows(json.loads(args.steps.read_text()), args.arm)
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
@@ -108,10 +113,14 @@ def main(argv: list[str] | None = None) -> None:
                       f"{' for ' + ', '.join(args.arm) if args.arm else ''}\n")
         print("\n".join(window_table(rows)))
         return
-    if not args.every > 0:
-        p.exit(2, f"error: --every: {args.every}: must be above 0\n")
+    if args.arm:
+        p.exit(2, f"error: --arm: {args.arm[0]}: a step log holds one server; --arm reads an "
+                  "evaluate.json\n")
+    every = 20.0 if args.every is None else args.every
+    if not every > 0:
+        p.exit(2, f"error: --every: {every}: must be above 0\n")
     try:
-        rows = blocks(read_steps(args.steps), args.every)
+        rows = blocks(read_steps(args.steps), every)
     except (ValueError, OSError, lzma.LZMAError) as e:  # not a step log, a broken .xz
         p.exit(2, f"error: {e}\n")
     if not rows:

@@ -51,6 +51,8 @@ def test_no_verified_draft_prints_a_dash():
 @pytest.mark.parametrize("args, message", [
     (["--every", "0"], "--every: 0.0: must be above 0"),
     ([], "not an xz file"),
+    # --arm picks arms of an evaluate.json; a step log has one server, so it would be ignored.
+    (["--arm", "fixed:3"], "--arm: fixed:3: a step log holds one server"),
 ])
 def test_bad_input_is_exit_2_naming_it(tmp_path, capsys, args, message):
     bad = tmp_path / "arm0.steps.xz"
@@ -103,3 +105,14 @@ def test_an_evaluate_json_without_windows_is_exit_2_naming_it(tmp_path, capsys, 
         accepted_over_time.main([str(path)])
     assert e.value.code == 2
     assert capsys.readouterr().err.startswith(f"error: {path}: {message}")
+
+
+def test_every_given_with_an_evaluate_json_is_refused_not_ignored(tmp_path, capsys):
+    path = tmp_path / "evaluate.json"
+    path.write_text(json.dumps({"results": [
+        _window("fixed:3", 8, 0, 10.0, 100, 300, 8.0, [0.8, 0.6, 0.5])]}))
+    with pytest.raises(SystemExit) as e:
+        accepted_over_time.main([str(path), "--every", "5"])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.startswith("error: --every: 5: an evaluate.json is read by "
+                                              "window")
