@@ -82,6 +82,8 @@ tune() { h200_tune tune; }  # the 0.26 runs' tune (h200_lib.sh), resolve pass an
 #    pair. PRIOR_TEMPERATURE (default 0) is the temperature the acceptance is measured at, and
 #    EVAL_TEMPERATURE (h200_lib.sh) the evaluation's: at 1, adaptive verification held its drafts
 #    and beat fixed K = 3 at c = 256 (h100-v033-adaptive-drop), against no table built for it.
+#    h100-v033-t1-table skipped this part: its $WORK/prior came from that run's fixed-K counters
+#    (acceptance_from_windows.py, then `tabletune build`), copied in before `start`.
 agreeing_check() {
   python3 benchmarks/gpu/agreeing_pair.py --check --device cuda | tee "$WORK/agreeing-check.json"
 }
