@@ -139,8 +139,10 @@ h200_tune() {
   # (tabletune.vllm.host_trace): h200-s14's slow turns are those with the engine core process
   # at one core; which thread holds it?
   export TABLETUNE_TRACE_HOST=1 TABLETUNE_TRACE_HOST_EVERY_S=0.5
+  # TUNE_TEMPERATURE (default 0): the temperature of the tune's acceptance and serving requests
+  # (h100-v033-t1-table: a table for temperature 1 needs acceptance measured at 1).
   # shellcheck disable=SC2046
-  tt tune $(engine 24000000000 0.45) --batch-sizes "$GRID" \
+  tt tune $(engine 24000000000 0.45) --batch-sizes "$GRID" --temperature "${TUNE_TEMPERATURE:-0}" \
     --num-prompts 160 --max-tokens 128 --serving-batch-sizes 1,16,64,128,256 \
     --serving-warm-up 1 --serving-window 2 --out-dir "$WORK/$1" 2>&1 \
     | grep -v "Iteration(" | tail -60
