@@ -3,9 +3,9 @@ own /metrics counters (drafts, accepted drafts by position), summed over every w
 
 Why: a server measured for minutes at a temperature has already counted what `tabletune
 acceptance` would count again on a fresh server (about 300 s of device time for its start-up).
-h100-v033-adaptive-drop's t1/ run gave fixed K = 3 at temperature 1 101 670 drafts over
-c = 4, 8 and 256, with 0.46 / 0.22 / 0.10 accepted at every level: the table for that
-temperature is built from them (h100-v033-t1-table).
+In h100-v033-adaptive-drop's t1/ run (temperature 1), fixed K = 3 counted 101 670 drafts over
+c = 4, 8 and 256, with 0.46 / 0.22 / 0.10 accepted at every level: h100-v033-t1-table's table
+for that temperature is built from them.
 
 Only a fixed-K arm qualifies: under adaptive verification or a table a draft trimmed or never
 made counts as not accepted, which would understate the rates.
