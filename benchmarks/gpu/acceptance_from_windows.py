@@ -27,9 +27,14 @@ from tabletune.core.atomic import atomic_write_text
 from tabletune.core.contracts import Acceptance, ContractError
 
 
+class BadCounters(ValueError):
+    """The file's counters cannot make an acceptance (not numbers, more accepted than drafted)."""
+
+
 def acceptance_from_windows(doc: dict, arm: str, temperature: float | None = None,
                             source: str = "") -> Acceptance:
-    """Sum the counters of ``arm``'s windows; ValueError names what is missing or off."""
+    """Sum the counters of ``arm``'s windows. ValueError names the option that is off;
+    BadCounters, what in the file is."""
     if not arm.startswith("fixed k="):
         raise ValueError(f"--arm: {arm}: not a fixed-K arm (trimmed or skipped drafts would "
                          "count as rejected)")
@@ -44,24 +49,29 @@ def acceptance_from_windows(doc: dict, arm: str, temperature: float | None = Non
     if not rows:
         raise ValueError(f"--arm: {arm}: no window with vLLM's counters (arms: "
                          f"{', '.join(doc.get('arms') or [])})")
-    k = len(rows[0]["window"]["accepted_per_position"])
-    drafts = 0
-    accepted = [0] * k
-    for r in rows:
-        drafts += int(r["window"]["drafts"])
-        for i, a in enumerate(r["window"]["accepted_per_position"]):
-            accepted[i] += int(a)
-    return Acceptance(
-        rates=tuple(a / drafts for a in accepted), num_drafts=drafts,
-        accepted_per_position=tuple(accepted),
-        num_prompts=sum(int(r.get("requests") or 0) for r in rows),
-        temperature=float(recorded if recorded is not None else temperature),
-        meta={"measured_as": f"the windows of arm {arm!r} in {source or 'an evaluate.json'}, "
-                             "summed (acceptance_from_windows.py)",
-              "windows": len(rows),
-              "levels": sorted({r["concurrency"] for r in rows}),
-              "max_tokens": doc.get("max_tokens"), "output_spread": doc.get("output_spread"),
-              "fingerprint": doc.get("fingerprint")})
+    try:
+        k = len(rows[0]["window"]["accepted_per_position"])
+        drafts = 0
+        accepted = [0] * k
+        for r in rows:
+            drafts += int(r["window"]["drafts"])
+            for i, a in enumerate(r["window"]["accepted_per_position"]):
+                accepted[i] += int(a)
+        rates = tuple(a / drafts for a in accepted)
+        num_prompts = sum(int(r.get("requests") or 0) for r in rows)
+        served = float(recorded if recorded is not None else temperature)
+    except (ValueError, TypeError, KeyError, IndexError, OverflowError) as e:
+        raise BadCounters(f"a window of {arm!r} without usable counters ({e})") from e
+    meta = {"measured_as": f"the windows of arm {arm!r} in {source or 'an evaluate.json'}, "
+                           "summed (acceptance_from_windows.py)",
+            "windows": len(rows), "levels": sorted({r["concurrency"] for r in rows}),
+            "max_tokens": doc.get("max_tokens"), "output_spread": doc.get("output_spread"),
+            "fingerprint": doc.get("fingerprint")}
+    try:
+        return Acceptance(rates=rates, num_drafts=drafts, accepted_per_position=tuple(accepted),
+                          num_prompts=num_prompts, temperature=served, meta=meta)
+    except ContractError as e:  # e.g. more accepted than drafted at a position
+        raise BadCounters(f"the windows of {arm!r} sum to no acceptance: {e}") from e
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -82,10 +92,12 @@ def main(argv: list[str] | None = None) -> None:
         p.exit(2, f"error: {args.evaluate}: not an evaluate.json ({e})\n")
     try:
         acc = acceptance_from_windows(doc, args.arm, args.temperature, args.evaluate.name)
-    except (ValueError, ContractError) as e:
+    except BadCounters as e:
+        p.exit(2, f"error: {args.evaluate}: {e}\n")
+    except ValueError as e:  # an option the file does not bear out
         p.exit(2, f"error: {e}\n")
-    except (KeyError, TypeError, AttributeError) as e:
-        p.exit(2, f"error: {args.evaluate}: a window without its counters ({e!r})\n")
+    except (KeyError, TypeError, AttributeError) as e:  # results that are not windows
+        p.exit(2, f"error: {args.evaluate}: not an evaluate.json's windows ({e!r})\n")
     atomic_write_text(args.out, json.dumps(acc.to_dict(), indent=2) + "\n")
     print(f"{args.out}: rates {' / '.join(f'{r:.3f}' for r in acc.rates)} from "
           f"{acc.num_drafts} drafts in {acc.meta['windows']} windows, temperature "

@@ -48,6 +48,13 @@ def test_the_fixed_arms_counters_are_summed_into_a_readable_acceptance_file(tmp_
     (_doc(0.0), ["--arm", "fixed k=3", "--temperature", "1"],
      "--temperature: 1: the evaluate.json served 0"),
     ({"results": 3}, ["--arm", "fixed k=3"], "not an evaluate.json"),
+    # Counters that are not counts, or sum to more accepted than drafted: the file is named.
+    ({"temperature": 1, "results": [{"arm": "fixed k=3", "concurrency": 8, "window": {
+        "drafts": float("nan"), "accepted_per_position": [1, 1, 1]}}]},
+     ["--arm", "fixed k=3"], "evaluate.json: a window of 'fixed k=3' without usable counters"),
+    ({"temperature": 1, "results": [{"arm": "fixed k=3", "concurrency": 8, "window": {
+        "drafts": 10, "accepted_per_position": [20, 1, 1]}}]},
+     ["--arm", "fixed k=3"], "evaluate.json: the windows of 'fixed k=3' sum to no acceptance"),
 ])
 def test_bad_input_is_exit_2_and_writes_nothing(tmp_path, capsys, doc, args, message):
     src, out = tmp_path / "evaluate.json", tmp_path / "acceptance.json"
