@@ -25,6 +25,8 @@ from pathlib import Path
 
 from tabletune.core.atomic import atomic_write_text
 from tabletune.core.contracts import Acceptance, ContractError
+from tabletune.engine.server import EngineError
+from tabletune.tuner.acceptance import rates_from_counters  # as `tabletune acceptance` reads them
 
 
 class BadCounters(ValueError):
@@ -57,10 +59,10 @@ def acceptance_from_windows(doc: dict, arm: str, temperature: float | None = Non
             drafts += int(r["window"]["drafts"])
             for i, a in enumerate(r["window"]["accepted_per_position"]):
                 accepted[i] += int(a)
-        rates = tuple(a / drafts for a in accepted)
+        rates = rates_from_counters(drafts, accepted)
         num_prompts = sum(int(r.get("requests") or 0) for r in rows)
         served = float(recorded if recorded is not None else temperature)
-    except (ValueError, TypeError, KeyError, IndexError, OverflowError) as e:
+    except (ValueError, TypeError, KeyError, IndexError, OverflowError, EngineError) as e:
         raise BadCounters(f"a window of {arm!r} without usable counters ({e})") from e
     meta = {"measured_as": f"the windows of arm {arm!r} in {source or 'an evaluate.json'}, "
                            "summed (acceptance_from_windows.py)",

@@ -53,6 +53,9 @@ def test_the_fixed_arms_counters_are_summed_into_a_readable_acceptance_file(tmp_
         "drafts": float("nan"), "accepted_per_position": [1, 1, 1]}}]},
      ["--arm", "fixed k=3"], "evaluate.json: a window of 'fixed k=3' without usable counters"),
     ({"temperature": 1, "results": [{"arm": "fixed k=3", "concurrency": 8, "window": {
+        "drafts": -5, "accepted_per_position": [1, 1, 1]}}]},
+     ["--arm", "fixed k=3"], "evaluate.json: a window of 'fixed k=3' without usable counters"),
+    ({"temperature": 1, "results": [{"arm": "fixed k=3", "concurrency": 8, "window": {
         "drafts": 10, "accepted_per_position": [20, 1, 1]}}]},
      ["--arm", "fixed k=3"], "evaluate.json: the windows of 'fixed k=3' sum to no acceptance"),
 ])
