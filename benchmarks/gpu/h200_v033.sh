@@ -130,13 +130,17 @@ evaluate() {
 # window's acceptance is in evaluate.json (window.rates, from vLLM's /metrics). Run in
 # h100-v033-adaptive-drop: at 0 a fresh server fell within seconds at c = 8 with no drop before
 # it; at 1 it held at c = 8 and 256 and fell after the drop to c = 4.
+# ADAPTIVE_LEVELS (default 8,256,4) replaces the levels: 8,64,128 rising asks whether, without
+# the step log, it holds at c = 64 and 128 at temperature 1, where it fell to 0.19-0.25 at
+# position 1 with TableTune's scheduler class in every server (h100-v033-t1-table).
 adaptive_drop() {
   local t
   for t in ${ADAPTIVE_TEMPERATURES:-0 1}; do
     echo "adaptive_drop t=$t start $(date +%s)"
     # shellcheck disable=SC2046
     tt evaluate $(engine "${EVAL_KV_BYTES:-6500000000}" "${EVAL_GPU_UTIL:-0.2}") \
-      --max-num-seqs 256 --concurrency 8,256,4 --max-tokens 256 --output-spread 0.5 \
+      --max-num-seqs 256 --concurrency "${ADAPTIVE_LEVELS:-8,256,4}" --max-tokens 256 \
+      --output-spread 0.5 \
       --temperature "$t" --requests-per-client 1 --window 1,2 --repeats 4 --no-step-log \
       --arms "adaptive:3@TABLETUNE_COMPAT=0,fixed:3" --parallel-startups 2 \
       --startup-timeout 1200 --out-dir "$WORK/adaptive-drop-t$t" 2>&1 | grep -v "Iteration("
@@ -172,7 +176,7 @@ case "$1" in
     export MODELS WORK OLD_TABLE GRID EVAL_LEVELS EVAL_BUDGET SAMPLER JOB ADAPTIVE \
       TURNOVER_LEVELS TURNOVER_CONFIGS TUNE_CONFIG TURNOVER_REFERENCE SERVER_CONFIG PAIR \
       EVAL_ARMS EVAL_KV_BYTES EVAL_GPU_UTIL EVAL_PARALLEL EVAL_ARMS_B EVAL_LEVELS_B EVAL_PARALLEL_B \
-      ADAPTIVE_TEMPERATURES PRIOR_TEMPERATURE EVAL_TEMPERATURE TUNE_TEMPERATURE
+      ADAPTIVE_TEMPERATURES ADAPTIVE_LEVELS PRIOR_TEMPERATURE EVAL_TEMPERATURE TUNE_TEMPERATURE
     h200_launch ;;
   wait) h200_wait "${2:-500}" ;;
   collect) h200_collect ;;
