@@ -132,7 +132,8 @@ evaluate() {
 # it; at 1 it held at c = 8 and 256 and fell after the drop to c = 4.
 # ADAPTIVE_LEVELS (default 8,256,4) replaces the levels: 8,64,128 rising asks whether, without
 # the step log, it holds at c = 64 and 128 at temperature 1, where it fell to 0.19-0.25 at
-# position 1 with TableTune's scheduler class in every server (h100-v033-t1-table).
+# position 1 with TableTune's scheduler class in every server (h100-v033-t1-table). Run in
+# h100-v033-adaptive-rising: without it, it fell to 0.00 from its second window at c = 8.
 adaptive_drop() {
   local t
   for t in ${ADAPTIVE_TEMPERATURES:-0 1}; do
