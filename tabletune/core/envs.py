@@ -152,6 +152,14 @@ TRACE_HOST_EVERY_S = EnvVar(
     "TABLETUNE_TRACE_HOST_EVERY_S", 0.5, positive_seconds,
     "Seconds between the host trace's lines (each with the host's monotonic clock, the step "
     "log's, so benchmarks/gpu/serving_turns.py sets them beside the serving turns).")
+TRACE_ADAPTIVE = EnvVar(
+    "TABLETUNE_TRACE_ADAPTIVE", False, flag_set,
+    "Log what vLLM's adaptive verification did (tabletune.vllm.adaptive_trace; a diagnostic): "
+    "drafts scheduled against drafts its budget admitted, and its acceptance estimator's "
+    "coefficients after each refit. Works with TABLETUNE_COMPAT=0.")
+TRACE_ADAPTIVE_EVERY_S = EnvVar(
+    "TABLETUNE_TRACE_ADAPTIVE_EVERY_S", 1.0, positive_seconds,
+    "Seconds between the adaptive trace's lines (each with the host's monotonic clock).")
 SWITCH_INTERVAL_S = EnvVar(
     "TABLETUNE_SWITCH_INTERVAL_S", None, positive_seconds,
     "The interpreter's thread switch interval (sys.setswitchinterval) in every vLLM process. "
@@ -209,7 +217,8 @@ ENV_VARS: dict[str, EnvVar] = {var.name: var for var in (
     CONTROLLER_ALLOW_FOREIGN_PRIOR, CONTROLLER_START_TABLE, PRIOR_CACHE,
     CONTROLLER_FAULT_AFTER_STEPS, CONTROLLER_FAULT_SLOW_MS_PER_DRAFT, STEP_LOG, ENGINE_CPUS,
     COMPAT,
-    TRACE_GRAPHS, TRACE_GRAPHS_EVERY_S, TRACE_HOST, TRACE_HOST_EVERY_S, SWITCH_INTERVAL_S,
+    TRACE_GRAPHS, TRACE_GRAPHS_EVERY_S, TRACE_HOST, TRACE_HOST_EVERY_S, TRACE_ADAPTIVE,
+    TRACE_ADAPTIVE_EVERY_S, SWITCH_INTERVAL_S,
     COMPAT_TRY, CACHE, ENGINE_QUEUE, ENGINE_POOL, TASK_RETRIES, RETRY_DELAY_S,
     DEPLOYMENT_KEY, PROMPTS_BUCKET, PROMPTS_PREFIX, STAGING_PREFIX, STATE_DIR,
 )}

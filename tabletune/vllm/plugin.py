@@ -11,7 +11,10 @@ unless asked, so installing TableTune never changes an engine that does not opt 
 * ``TABLETUNE_SWITCH_INTERVAL_S`` — the interpreter's thread switch interval, and
   ``TABLETUNE_TRACE_HOST=1`` — a log line of where the process's CPU went
   (:mod:`tabletune.vllm.host_trace`): an experiment on the engine core's one core, which never
-  takes the engine down (a bad value is logged and ignored).
+  takes the engine down (a bad value is logged and ignored);
+* ``TABLETUNE_TRACE_ADAPTIVE=1`` — a log line a second of what vLLM's adaptive verification
+  admitted and how its acceptance estimator refitted (:mod:`tabletune.vllm.adaptive_trace`),
+  with or without the compatibility layer.
 """
 
 from __future__ import annotations
@@ -32,6 +35,17 @@ def register() -> None:
     if envs.REJECT_ALL.get():
         _install_reject_all()
     _apply_host_settings()
+    _apply_adaptive_trace()
+
+
+def _apply_adaptive_trace() -> None:
+    try:
+        if envs.TRACE_ADAPTIVE.get():
+            from tabletune.vllm import adaptive_trace
+
+            adaptive_trace.install(envs.TRACE_ADAPTIVE_EVERY_S.get(), logger.info)
+    except ValueError as exc:
+        logger.warning("TableTune: %s; no adaptive trace", exc)
 
 
 def _apply_host_settings() -> None:
