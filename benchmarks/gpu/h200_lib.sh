@@ -78,7 +78,8 @@ h200_wait() {
 h200_collect() {
   cp "$WORK/job.out" "$OUT/"
   grep -h "TableTune\|graph trace\|Traceback\|Error" "$WORK"/*/logs/*.log 2>/dev/null \
-    | grep -v "TableTune graph trace\|TableTune host trace" | cut -c1-400 | tail -400 \
+    | grep -v "TableTune graph trace\|TableTune host trace\|TableTune adaptive trace (" \
+    | cut -c1-400 | tail -400 \
     > "$OUT/engine-lines.log"
   # Every graph-trace line, by server log (serving_turns.py --trace joins them with the turns).
   grep -H "TableTune graph trace" "$WORK"/*/logs/*.log 2>/dev/null | xz -T8 -6 \
@@ -86,6 +87,9 @@ h200_collect() {
   # Every host-trace line likewise (serving_turns.py --host-trace).
   grep -H "TableTune host trace (" "$WORK"/*/logs/*.log 2>/dev/null | xz -T8 -6 \
     > "$OUT/host-trace.log.xz"
+  # Every adaptive-trace line likewise (adaptive_trace.parse reads them).
+  grep -H "TableTune adaptive trace (" "$WORK"/*/logs/*.log 2>/dev/null | xz -T8 -6 \
+    > "$OUT/adaptive-trace.log.xz"
   tar -C "$WORK" --exclude='*/logs/*.log' -cf - . | xz -T8 -6 > "$OUT/results.tar.xz"
 }
 

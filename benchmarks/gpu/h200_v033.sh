@@ -134,6 +134,9 @@ evaluate() {
 # the step log, it holds at c = 64 and 128 at temperature 1, where it fell to 0.19-0.25 at
 # position 1 with TableTune's scheduler class in every server (h100-v033-t1-table). Run in
 # h100-v033-adaptive-rising: without it, it fell to 0.00 from its second window at c = 8.
+# The adaptive arm runs with TABLETUNE_TRACE_ADAPTIVE=1 (h200_collect: adaptive-trace.log.xz):
+# vLLM's counters count a trimmed draft as not accepted, and the trace says whether its budget
+# trimmed the drafts or the target rejected them.
 adaptive_drop() {
   local t
   for t in ${ADAPTIVE_TEMPERATURES:-0 1}; do
@@ -143,7 +146,8 @@ adaptive_drop() {
       --max-num-seqs 256 --concurrency "${ADAPTIVE_LEVELS:-8,256,4}" --max-tokens 256 \
       --output-spread 0.5 \
       --temperature "$t" --requests-per-client 1 --window 1,2 --repeats 4 --no-step-log \
-      --arms "adaptive:3@TABLETUNE_COMPAT=0,fixed:3" --parallel-startups 2 \
+      --arms "adaptive:3@TABLETUNE_COMPAT=0@TABLETUNE_TRACE_ADAPTIVE=1,fixed:3" \
+      --parallel-startups 2 \
       --startup-timeout 1200 --out-dir "$WORK/adaptive-drop-t$t" 2>&1 | grep -v "Iteration("
     echo "adaptive_drop t=$t end $(date +%s)"
   done
