@@ -1,7 +1,8 @@
 """The adaptive trace: what vLLM's adaptive verification did, one log line a second.
 
-``TABLETUNE_TRACE_ADAPTIVE=1`` wraps two methods of the V2 runner (vLLM >= 0.28) in the worker
-process, whether or not the compatibility layer is on (``TABLETUNE_COMPAT=0`` included):
+``TABLETUNE_TRACE_ADAPTIVE=1`` wraps two methods of the V2 runner's adaptive verification (read
+against vLLM 0.33.0) in the worker process, whether or not the compatibility layer is on
+(``TABLETUNE_COMPAT=0`` included):
 
 * ``AdaptiveVerificationManager.get_num_tokens``: per step, the drafts the scheduler scheduled
   against the draft budget its cost model admitted (``_batch_budget``);

@@ -119,7 +119,8 @@ plugin._apply_adaptive_trace()
 for name in ("vllm", "vllm.v1", "vllm.v1.worker", "vllm.v1.worker.gpu",
              "vllm.v1.worker.gpu.spec_decode"):
     sys.modules.setdefault(name, types.ModuleType(name))
-sys.path.insert(0, sys.argv[1])
+# The parents are empty modules, so the stand-in file is found through the package's path.
+sys.modules["vllm.v1.worker.gpu.spec_decode"].__path__ = [sys.argv[1]]
 import vllm.v1.worker.gpu.spec_decode.adaptive_verification as av
 m = av.AdaptiveVerificationManager()
 for _ in range(3):
@@ -144,13 +145,8 @@ def _plugin(env_extra: dict, tmp_path) -> subprocess.CompletedProcess:
     (package / "adaptive_verification.py").write_text(_STAND_IN)
     env = {k: v for k, v in os.environ.items() if not k.startswith("TABLETUNE_")}
     env.update(env_extra)
-    # The stand-in package's parents are registered as empty modules, so the import finds the
-    # file through a path entry of its own.
-    run = _PLUGIN_RUN.replace("sys.path.insert(0, sys.argv[1])",
-                              "sys.modules['vllm.v1.worker.gpu.spec_decode'].__path__ = "
-                              "[sys.argv[1]]")
-    return subprocess.run([sys.executable, "-c", run, str(package)], env=env, cwd=tmp_path,
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run([sys.executable, "-c", _PLUGIN_RUN, str(package)], env=env,
+                          cwd=tmp_path, capture_output=True, text=True, timeout=60)
 
 
 def test_the_plugin_installs_the_trace_when_vllm_imports_the_module(tmp_path):
