@@ -31,6 +31,10 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+# The compatibility layer's import hook and once-per-process method wrapper; importing it loads
+# no vLLM code (it imports vLLM's modules only inside the fixes).
+from tabletune.vllm.compat import _patch, _when_imported
+
 logger = logging.getLogger("vllm.tabletune.adaptive_trace")
 
 __all__ = ["AdaptiveTally", "LINE_PREFIX", "install", "parse"]
@@ -98,15 +102,6 @@ def parse(line: str) -> dict | None:
     return out
 
 
-def _wrap(owner, name: str, make: Callable[[Callable], Callable]) -> None:
-    original = getattr(owner, name)
-    if getattr(original, _FLAG, False):
-        return
-    wrapper = make(original)
-    setattr(wrapper, _FLAG, True)
-    setattr(owner, name, wrapper)
-
-
 def _emit_if_due(tally: AdaptiveTally, every_s: float, emit: Callable[[str], None]) -> None:
     now = time.monotonic()
     if now - tally.since >= every_s and tally.steps:
@@ -129,7 +124,7 @@ def install_budget_trace(manager_cls, tally: AdaptiveTally, every_s: float,
             return result
         return get_num_tokens
 
-    _wrap(manager_cls, "get_num_tokens", make)
+    _patch(manager_cls, "get_num_tokens", _FLAG, make)
 
 
 def install_refit_trace(estimator_cls, tally: AdaptiveTally) -> None:
@@ -146,14 +141,12 @@ def install_refit_trace(estimator_cls, tally: AdaptiveTally) -> None:
             return result
         return step
 
-    _wrap(estimator_cls, "step", make)
+    _patch(estimator_cls, "step", _FLAG, make)
 
 
 def install(every_s: float, emit: Callable[[str], None] = logger.info) -> None:
     """Arrange both wrappers for when vLLM imports their modules (at once where it has);
     never raises. A vLLM without adaptive verification never imports them: nothing happens."""
-    from tabletune.vllm.compat import _when_imported
-
     tally = AdaptiveTally()
 
     def budget() -> None:
