@@ -14,7 +14,9 @@ __all__ = ["engine_facts"]
 def engine_facts(vllm_config) -> dict:
     """What the engine was configured with that a step's time depends on: whether it replays
     captured CUDA graphs, up to how many tokens (a step past that runs without them), and a
-    step's token budget. Read from the config by attribute, so a version without one says None."""
+    step's token budget, and whether it schedules asynchronously (the next step is scheduled while
+    this one runs on the GPU; the scheduler's start-up line says so only where a table is
+    configured). Read from the config by attribute, so a version without one says None."""
     compilation = getattr(vllm_config, "compilation_config", None)
     model = getattr(vllm_config, "model_config", None)
     scheduler = getattr(vllm_config, "scheduler_config", None)
@@ -23,9 +25,11 @@ def engine_facts(vllm_config) -> dict:
     mode_name = getattr(mode, "name", None) or (None if mode is None else str(mode))
     graphs = (not getattr(model, "enforce_eager", False) and bool(sizes)
               and mode_name not in (None, "NONE"))
+    async_scheduling = getattr(scheduler, "async_scheduling", None)
     largest = getattr(compilation, "max_cudagraph_capture_size", None) or (
         sizes[-1] if sizes else None)
     return {"cudagraphs": graphs, "cudagraph_mode": mode_name,
             "max_cudagraph_capture_size": int(largest) if graphs and largest else None,
             "cudagraph_capture_sizes": sizes if graphs else [],
-            "max_num_batched_tokens": getattr(scheduler, "max_num_batched_tokens", None)}
+            "max_num_batched_tokens": getattr(scheduler, "max_num_batched_tokens", None),
+            "async_scheduling": None if async_scheduling is None else bool(async_scheduling)}

@@ -148,15 +148,16 @@ def test_the_engine_facts_say_whether_and_up_to_where_steps_replay_graphs(schedu
                                            cudagraph_mode=SimpleNamespace(name="FULL_AND_PIECEWISE"),
                                            max_cudagraph_capture_size=1024),
         model_config=SimpleNamespace(enforce_eager=False),
-        scheduler_config=SimpleNamespace(max_num_batched_tokens=8192))
+        scheduler_config=SimpleNamespace(max_num_batched_tokens=8192, async_scheduling=True))
     assert facts(graphs) == {"cudagraphs": True, "cudagraph_mode": "FULL_AND_PIECEWISE",
                              "max_cudagraph_capture_size": 1024,
                              "cudagraph_capture_sizes": [1, 2, 512, 1024],
-                             "max_num_batched_tokens": 8192}
+                             "max_num_batched_tokens": 8192, "async_scheduling": True}
     eager = SimpleNamespace(compilation_config=graphs.compilation_config,
                             model_config=SimpleNamespace(enforce_eager=True))
     assert facts(eager)["cudagraphs"] is False
     assert facts(eager)["max_cudagraph_capture_size"] is None
+    assert facts(eager)["async_scheduling"] is None   # no scheduler config: not known
     assert facts(None)["cudagraphs"] is False  # a config without the fields
 
 
