@@ -50,7 +50,9 @@ export PYTHONPATH="/tmp/site033:$PWD" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
 MODELS=/tmp/tt-models; WORK=/tmp/tt-work-033; mkdir -p "$WORK"
 OLD_TABLE="$PWD/benchmarks/results/h200-s18/tune-warm/table.json"
-GRID=1,2,4,8,16,32,64,96,128,192,256
+# The tune's batch sizes (GRID overrides). 160 and 224: h100-v033-t1-tune's table changed length
+# at B = 150, placed by interpolation between 128 and 192 (its summary asked for a size there).
+GRID="${GRID:-1,2,4,8,16,32,64,96,128,160,192,224,256}"
 EVAL_LEVELS="${EVAL_LEVELS:-64,128,256,32,8,1}"; EVAL_BUDGET="${EVAL_BUDGET:-75}"
 SAMPLER="$PWD/benchmarks/gpu/host_sampler.py"
 JOB="${JOB:-doctor tune evaluate}"
