@@ -179,7 +179,7 @@ def test_off_or_a_bad_interval_leaves_vllm_unwrapped(tmp_path, env, said):
 # the estimator's module CPU stand-ins for its two kernels; the methods the trace wraps are
 # vLLM's. A subprocess: importing vLLM here would leave it in the test process's modules.
 _VLLM_RUN = """
-import sys, types
+import types
 import numpy as np, torch
 from tabletune.vllm import adaptive_trace
 from tabletune.vllm.adaptive_trace import parse
