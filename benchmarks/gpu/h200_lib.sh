@@ -164,7 +164,7 @@ h200_paired() {
   # shellcheck disable=SC2046
   tt evaluate $(engine 24000000000 0.45) --max-num-seqs 256 --concurrency "$EVAL_LEVELS" \
     --paired-lengths --paired-window 8 --paired-rounds 16 --startup-timeout 1200 \
-    ${PAIRED_BUDGET:+--level-budget "$PAIRED_BUDGET"} \
+    ${PAIRED_BUDGET:+--level-budget "$PAIRED_BUDGET"} --temperature "${EVAL_TEMPERATURE:-0}" \
     --arms "${PAIRED_ARMS:-none,fixed:1,fixed:2,fixed:3,docs},table:$1/table.json" \
     --out-dir "$WORK/paired" 2>&1 | grep -v "Iteration("
   echo "paired end $(date +%s)"

@@ -101,11 +101,17 @@ acceptance() {
     --out "$prior/table.json" 2>&1 | tail -20
   echo "acceptance end $(date +%s)"
 }
-evaluate() {
+# The folder whose table.json the evaluation serves: the acceptance part's, else the tune's
+# (either may have been copied in before `start` from an earlier run), else h200-s18's.
+eval_prior() {
   local prior
   for prior in "$WORK/prior" "$WORK/tune" "$PWD/benchmarks/results/h200-s18/tune-warm"; do
     [ -f "$prior/table.json" ] && break
   done
+  echo "$prior"
+}
+evaluate() {
+  local prior; prior="$(eval_prior)"
   echo "tuned table: $prior"
   local arms="fixed:1,fixed:2,fixed:3,docs,table:$prior/table.json,controller:$prior"
   if [ "${PAIR:-dummy}" = agreeing ]; then
@@ -154,6 +160,14 @@ adaptive_drop() {
     echo "adaptive_drop t=$t end $(date +%s)"
   done
 }
+# paired (issue 29 item 3, not in the default JOB): the 0.26 runs' paired referee (h200_lib.sh's
+# h200_paired: one server holding every length, fixed k pinned in half-second turns, each arm
+# scored turn by turn by the length it serves at the level) with the pair and EVAL_TEMPERATURE,
+# for eval_prior's table. h100-v033-t1-tune's four servers side by side could not resolve the
+# 3 % target: two of them serving the same k = 3 at c = 128 differed by 6.4 % [5.3, 11.1]. Within
+# one server that gap is gone; what is left is whether the table serves the best pinned length.
+# PAIRED_ARMS (default in h200_paired: none, fixed:1..3, docs) and PAIRED_BUDGET as there.
+paired() { h200_paired "$(eval_prior)"; }
 # A second group of arms after the first, where the GPU holds fewer servers than the arms (an
 # 80-GB H100 holds four of ~19 GB): EVAL_ARMS_B at EVAL_LEVELS_B (default EVAL_LEVELS) into
 # $WORK/evaluate-b. One arm in both groups relates them.
@@ -179,11 +193,12 @@ case "$1" in
     h200_machine_facts
     export -f job doctor doctor_try tune evaluate turnovers turnovers_sync tune_pair engine tt \
       h200_evaluate h200_job_sampled h200_tune h200_config_args h200_turnovers h200_tune_pair \
-      agreeing_check acceptance evaluate_b adaptive_drop
+      agreeing_check acceptance evaluate_b adaptive_drop eval_prior paired h200_paired
     export MODELS WORK OLD_TABLE GRID EVAL_LEVELS EVAL_BUDGET SAMPLER JOB ADAPTIVE \
       TURNOVER_LEVELS TURNOVER_CONFIGS TUNE_CONFIG TURNOVER_REFERENCE SERVER_CONFIG PAIR \
       EVAL_ARMS EVAL_KV_BYTES EVAL_GPU_UTIL EVAL_PARALLEL EVAL_ARMS_B EVAL_LEVELS_B EVAL_PARALLEL_B \
-      ADAPTIVE_TEMPERATURES ADAPTIVE_LEVELS PRIOR_TEMPERATURE EVAL_TEMPERATURE TUNE_TEMPERATURE
+      ADAPTIVE_TEMPERATURES ADAPTIVE_LEVELS PRIOR_TEMPERATURE EVAL_TEMPERATURE TUNE_TEMPERATURE \
+      PAIRED_ARMS PAIRED_BUDGET
     h200_launch ;;
   wait) h200_wait "${2:-500}" ;;
   collect) h200_collect ;;
