@@ -144,7 +144,9 @@ evaluate() {
 # h100-v033-adaptive-rising: without it, it fell to 0.00 from its second window at c = 8.
 # The adaptive arm runs with TABLETUNE_TRACE_ADAPTIVE=1 (h200_collect: adaptive-trace.log.xz):
 # vLLM's counters count a trimmed draft as not accepted, and the trace says whether its budget
-# trimmed the drafts or the target rejected them.
+# trimmed the drafts or the target rejected them. First run in h100-v033-adaptive-trace
+# (ADAPTIVE_TEMPERATURES=1 ADAPTIVE_LEVELS=8,64; adaptive_trace_summary.py reads the lines):
+# no fall; trimmed, not rejected.
 adaptive_drop() {
   local t
   for t in ${ADAPTIVE_TEMPERATURES:-0 1}; do
@@ -167,6 +169,8 @@ adaptive_drop() {
 # 3 % target: two of them serving the same k = 3 at c = 128 differed by 6.4 % [5.3, 11.1]. Within
 # one server that gap is gone; what is left is whether the table serves the best pinned length.
 # PAIRED_ARMS (default in h200_paired: none, fixed:1..3, docs) and PAIRED_BUDGET as there.
+# Run in h100-v033-t1-paired (c = 256 and 128; profile_vs_referee.py sets its steps beside the
+# tune's modelled ones).
 paired() { h200_paired "$(eval_prior)"; }
 # A second group of arms after the first, where the GPU holds fewer servers than the arms (an
 # 80-GB H100 holds four of ~19 GB): EVAL_ARMS_B at EVAL_LEVELS_B (default EVAL_LEVELS) into
