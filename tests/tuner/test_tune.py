@@ -429,3 +429,75 @@ def test_a_loop_s_cells_can_send_the_next_loop_back_to_a_batch_size_of_the_same_
     assert record["235"]["added"] == [3] and record["235"]["loops"] == 2
     assert record["256"]["loops"] == 0
     assert (235, 3) in {(c.batch_size, c.k) for c in cells}
+
+
+
+def test_a_lead_inside_its_cells_noise_is_contested_at_the_kept_length_and_its_rival(
+        monkeypatch):
+    """h100-v033-t1-paired: the tune kept k = 3 at B = 128, 5.4 % ahead of k = 2 whose serving
+    cell was uncertain by 8.7 %; the referee found k = 2 ahead. A kept length that leads but
+    stands to give up more than SHORTFALL_FLOOR is timed again with the rival that threatens it,
+    not with one far behind."""
+    from factories import step_ms
+    from tabletune.tuner.serving import ServingPlan
+    from tabletune.tuner.tune import contested_cells
+
+    cells = [_serving_cell(b, k, step_ms(b, k)) for b in (1, 8, 64) for k in range(4)]
+    on = plan(serving=ServingPlan(batch_sizes=(1, 8, 64), output_tokens=32, resolve_s=30.0))
+    args = (make_profile(batch_sizes=(1, 8, 64)), make_acceptance(), cells,
+            {"cudagraphs": False}, on)
+    assert contested_cells(*args) == {}  # exact cells: nothing to give up anywhere
+    real_shortfalls = serving.shortfalls
+    kept_at = {}
+
+    def scores(cells, batch_size, lengths, workload, rates, decode=None):
+        # The cells' scores as the tune sees them (the lengths in this order of goodput at
+        # B = 64): at 64 the runner-up is 5.4 % behind the best with 8.9 % of noise between
+        # them, the others far behind; known exactly elsewhere.
+        ranked = sorted(lengths, key=lambda k: -goodput[batch_size][k])
+        if batch_size != 64:
+            return {k: (goodput[batch_size][k], 0.0) for k in lengths}
+        return {ranked[0]: (1.0, 0.018), ranked[1]: (1.0 / 1.054, 0.087),
+                **{k: (0.5, 0.01) for k in ranked[2:]}}
+
+    def shortfalls(scored, kept):
+        kept_at[len(kept_at)] = kept
+        return real_shortfalls(scored, kept)
+
+    from tabletune.tuner.serving import goodputs_at
+    goodput = {b: {k: g for k, (g, _) in goodputs_at(
+        cells, b, range(4), on.serving.workload(29.0), make_acceptance().rates).items()}
+        for b in (1, 8, 64)}
+    monkeypatch.setattr(serving, "goodputs_at", scores)
+    monkeypatch.setattr(serving, "shortfalls", shortfalls)
+    contested = contested_cells(*args)
+    best, runner_up = sorted(range(4), key=lambda k: -goodput[64][k])[:2]
+    assert kept_at[2] == best  # the build kept the best length at 64 (the third size asked)
+    assert contested == {64: tuple(sorted((best, runner_up)))}
+
+
+def test_the_resolve_pass_goes_first_where_the_best_length_stands_to_give_up_most(monkeypatch):
+    """With both batch sizes timed, the loop goes to the one whose question is most open (64:
+    two lengths under 1 % apart in a wide spread), not to the smaller one (32: k = 3 17 %
+    ahead, tightly)."""
+    from tabletune.core.workload import Workload
+    from tabletune.tuner.serving import ServingPlan, open_shortfall, resolve_contested
+
+    loops, clock = _settling_loops(monkeypatch)
+    even = 2.7 / 2.3  # k = 3's step at which the goodputs of k = 2 and 3 are equal
+    first = ([_noisy_cell(32, 2, 7.0, 0.01), _noisy_cell(32, 3, 7.0, 0.01)]
+             + [_noisy_cell(64, 2, 7.0, 1.8), _noisy_cell(64, 3, 7.0 * even / 1.005, 1.8)])
+    work, rates = Workload(256.0, 29.0, "default"), (0.75, 0.55, 0.40)
+    assert (open_shortfall(first, 64, (2, 3), work, rates)
+            > 0.01 > open_shortfall(first, 32, (2, 3), work, rates))
+    one_loop = ServingPlan(batch_sizes=(1, 16, 256), output_tokens=256, warm_up_s=1.0,
+                           window_s=2.0, rounds=3, resolve_s=7.0)
+    _, record = resolve_contested(None, None, [], first, {32: (2, 3), 64: (2, 3)},
+                                  plan=one_loop, temperature=0.0, workload=work, rates=rates)
+    assert loops == [(64, (2, 3))] and record["32"]["loops"] == 0
+    # Without a workload to judge by, the smaller batch size first, as before.
+    loops.clear()
+    clock[0] = 0.0
+    resolve_contested(None, None, [], first, {32: (2, 3), 64: (2, 3)}, plan=one_loop,
+                      temperature=0.0)
+    assert loops == [(32, (2, 3))]
