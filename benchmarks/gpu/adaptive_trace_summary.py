@@ -22,9 +22,13 @@ import argparse
 import json
 import lzma
 import statistics
+import sys
 from pathlib import Path
 
 from tabletune.vllm.adaptive_trace import parse
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from accepted_over_time import windows  # noqa: E402  (the scripts' one reader of the windows)
 
 
 def read_lines(path: Path) -> list[dict]:
@@ -56,14 +60,12 @@ def by_level(lines: list[dict], levels: list[int], k: int, min_steps: int) -> di
 
 
 def tokens_a_request_step(doc: dict, arm: str) -> dict[int, float]:
-    """level -> the arm's median over its windows of tokens a request a step (vLLM's counters)."""
+    """level -> the arm's median over its windows of tokens a request a step (vLLM's counters,
+    as accepted_over_time.py reads them window by window)."""
     per: dict[int, list[float]] = {}
-    for r in doc.get("results", []):
-        w = r.get("window")
-        if r.get("arm") != arm or not w or not w.get("steps") or not w.get("verifying_batch"):
-            continue
-        per.setdefault(int(r["concurrency"]), []).append(
-            w["generation_tokens"] / w["steps"] / w["verifying_batch"])
+    for row in windows(doc, [arm]):
+        if row["per_request"] is not None:
+            per.setdefault(int(row["concurrency"]), []).append(row["per_request"])
     return {c: statistics.median(v) for c, v in per.items()}
 
 

@@ -41,11 +41,12 @@ def test_lines_go_to_the_nearest_level_and_short_ones_are_left_out(tmp_path, cap
     ])
     evaluate = tmp_path / "evaluate.json"
     window = {"steps": 100, "verifying_batch": 8, "generation_tokens": 1600}
+    measured = {"repeat": 0, "tokens_per_s": 1.0}
     evaluate.write_text(json.dumps({"results": [
-        {"arm": "adaptive", "concurrency": 8, "window": window},
-        {"arm": "adaptive", "concurrency": 8,
-         "window": dict(window, generation_tokens=1400)},
-        {"arm": "fixed", "concurrency": 64, "window": window}]}))
+        {"arm": "adaptive", "concurrency": 8, "started_at": 0.0, "window": window, **measured},
+        {"arm": "adaptive", "concurrency": 8, "started_at": 3.0,
+         "window": dict(window, generation_tokens=1400), **measured},
+        {"arm": "fixed", "concurrency": 64, "started_at": 6.0, "window": window, **measured}]}))
 
     adaptive_trace_summary.main([str(trace), "--levels", "64,8", "--evaluate", str(evaluate),
                                  "--arm", "adaptive"])
