@@ -431,6 +431,7 @@ def test_a_loop_s_cells_can_send_the_next_loop_back_to_a_batch_size_of_the_same_
     assert (235, 3) in {(c.batch_size, c.k) for c in cells}
 
 
+
 def test_a_lead_inside_its_cells_noise_is_contested_at_the_kept_length_and_its_rival(
         monkeypatch):
     """h100-v033-t1-paired: the tune kept k = 3 at B = 128, 5.4 % ahead of k = 2 whose serving
@@ -450,9 +451,9 @@ def test_a_lead_inside_its_cells_noise_is_contested_at_the_kept_length_and_its_r
     kept_at = {}
 
     def scores(cells, batch_size, lengths, workload, rates, decode=None):
-        # The cells' own order of goodput, and at B = 64 the runner-up 5.4 % behind the best
-        # with uncertainties of 1.8 and 8.7 % (8.9 % combined), the rest far behind; exact
-        # elsewhere.
+        # The cells' scores as the tune sees them (the lengths in this order of goodput at
+        # B = 64): at 64 the runner-up is 5.4 % behind the best with 8.9 % of noise between
+        # them, the others far behind; known exactly elsewhere.
         ranked = sorted(lengths, key=lambda k: -goodput[batch_size][k])
         if batch_size != 64:
             return {k: (goodput[batch_size][k], 0.0) for k in lengths}
