@@ -34,8 +34,7 @@ from tabletune.core.errors import check_nonnegative, check_step_ms, fail
 
 __all__ = ["serving_factors", "calibrate_profile", "uncalibrated", "contested_serving",
            "off_graphs", "graph_line_sizes", "crowded_line_sizes", "knee_line_sizes",
-           "UNTIMED_UNCERTAINTY", "CONTESTED_LOSS", "CONTESTED_BAND", "KNEE_OFF_SHARE",
-           "SHORTFALL_FLOOR", "expected_shortfall"]
+           "UNTIMED_UNCERTAINTY", "CONTESTED_LOSS", "CONTESTED_BAND", "KNEE_OFF_SHARE"]
 
 # (serving step ms, relative uncertainty of that time) per measured (B, k)
 Measured = Mapping[tuple[int, int], tuple[float, float]]
@@ -50,28 +49,9 @@ CONTESTED_LOSS = 0.02
 # tune of benchmarks/results/h200-s8 re-timed k = 2 and 3 and its final build then chose k = 1,
 # whose serving steps nothing had re-timed (serving cells there are uncertain by 10-20 %).
 CONTESTED_BAND = 0.15
-# A serving batch size is also contested where the table's length leads by the point estimates
-# but is expected to give up more than this share of goodput to a rival (expected_shortfall):
-# benchmarks/results/h100-v033-t1-paired's referee found the table's k = 3 at B = 128 behind
-# k = 2 by 4.7 % [1.1, 6.5], where the tune had k = 3 5.4 % ahead with k = 2's serving cell
-# uncertain by 8.7 % (an expected shortfall of 1.5 %), and no loop timed it again.
-SHORTFALL_FLOOR = 0.01
 # A length's knee size (knee_line_sizes) is the last batch size at which at most this share of
 # its serving steps passes the largest captured graph.
 KNEE_OFF_SHARE = 0.1
-
-
-def expected_shortfall(lead: float, noise: float) -> float:
-    """What a length ``lead`` ahead of a rival (relative goodput, by the point estimates) is
-    expected to give up to it, as a share of goodput, when their relative difference is
-    uncertain by ``noise`` (one standard deviation, a normal error): E[max(0, X)] for
-    X ~ N(-lead, noise^2). A lead of twice the noise leaves 0.8 % of the noise; no lead, 40 %."""
-    if noise <= 0.0:
-        return max(0.0, -lead)
-    z = lead / noise
-    density = math.exp(-0.5 * z * z) / math.sqrt(2.0 * math.pi)
-    behind = 0.5 * math.erfc(z / math.sqrt(2.0))  # P(X > 0)
-    return noise * density - lead * behind
 
 
 def off_graphs(batch_size: int, k: int, graph_tokens: int | None,

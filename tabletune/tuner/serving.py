@@ -28,7 +28,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
-from tabletune.core.calibration import expected_shortfall
 from tabletune.core.step_log import Step
 from tabletune.core.step_stats import StepEstimate, estimate_step_ms, mean_step_ms
 from tabletune.core.vllm_contract import CONTROL_FILE_ENV, SCHEDULER_CLS, write_control
@@ -584,49 +583,17 @@ RESOLVE_MARGIN = 2.0
 RESOLVE_TIE = 0.01
 
 
-def goodputs_at(cells: Sequence[ServingCell], batch_size: int, lengths: Sequence[int],
-                workload: Workload, rates: Sequence[float],
-                decode: dict[tuple[int, int], float] | None = None
-                ) -> dict[int, tuple[float, float]]:
-    """{k: (goodput a request, its relative uncertainty)} of the serving cells at
-    ``batch_size`` for each of ``lengths`` that has one, under ``workload`` (``workload_step``
-    with the profile's ``decode`` steps)."""
-    here = [c for c in cells if c.batch_size == batch_size]
-    return {w["k"]: (w["tokens_per_step"] / w["step_ms"], w["uncertainty"])
-            for w in workload_steps(here, workload, rates, decode) if w["k"] in lengths}
-
-
-def shortfalls(scored: dict[int, tuple[float, float]], kept: int) -> dict[int, float]:
-    """{rival k: what ``kept`` is expected to give up to it} (``expected_shortfall`` of its
-    lead, with the two cells' uncertainties combined) from ``goodputs_at``'s scores; empty
-    where ``kept`` has no score."""
-    if kept not in scored:
-        return {}
-    g_kept, u_kept = scored[kept]
-    return {k: expected_shortfall(g_kept / g - 1.0, math.hypot(u_kept, u))
-            for k, (g, u) in scored.items() if k != kept and g > 0}
-
-
-def open_shortfall(cells: Sequence[ServingCell], batch_size: int, lengths: Sequence[int],
-                   workload: Workload, rates: Sequence[float],
-                   decode: dict[tuple[int, int], float] | None = None) -> float:
-    """What the best of ``lengths`` at ``batch_size`` (by its cells' point estimates) is
-    expected to give up to the others, summed: how much a loop there could still change (0
-    with fewer than two lengths timed)."""
-    scored = goodputs_at(cells, batch_size, lengths, workload, rates, decode)
-    if len(scored) < 2:
-        return 0.0
-    best = max(scored, key=lambda k: scored[k][0])
-    return sum(shortfalls(scored, best).values())
-
-
 def settled_at(cells: Sequence[ServingCell], batch_size: int, lengths: Sequence[int],
                workload: Workload, rates: Sequence[float],
                decode: dict[tuple[int, int], float] | None = None) -> bool:
     """Whether the serving cells at ``batch_size`` tell which of ``lengths`` serves it best
     under ``workload`` (goodput (1 + A_k) / T from ``workload_step``, with the profile's decode
     steps ``decode``; see RESOLVE_MARGIN)."""
-    scored = goodputs_at(cells, batch_size, lengths, workload, rates, decode)
+    scored = {}
+    here = [c for c in cells if c.batch_size == batch_size]
+    for w in workload_steps(here, workload, rates, decode):
+        if w["k"] in lengths:
+            scored[w["k"]] = (w["tokens_per_step"] / w["step_ms"], w["uncertainty"])
     if len(scored) < len(set(lengths)):
         return False
     best = max(scored, key=lambda k: scored[k][0])
@@ -648,8 +615,7 @@ def resolve_contested(server: VllmServer, control: Path, prompts: Sequence[str],
     """Time the ``contested`` serving cells again ({B: lengths}) within ``plan.resolve_s``
     seconds of wall time, pooled with what ``cells`` hold: loops of RESOLVE_LOOP_ROUNDS turns
     (as long as the first loops') a length, the batch sizes in turn (those with a length that
-    has no cell there first, then the one whose best length stands to give up most to the
-    others, ``open_shortfall``), a batch size dropped once
+    has no cell there first), a batch size dropped once
     ``settled_at`` says so (with ``workload``, ``rates`` and the profile's ``decode`` steps;
     without the first two, each takes loops until the budget ends).
 
@@ -682,15 +648,7 @@ def resolve_contested(server: VllmServer, control: Path, prompts: Sequence[str],
         if not due:
             looped.clear()
             continue
-        # Then, with a workload to judge by, the batch size whose best length stands to give
-        # up most to the others (open_shortfall): the budget goes where a loop can still
-        # change the table, not to the smallest batch size first (h100-v033-t1-tune's 45 s
-        # left its last size 2 turns).
-        b = min(due, key=lambda x: (_all_timed(merged, x, pending[x]),
-                                    -(open_shortfall(merged, x, pending[x], workload, rates,
-                                                     decode)
-                                      if workload is not None and rates is not None else 0.0),
-                                    x))
+        b = min(due, key=lambda x: (_all_timed(merged, x, pending[x]), x))
         lengths = pending[b]
         left = deadline - time.monotonic()
         # (+0.05: a budget of exactly n turns stays n turns with the clock's first reading)

@@ -326,14 +326,10 @@ def contested_cells(profile: Profile, acceptance: Acceptance, cells: Sequence, f
     ``plan.serving.resolve_s`` 0): a provisional calibration and build, and the batch sizes
     where its table loses more than ``CONTESTED_LOSS`` to the best length by the point
     estimates, its edges between serving sizes and the sizes before each length's graph
-    line (``core.calibration.contested_serving``), and the serving sizes where the table's
-    length leads but stands to give up more than SHORTFALL_FLOOR to a rival
-    (``tuner.serving.shortfalls``)."""
+    line (``core.calibration.contested_serving``)."""
     from tabletune.core.builder import build_table
-    from tabletune.core.calibration import (SHORTFALL_FLOOR, calibrate_profile,
-                                            contested_serving)
-    from tabletune.tuner.serving import (goodputs_at, measured_for_calibration,
-                                         measured_prompt_tokens, shortfalls)
+    from tabletune.core.calibration import calibrate_profile, contested_serving
+    from tabletune.tuner.serving import measured_for_calibration, measured_prompt_tokens
 
     if not cells or plan.serving is None or plan.serving.resolve_s <= 0:
         return {}
@@ -347,22 +343,9 @@ def contested_cells(profile: Profile, acceptance: Acceptance, cells: Sequence, f
     added = profile.meta.get("graph_line_sizes") or {}
     lines = [(int(k), b) for kind in ("crowded", "knee")
              for k, b in (added.get(kind) or {}).items()]
-    contested = contested_serving(result.goodput, result.lengths, result.chosen,
-                                  plan.serving.batch_sizes, profile.batch_sizes,
-                                  **_graph_line(facts, workload), lines=lines)
-    # A serving size where the table's length leads but stands to give up more than
-    # SHORTFALL_FLOOR to a rival (its cells too uncertain for the lead) is timed again at the
-    # two: contested_serving puts in question only where the table's length trails.
-    decode = profile_decode(profile)
-    for b in plan.serving.batch_sizes:
-        if b > len(result.chosen):
-            continue
-        kept = result.chosen[b - 1]
-        scored = goodputs_at(cells, b, result.lengths, workload, rates, decode)
-        rivals = {k for k, lost in shortfalls(scored, kept).items() if lost > SHORTFALL_FLOOR}
-        if rivals:
-            contested[b] = tuple(sorted(set(contested.get(b, ())) | rivals | {kept}))
-    return dict(sorted(contested.items()))
+    return contested_serving(result.goodput, result.lengths, result.chosen,
+                             plan.serving.batch_sizes, profile.batch_sizes,
+                             **_graph_line(facts, workload), lines=lines)
 
 
 def tune(spec: EngineSpec, plan: TunePlan, out_dir: Path, *, prompts: Sequence[str] | None,

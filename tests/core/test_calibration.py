@@ -333,19 +333,3 @@ def test_the_last_batch_size_on_the_graphs_is_added_where_a_length_s_line_falls_
     assert graph_line_sizes(grid, (0, 1, 2, 3), 1024, 100.0) == {3: 231}
     assert graph_line_sizes((1, 8, 64), (0, 1, 2, 3), 64, 3.0) == {0: 61, 1: 30, 2: 20, 3: 15}
     assert graph_line_sizes(grid, (0, 1, 2, 3), None, 28.6) == {}
-
-
-def test_the_expected_shortfall_grows_as_a_lead_shrinks_into_its_noise():
-    from tabletune.core.calibration import expected_shortfall
-
-    # h100-v033-t1-tune at B = 128: k = 3 5.4 % ahead of k = 2, their difference uncertain by
-    # 8.9 %: k = 3 stands to give up 1.5 %, over the floor that sends a batch size to the loops.
-    assert expected_shortfall(0.054, 0.089) == pytest.approx(0.01485, abs=1e-4)
-    assert expected_shortfall(0.0, 0.1) == pytest.approx(0.1 / np.sqrt(2 * np.pi))
-    assert expected_shortfall(0.2, 0.1) == pytest.approx(0.00085, abs=1e-5)  # 2x: 0.8 %
-    # Known exactly: a lead gives up nothing, a deficit all of itself.
-    assert expected_shortfall(0.05, 0.0) == 0.0
-    assert expected_shortfall(-0.05, 0.0) == pytest.approx(0.05)
-    # Against the rival the other way round the difference is the mean, -lead.
-    assert (expected_shortfall(0.03, 0.02) - expected_shortfall(-0.03, 0.02)
-            == pytest.approx(-0.03))
