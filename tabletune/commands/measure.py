@@ -19,7 +19,7 @@ from tabletune.core.files import check_output_dir, check_output_path
 from tabletune.core.options import integer, number
 from tabletune.engine_args import add_engine_args, check_engine_options, engine_spec_from_args
 from tabletune.prompt_args import add_prompt_args, prompts_from_args
-from tabletune.report.text import describe_calibration, describe_document
+from tabletune.report.text import describe_calibration, describe_document, describe_resolve
 from tabletune.tuner.profile_settings import (
     DEFAULT_REFERENCE_DRIFT_BOUND,
     DEFAULT_MAX_SPREAD,
@@ -288,7 +288,7 @@ def cmd_tune(args) -> int:
               "cells": len(profile.cells), "batch_sizes": list(profile.batch_sizes),
               "serving_windows": len(result.serving_cells)}
     atomic_write_text(out / "timing.json", json.dumps(timing, indent=2) + "\n")
-    summary = describe_document(doc)
+    summary = "\n".join([describe_document(doc), *describe_resolve(profile)])
     atomic_write_text(out / "summary.txt", summary + "\n")
     print(summary)
     print(f"tune finished in {timing['total_s']:.0f} s (server start-up "

@@ -32,6 +32,37 @@ def describe_calibration(profile: Profile) -> str:
     return "\n".join(lines)
 
 
+def describe_resolve(profile: Profile) -> list[str]:
+    """What the tune's resolve pass did (``meta.serving_calibration.resolved``): the serving
+    sizes it timed again and those it left as the first loops measured them. Why: in
+    benchmarks/results/h100-v033-t1-tune nine sizes were in question and the 45 s reached
+    five; at one of the other four (B = 128) the first loops' 2-s k = 2 cell came out 14.5 %
+    slow and the table kept the wrong length (h100-v033-t1-paired), while the summary said
+    nothing of it. Empty without a pass (the CPU build's, or nothing in question)."""
+    calibration = profile.meta.get("serving_calibration") or {}
+    record = calibration.get("resolved") or {}
+    if not record:
+        return []
+    budget = (calibration.get("plan") or {}).get("resolve_s")
+    timed, untimed = [], []
+    for b, r in sorted(record.items(), key=lambda item: int(item[0])):
+        lengths = "/".join(str(k) for k in r.get("lengths", []))
+        if r.get("loops"):
+            timed.append(f"B={b} (k {lengths}: {r['loops']} loop{'s' if r['loops'] > 1 else ''}, "
+                         f"{r.get('turns', 0)} turns{', settled' if r.get('settled') else ''})")
+        else:
+            untimed.append(f"{b} (k {lengths})")
+    out = [f"resolve pass: {len(record)} serving sizes in question after the first loops"
+           + (f", {budget:g} s of loops" if budget else "") + ":"]
+    if timed:
+        out.append("  timed again: " + ", ".join(timed))
+    if untimed:
+        out.append("  no loop before the time ran out: B = " + ", ".join(untimed)
+                   + "; the table there rests on the first loops' windows alone "
+                   "(a longer --serving-resolve times them)")
+    return out
+
+
 def describe_document(doc: TableDocument) -> str:
     """The table, the vLLM option to paste, the workload it was built for, its modelled losses
     against the docs table and every fixed length, its edges and the profile's trust notes."""

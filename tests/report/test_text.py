@@ -94,3 +94,24 @@ def test_an_edge_between_far_apart_profiled_sizes_says_it_was_placed_by_interpol
     goodput = {**doc.goodput.to_dict(), "interpolated_batch_sizes": []}
     dense = describe_document(dataclasses.replace(doc, goodput=GoodputBlock.from_dict(goodput)))
     assert "  B=25: k 3 → 2 by " in dense and "placed by interpolation" not in dense
+
+
+def test_the_resolve_pass_names_what_it_timed_again_and_what_it_never_reached():
+    """h100-v033-t1-tune: nine sizes in question, the 45 s reached five; B = 128, one of the
+    other four, kept a length a paired referee then found 4.7 % behind."""
+    from tabletune.report.text import describe_resolve
+
+    profile = make_profile(max_k=3)
+    assert describe_resolve(profile) == []  # no pass: nothing said
+    resolved = {"240": {"lengths": [0, 1, 2, 3], "loops": 1, "turns": 2, "settled": False},
+                "128": {"lengths": [1, 2, 3], "loops": 0, "turns": 0, "settled": False},
+                "32": {"lengths": [1, 2, 3], "loops": 2, "turns": 6, "settled": True},
+                "16": {"lengths": [1, 2, 3], "loops": 0, "turns": 0, "settled": False}}
+    meta = {"serving_calibration": {"plan": {"resolve_s": 45.0}, "resolved": resolved}}
+    assert describe_resolve(dataclasses.replace(profile, meta=meta)) == [
+        "resolve pass: 4 serving sizes in question after the first loops, 45 s of loops:",
+        "  timed again: B=32 (k 1/2/3: 2 loops, 6 turns, settled), "
+        "B=240 (k 0/1/2/3: 1 loop, 2 turns)",
+        "  no loop before the time ran out: B = 16 (k 1/2/3), 128 (k 1/2/3); the table there "
+        "rests on the first loops' windows alone (a longer --serving-resolve times them)",
+    ]
