@@ -339,7 +339,8 @@ def add_measure_parsers(sub) -> None:
                         "batch sizes that decide a batch size where the table loses more than "
                         "2 %% to the best length by the point estimates (kept within the noise); "
                         "0 turns it off; a batch size leaves the pass once its best length "
-                        "is settled (default: 45 on cuda, 0 on cpu)")
+                        "is settled; each batch size in question gets one loop even past "
+                        "this time (default: 45 on cuda, 0 on cpu)")
     p.add_argument("--out-dir", default="tabletune-out",
                    help="folder for profile, acceptance, table, plots and logs/")
     p.set_defaults(func=cmd_tune)

@@ -38,13 +38,15 @@ def describe_resolve(profile: Profile) -> list[str]:
     benchmarks/results/h100-v033-t1-tune nine sizes were in question and the 45 s reached
     five; at one of the other four (B = 128) the first loops' 2-s k = 2 cell came out 14.5 %
     slow and the table kept the wrong length (h100-v033-t1-paired), while the summary said
-    nothing of it. Empty without a pass (the CPU build's, or nothing in question)."""
+    nothing of it. Each size is now owed one loop past the budget (``past_budget``), so "no
+    loop" is said only of profiles tuned before that. Empty without a pass (the CPU build's,
+    or nothing in question)."""
     calibration = profile.meta.get("serving_calibration") or {}
     record = calibration.get("resolved") or {}
     if not record:
         return []
     budget = (calibration.get("plan") or {}).get("resolve_s")
-    timed, untimed = [], []
+    timed, untimed, late = [], [], []
     for b, r in sorted(record.items(), key=lambda item: int(item[0])):
         lengths = "/".join(str(k) for k in r.get("lengths", []))
         if r.get("loops"):
@@ -52,10 +54,16 @@ def describe_resolve(profile: Profile) -> list[str]:
                          f"{r.get('turns', 0)} turns{', settled' if r.get('settled') else ''})")
         else:
             untimed.append(f"{b} (k {lengths})")
+        if r.get("past_budget"):
+            late.append(str(b))
     out = [f"resolve pass: {len(record)} serving sizes in question after the first loops"
            + (f", {budget:g} s of loops" if budget else "") + ":"]
     if timed:
         out.append("  timed again: " + ", ".join(timed))
+    if late:
+        out.append("  owed a loop after the time had run out: B = " + ", ".join(late)
+                   + "; one loop each, unsettled ones no more (a longer --serving-resolve "
+                   "gives them more)")
     if untimed:
         out.append("  no loop before the time ran out: B = " + ", ".join(untimed)
                    + "; the table there rests on the first loops' windows alone "

@@ -121,6 +121,8 @@ WORKLOAD_OUTPUT_TOKENS = {"cuda": DEFAULT_OUTPUT_TOKENS, "cpu": 64}
 # the CPU build (its toy pair has no such edge, and CI's minutes are counted). Wall time, loops
 # ending early where their question settles (tuner.serving.settled_at): 45 s keeps the warm
 # H200 tune within 5 minutes (314 s with 60 s of windows and ~5 s of their overheads uncounted).
+# Each size in question is owed one loop beyond it (tuner.serving.resolve_contested): about 8 s
+# a size past the first five or so.
 SERVING_RESOLVE_S = {"cuda": 45.0, "cpu": 0.0}
 
 

@@ -115,3 +115,16 @@ def test_the_resolve_pass_names_what_it_timed_again_and_what_it_never_reached():
         "  no loop before the time ran out: B = 16 (k 1/2/3), 128 (k 1/2/3); the table there "
         "rests on the first loops' windows alone (a longer --serving-resolve times them)",
     ]
+    # Since each size is owed its loop: the ones that came after the budget are named.
+    resolved["128"] = {"lengths": [1, 2, 3], "loops": 1, "turns": 3, "settled": False,
+                       "past_budget": 1}
+    resolved["16"] = {"lengths": [1, 2, 3], "loops": 1, "turns": 3, "settled": True,
+                      "past_budget": 1}
+    assert describe_resolve(dataclasses.replace(profile, meta=meta)) == [
+        "resolve pass: 4 serving sizes in question after the first loops, 45 s of loops:",
+        "  timed again: B=16 (k 1/2/3: 1 loop, 3 turns, settled), "
+        "B=32 (k 1/2/3: 2 loops, 6 turns, settled), B=128 (k 1/2/3: 1 loop, 3 turns), "
+        "B=240 (k 0/1/2/3: 1 loop, 2 turns)",
+        "  owed a loop after the time had run out: B = 16, 128; one loop each, unsettled ones "
+        "no more (a longer --serving-resolve gives them more)",
+    ]

@@ -327,7 +327,8 @@ def test_a_length_that_becomes_contested_where_nobody_timed_it_joins_the_resolve
                              "added": [1]}}
     assert (96, 1) in {(c.batch_size, c.k) for c in cells}
     assert len(asked) == 2  # asked again after the loop that timed k = 1; nothing new then
-    # Out of budget, a length that joins is not timed and the pass still ends.
+    # Out of budget, a length that joins is still timed (its step there is only interpolated)
+    # with a full loop, the record says it came past the budget, and the pass then ends.
     loops.clear()
     clock[0] = 0.0
     short = ServingPlan(batch_sizes=(1, 64, 128), output_tokens=256, warm_up_s=1.0,
@@ -336,16 +337,19 @@ def test_a_length_that_becomes_contested_where_nobody_timed_it_joins_the_resolve
     _, record = resolve_contested(None, None, [], first, {96: (2, 3)}, plan=short,
                                   temperature=0.0, workload=Workload(256.0, 29.0, "default"),
                                   rates=(0.75, 0.55, 0.40), recheck=recheck)
-    assert loops == [(96, (2, 3))]
-    assert record["96"]["added"] == [1] and record["96"]["settled"] is False
+    assert loops == [(96, (2, 3)), (96, (1, 2, 3))]
+    assert record["96"]["added"] == [1] and record["96"]["past_budget"] == 1
+    assert record["96"]["turns"] == 6
     # A batch size with an untimed length goes before one whose lengths the first loops timed:
-    # with time for one loop, 96 (untimed) takes it, not 64.
+    # with time for one loop, 96 (untimed) takes it, and 64 still gets its one loop after.
     loops.clear()
     clock[0] = 0.0
     _, record = resolve_contested(None, None, [], first, {64: (2, 3), 96: (2, 3)}, plan=short,
                                   temperature=0.0, workload=Workload(256.0, 29.0, "default"),
                                   rates=(0.75, 0.55, 0.40))
-    assert loops == [(96, (2, 3))] and record["64"]["loops"] == 0
+    assert loops == [(96, (2, 3)), (64, (2, 3))]
+    assert record["64"]["loops"] == 1 and record["64"]["past_budget"] == 1
+    assert "past_budget" not in record["96"]
 
 
 def test_the_profile_adds_the_last_batch_size_before_a_length_s_graph_line(fake_engine,
@@ -425,7 +429,47 @@ def test_a_loop_s_cells_can_send_the_next_loop_back_to_a_batch_size_of_the_same_
         None, None, [], [], {235: (1, 2), 248: (1, 2, 3), 256: (1, 2, 3)}, plan=plan,
         temperature=0.0, workload=Workload(256.0, 29.0, "default"), rates=(0.75, 0.55, 0.40),
         recheck=recheck)
-    assert loops == [(235, (1, 2)), (248, (1, 2, 3)), (235, (1, 2, 3))]
+    # 256 comes after the budget, owed its one loop.
+    assert loops == [(235, (1, 2)), (248, (1, 2, 3)), (235, (1, 2, 3)), (256, (1, 2, 3))]
     assert record["235"]["added"] == [3] and record["235"]["loops"] == 2
-    assert record["256"]["loops"] == 0
+    assert record["256"]["loops"] == 1 and record["256"]["past_budget"] == 1
     assert (235, 3) in {(c.batch_size, c.k) for c in cells}
+
+
+def test_every_contested_size_gets_one_loop_whatever_the_budget(monkeypatch):
+    """h100-v033-t1-tune: nine sizes in question, 45 s, loops of about 8 s: the five sizes
+    with untimed lengths took the budget and B = 128, whose first k = 2 cell was 14.5 % slow,
+    got none (the table kept a length 4.7 % behind there). Each size is owed one loop; the
+    budget bounds only the loops beyond."""
+    from tabletune.core.workload import Workload
+    from tabletune.tuner.serving import ServingPlan, resolve_contested
+
+    loops = []
+    clock = [0.0]
+
+    def measure(server, control, prompts, *, batch_sizes, lengths, window_s, rounds,
+                warm_up_s, warm_lengths, **kw):
+        (b,) = batch_sizes
+        loops.append((b, rounds))
+        clock[0] += warm_up_s + window_s * len(lengths) + 0.5
+        # Never settled: two lengths 0.5 % apart in a wide spread.
+        ms = {1: 10.0, 2: 10.0 * 1.518 / 1.295 / 1.005, 3: 10.0 * 1.623 / 1.295}
+        return [_noisy_cell(b, k, ms[k], 1.8) for k in lengths]
+
+    monkeypatch.setattr(serving, "measure_serving", measure)
+    monkeypatch.setattr(serving.time, "monotonic", lambda: clock[0])
+    plan = ServingPlan(batch_sizes=(1, 32, 96, 192, 256), output_tokens=256, warm_up_s=1.0,
+                       window_s=2.1, rounds=3, resolve_s=45.0)
+    timed_first = [_noisy_cell(b, k, 10.0, 1.8) for b in (16, 64, 128, 248) for k in (1, 2, 3)]
+    contested = {b: (1, 2, 3) for b in (16, 32, 64, 96, 128, 192, 233, 240, 248)}
+    cells, record = resolve_contested(None, None, [], timed_first, contested, plan=plan,
+                                      temperature=1.0, workload=Workload(256.0, 29.0, "default"),
+                                      rates=(0.476, 0.221, 0.105))
+    # The five untimed first, then the four timed ones, each one full loop; the 45 s end
+    # inside the first round, so no size has a second loop.
+    assert [b for b, _ in loops] == [32, 96, 192, 233, 240, 16, 64, 128, 248]
+    assert all(rounds == 3 for _, rounds in loops)
+    assert all(r["loops"] == 1 and r["turns"] == 3 for r in record.values())
+    assert sorted(b for b, r in record.items() if r.get("past_budget")) == ["128", "16", "248",
+                                                                          "64"]
+    assert {(c.batch_size, c.k) for c in cells} >= {(b, k) for b in contested for k in (1, 2, 3)}

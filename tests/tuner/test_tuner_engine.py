@@ -69,7 +69,8 @@ def test_the_tune_server_measures_acceptance_independent_requests_and_serving_st
         cells = measure_serving(server, control, synthetic_prompts(8, seed=5),
                                 batch_sizes=(1, 4), lengths=(0, pair_spec.max_k),
                                 output_tokens=24, warm_up_s=1.5, window_s=6.0, rounds=3)
-        # A contested B = 4 timed again (2 turns of 2 s a length): pooled with the first loop.
+        # A contested B = 4 timed again: pooled with the first loop. Its one loop is owed
+        # whatever the budget (3 turns of 2 s a length where 9.5 s hold 2).
         plan = ServingPlan(batch_sizes=(1, 4), output_tokens=24, warm_up_s=1.5, window_s=6.0,
                            rounds=3, resolve_s=9.5)
         pooled, resolved = resolve_contested(server, control, synthetic_prompts(8, seed=5),
@@ -79,8 +80,8 @@ def test_the_tune_server_measures_acceptance_independent_requests_and_serving_st
         server.stop()
     assert [(c.batch_size, c.k) for c in cells] == [(1, 0), (4, 0), (1, 2), (4, 2)]
     assert [(c.batch_size, c.k) for c in pooled] == [(c.batch_size, c.k) for c in cells]
-    assert resolved == {"4": {"lengths": [0, pair_spec.max_k], "loops": 1, "turns": 2,
-                              "settled": False}}
+    assert resolved == {"4": {"lengths": [0, pair_spec.max_k], "loops": 1, "turns": 3,
+                              "settled": False, "past_budget": 1}}
     for before, after in zip(cells, pooled):
         if before.batch_size == 1:
             assert after is before
