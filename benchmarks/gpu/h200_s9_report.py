@@ -279,6 +279,15 @@ def turnover_stalls(run: Path, doc: dict, part: str = "evaluate") -> list[str]:
     return out
 
 
+def loss_baseline(doc: dict) -> str:
+    """What the losses are against: a paired referee (``--paired-lengths``) pins lengths on one
+    server and scores every arm on the same turns, so its baseline is the best pinned length
+    there, not a server of its own (h100-v033-t1-paired's report said "fixed-K server")."""
+    if doc.get("paired_lengths"):
+        return "the level's best pinned length on the one server"
+    return "the level's best fixed-K server"
+
+
 def main(argv: list[str]) -> int:
     run = Path(argv[1])
     part = argv[2] if len(argv) > 2 else "evaluate"
@@ -288,7 +297,7 @@ def main(argv: list[str]) -> int:
     reasons = sorted({x for r in rows for x in r["reasons"]})
     lines = ["## Throughput (output tokens/s: median of the rounds [90 % bootstrap interval], "
              "n rounds, median step, tokens a step)", "", *arms_table(doc), "",
-             "## Loss against the level's best fixed-K server [90 % interval]", "",
+             f"## Loss against {loss_baseline(doc)} [90 % interval]", "",
              *loss_by_level(doc), "", "## Where the variation between rounds is", "",
              *variation(rows), "", f"GPU clock reasons seen during repeats: {reasons or 'none'}",
              "", "## Over time", "", *drift_over_time(rows),

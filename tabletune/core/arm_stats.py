@@ -18,7 +18,10 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 __all__ = ["DEFAULT_CONFIDENCE", "MIN_REPEATS", "median_interval", "relative_half_width",
-           "loss_intervals"]
+           "loss_intervals", "WORST_GAP_KEY"]
+
+# loss_intervals' key for an arm's worst-load loss minus the ``against`` arm's.
+WORST_GAP_KEY = "worst_loss_gap_interval"
 
 DEFAULT_CONFIDENCE = 0.9
 DEFAULT_RESAMPLES = 2000
@@ -55,7 +58,7 @@ def relative_half_width(median: float, low: float | None, high: float | None) ->
 
 def loss_intervals(rates: Rates, fixed_arms: Sequence[str], *,
                    confidence: float = DEFAULT_CONFIDENCE, resamples: int = DEFAULT_RESAMPLES,
-                   seed: int = 0) -> dict[str, dict]:
+                   seed: int = 0, against: str | None = None) -> dict[str, dict]:
     """Per arm: the interval of its loss against the best fixed arm at each level and of its
     worst-load loss, from the same resampled rounds for every arm (paired).
 
@@ -63,6 +66,13 @@ def loss_intervals(rates: Rates, fixed_arms: Sequence[str], *,
     "worst_loss_interval": [low, high] or None, "distinguishable_by_concurrency": {c: bool}}}:
     None where a level has fewer than ``MIN_REPEATS`` rounds; "distinguishable" is False
     where the loss interval holds 0 (the arm cannot be told from the best fixed arm there).
+
+    With ``against`` (an arm), each other arm also has ``WORST_GAP_KEY``: the interval of its
+    worst-load loss minus that arm's, both from the same draws (None where either has no
+    worst-load interval). Two worst-load intervals that overlap can still be told apart this
+    way: in benchmarks/results/h100-v033-t1-resolve the table's 1.8 % [0.0, 6.5] and the best
+    single length's 7.1 % [3.5, 9.3] overlap, while at the level that decides the latter the
+    two differ within the same turns.
     """
     levels = sorted({c for _, c in rates})
     arms = list(dict.fromkeys(a for a, _ in rates))
@@ -91,6 +101,7 @@ def loss_intervals(rates: Rates, fixed_arms: Sequence[str], *,
             best = np.nanmax(medians[[arms.index(a) for a in fixed if a in present]], axis=0)
             per_level[c] = 1.0 - medians / best
     out: dict[str, dict] = {}
+    worst_draws: dict[str, np.ndarray] = {}  # arm -> worst-load loss per resample (NaN: none)
     for i, a in enumerate(arms):
         by_c: dict[int, list[float] | None] = {}
         apart: dict[int, bool] = {}
@@ -114,10 +125,26 @@ def loss_intervals(rates: Rates, fixed_arms: Sequence[str], *,
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", RuntimeWarning)
                 stacked = np.nanmax(np.vstack(draws), axis=0)
+            worst_draws[a] = stacked
             stacked = stacked[np.isfinite(stacked)]
             if stacked.size:
                 low, high = np.quantile(stacked, [tail, 1.0 - tail])
                 worst = [float(low), float(high)]
         out[a] = {"loss_interval_by_concurrency": by_c, "worst_loss_interval": worst,
                   "distinguishable_by_concurrency": apart}
+    if against is not None and against in out:
+        reference = worst_draws.get(against)
+        for a, row in out.items():
+            if a == against:
+                continue
+            gap = None
+            if (reference is not None and a in worst_draws
+                    and row["worst_loss_interval"] is not None
+                    and out[against]["worst_loss_interval"] is not None):
+                diff = worst_draws[a] - reference
+                diff = diff[np.isfinite(diff)]
+                if diff.size:
+                    low, high = np.quantile(diff, [tail, 1.0 - tail])
+                    gap = [float(low), float(high)]
+            row[WORST_GAP_KEY] = gap
     return out

@@ -8,12 +8,12 @@ import statistics
 from dataclasses import dataclass
 from typing import Sequence
 
-from tabletune.core.arm_stats import (DEFAULT_CONFIDENCE, MIN_REPEATS, loss_intervals,
-                                      median_interval, relative_half_width)
+from tabletune.core.arm_stats import (DEFAULT_CONFIDENCE, MIN_REPEATS, WORST_GAP_KEY,
+                                      loss_intervals, median_interval, relative_half_width)
 
-__all__ = ["RESULTS_SCHEMA", "SERVED_LENGTH_SHARE", "ArmResult", "format_losses",
-           "format_versus", "level_stats", "loss_table", "pooled_length_shares", "served_length",
-           "unresolved"]
+__all__ = ["RESULTS_SCHEMA", "SERVED_LENGTH_SHARE", "ArmResult", "describe_against_single",
+           "format_losses", "format_versus", "level_stats", "loss_table", "pooled_length_shares",
+           "served_length", "unresolved"]
 
 RESULTS_SCHEMA = "tabletune.evaluation/v1"
 
@@ -129,7 +129,12 @@ def loss_table(results: Sequence[ArmResult], fixed_arms: Sequence[str], *,
     when there is no other level). ``shared_turns`` (``--paired-lengths``: every arm scored
     on the same turns of one server by the length it serves): an arm serving the best fixed
     arm's length there has its turns, so its gap is 0 by construction and no servers'; nothing
-    is set aside."""
+    is set aside.
+
+    Every arm that is not a fixed arm also gets ``against_best_single``: the fixed arm with the
+    lowest worst-load loss (the best single length a user could deploy), its worst-load loss,
+    and this arm's worst-load loss minus it with its interval from the same resampled rounds
+    (``core.arm_stats.loss_intervals``' ``against``); negative: this arm's worst is lower."""
     stats = level_stats(results)
     by = {key: s["median_tokens_per_s"] for key, s in stats.items()}
     levels = sorted({r.concurrency for r in results})
@@ -147,8 +152,15 @@ def loss_table(results: Sequence[ArmResult], fixed_arms: Sequence[str], *,
     rounds: dict[tuple[str, int], dict[int, float]] = {}
     for r in results:
         rounds.setdefault((r.arm, r.concurrency), {})[r.repeat] = r.tokens_per_s
-    for a, row in loss_intervals(rounds, fixed_arms).items():
+    present = [a for a in fixed_arms if a in out]
+    single = min(present, key=lambda a: out[a]["worst_loss"]) if present else None
+    for a, row in loss_intervals(rounds, fixed_arms, against=single).items():
+        gap = row.pop(WORST_GAP_KEY, None)
         out[a].update(row)
+        if single is not None and a not in fixed_arms:
+            out[a]["against_best_single"] = {
+                "arm": single, "worst_loss": out[single]["worst_loss"],
+                "gap": out[a]["worst_loss"] - out[single]["worst_loss"], "interval": gap}
     if not shared_turns:
         for a, row in out.items():
             same = {c: best_arm[c] for c in row["loss_by_concurrency"]
@@ -191,6 +203,9 @@ def format_losses(losses: dict) -> list[str]:
             note = f"  (loss inside the interval at c={','.join(map(str, blurred))})"
         lines.append(f"{arm:>24}  {row['worst_loss']:6.1%} (c={row['worst_concurrency']})"
                      f"{bounds}{note}")
+        single = row.get("against_best_single")
+        if single is not None:
+            lines.append(f"{'':>24}  {describe_against_single(single)}")
         same = row.get("same_length_as_best")
         if same:
             levels = ",".join(map(str, sorted(same)))
@@ -207,6 +222,22 @@ def format_losses(losses: dict) -> list[str]:
                 lines.append(f"{'':>24}  where its lengths differ: worst loss "
                              f"{differ['loss']:6.1%} (c={differ['concurrency']}){bounds}")
     return lines
+
+
+def describe_against_single(single: dict) -> str:
+    """One line on an arm's worst-load loss against the best single fixed length's
+    (``loss_table``'s ``against_best_single``)."""
+    interval = single["interval"]
+    head = (f"worst-load loss against the best single length's ({single['arm']}, "
+            f"{single['worst_loss']:.1%}): {single['gap']:+.1%}")
+    if interval is None:
+        return head + " [no interval]"
+    bounds = f" [{interval[0]:+.1%}, {interval[1]:+.1%}]"
+    if interval[1] < 0:
+        return head + bounds + ", lower"
+    if interval[0] > 0:
+        return head + bounds + ", higher"
+    return head + bounds + ", not told apart"
 
 
 def format_versus(table: dict, reference: str) -> list[str]:

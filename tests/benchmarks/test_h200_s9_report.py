@@ -65,3 +65,10 @@ def test_the_long_steps_of_a_request_turnover_are_counted_from_an_xz_step_log(tm
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[:4] == ["fixed k=1", "32", "119", "4.00"]  # the last step has no next one
     assert cells[4] == "12 (10%)" and cells[6] == "12 (100%)"
+
+
+def test_a_paired_referee_s_losses_are_against_the_best_pinned_length_not_a_server():
+    assert report.loss_baseline({"paired_lengths": {"window_s": 0.5}}) == (
+        "the level's best pinned length on the one server")
+    assert report.loss_baseline({"one_server": False}) == (
+        "the level's best fixed-K server")

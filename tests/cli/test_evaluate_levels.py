@@ -256,3 +256,23 @@ def test_a_table_tuned_on_another_deployment_is_noted_and_recorded(tmp_path, cap
     assert recorded == {"table table.json": [line]}  # the table tuned here is not named
     assert (f"note: table table.json was tuned on another deployment ({line}); its table may "
             "not be the best for this one") in capsys.readouterr().out
+
+
+def test_the_losses_say_how_an_arm_s_worst_load_stands_against_the_best_single_length(capsys):
+    machine = [0.9, 1.0, 1.1, 0.95]
+    results = []
+    for i, m in enumerate(machine):
+        results += [_r("fixed k=1", 1, 90.0 * m, i), _r("fixed k=1", 64, 1000.0 * m, i),
+                    _r("fixed k=3", 1, 100.0 * m, i), _r("fixed k=3", 64, 800.0 * m, i),
+                    _r("table", 1, 100.0 * m, i), _r("table", 64, 990.0 * m, i)]
+    losses = loss_table(results, ["fixed k=1", "fixed k=3"])
+    single = losses["arms"]["table"]["against_best_single"]
+    # k = 1's worst is 10 % (c = 1), k = 3's 20 % (c = 64): k = 1 is the best single length.
+    assert single["arm"] == "fixed k=1" and single["worst_loss"] == pytest.approx(0.10)
+    assert single["gap"] == pytest.approx(0.01 - 0.10)
+    assert single["interval"][1] < 0
+    assert "against_best_single" not in losses["arms"]["fixed k=3"]
+    print("\n".join(format_losses(losses)))
+    out = capsys.readouterr().out
+    assert ("worst-load loss against the best single length's (fixed k=1, 10.0%): -9.0% "
+            "[-9.0%, -9.0%], lower") in out

@@ -58,3 +58,34 @@ def test_the_worst_load_interval_takes_each_draws_worst_level():
              ("table", 8): _rounds([360.0 * x for x in levels])}
     got = loss_intervals(rates, ["fixed k=1"])["table"]
     assert got["worst_loss_interval"] == pytest.approx([0.10, 0.10])
+
+
+def test_a_worst_load_gap_is_read_from_the_same_draws():
+    """h100-v033-t1-resolve's shape: the table serves k = 3 at c = 1, ~2 % behind k = 2 inside
+    the rounds' noise, and k = 1 at c = 256, where k = 2 loses ~7 %. Drawn from the same
+    resampled rounds, the table's worst-load loss minus k = 2's is below 0 in every draw."""
+    machine = [0.8, 1.0, 1.2, 0.9, 1.1, 0.95, 1.05]  # each round's level of the machine (+-20 %)
+    noise = [1.00, 1.03, 0.98, 1.02, 0.99, 1.01, 0.97]
+    k3_at_1 = [349.0 * m * n for m, n in zip(machine, noise)]
+    k1_at_256 = [280.0 * m for m in machine]
+    rates = {("fixed k=1", 1): _rounds([321.0 * m for m in machine]),
+             ("fixed k=2", 1): _rounds([355.0 * m for m in machine]),
+             ("fixed k=3", 1): _rounds(k3_at_1),
+             ("table", 1): _rounds(k3_at_1),
+             ("fixed k=1", 256): _rounds(k1_at_256),
+             ("fixed k=2", 256): _rounds([260.0 * m * n for m, n in zip(machine, noise[::-1])]),
+             ("fixed k=3", 256): _rounds([224.0 * m for m in machine]),
+             ("table", 256): _rounds(k1_at_256)}
+    fixed = ["fixed k=1", "fixed k=2", "fixed k=3"]
+    got = loss_intervals(rates, fixed, against="fixed k=2")
+    low, high = got["table"]["worst_loss_gap_interval"]
+    assert -0.09 < low <= high < 0  # the table's worst is lower, by ~5 %
+    assert got["fixed k=3"]["worst_loss_gap_interval"][0] > 0  # k = 3's is higher (~20 %)
+    assert "worst_loss_gap_interval" not in got["fixed k=2"]
+    # Without ``against`` nothing is added; with no worst-load interval (a level of two
+    # rounds), None.
+    assert "worst_loss_gap_interval" not in loss_intervals(rates, fixed)["table"]
+    short = {key: (dict(list(v.items())[:2]) if key[1] == 256 else v)
+             for key, v in rates.items()}
+    assert loss_intervals(short, fixed, against="fixed k=2")["table"][
+        "worst_loss_gap_interval"] is None
