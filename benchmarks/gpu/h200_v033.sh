@@ -42,7 +42,9 @@
 # dynamic_sd_lookup[B]) is as in 0.26. Budget: the bundle's 37 install calls (sent from a tree
 # without the results: stage-vllm-033.sh's PART_BYTES) took 189-222 s of device time, the
 # unpack 8 s, the doctor 259-309 s, the tune 457 s (h200-v033-fix), the six-arm evaluation at
-# six levels with EVAL_BUDGET=60 675 s.
+# six levels with EVAL_BUDGET=60 675 s. On an H100 with the agreeing pair (h100-v033-t1-resolve):
+# the install calls ~165 s, a cold tune 507 s (nine contested sizes, each owed its resolve loop),
+# the paired referee at six levels 480 s, four servers at five levels 412 s: 1 682 s in all.
 # usage (device, repo root, after stage-vllm-033.sh's install calls):
 #     benchmarks/gpu/h200_v033.sh start | wait SECONDS | collect
 set -uo pipefail
@@ -52,7 +54,9 @@ MODELS=/tmp/tt-models; WORK=/tmp/tt-work-033; mkdir -p "$WORK"
 OLD_TABLE="$PWD/benchmarks/results/h200-s18/tune-warm/table.json"
 # The tune's batch sizes (GRID overrides). 160 and 224: h100-v033-t1-tune's table changed length
 # at B = 150, placed by interpolation between 128 and 192 (its summary asked for a size there).
-GRID="${GRID:-1,2,4,8,16,32,64,96,128,160,192,224,256}"
+# 80: h100-v033-t1-resolve's changed at B = 92, placed between 64 and 96 (its summary asked for
+# 78); its referee had k = 2 and 3 0.8 % apart at c = 64.
+GRID="${GRID:-1,2,4,8,16,32,64,80,96,128,160,192,224,256}"
 EVAL_LEVELS="${EVAL_LEVELS:-64,128,256,32,8,1}"; EVAL_BUDGET="${EVAL_BUDGET:-75}"
 SAMPLER="$PWD/benchmarks/gpu/host_sampler.py"
 JOB="${JOB:-doctor tune evaluate}"
