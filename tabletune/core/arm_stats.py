@@ -69,10 +69,10 @@ def loss_intervals(rates: Rates, fixed_arms: Sequence[str], *,
 
     With ``against`` (an arm), each other arm also has ``WORST_GAP_KEY``: the interval of its
     worst-load loss minus that arm's, both from the same draws (None where either has no
-    worst-load interval). Two worst-load intervals that overlap can still be told apart this
-    way: in benchmarks/results/h100-v033-t1-resolve the table's 1.8 % [0.0, 6.5] and the best
-    single length's 7.1 % [3.5, 9.3] overlap, while at the level that decides the latter the
-    two differ within the same turns.
+    worst-load interval). Two worst-load intervals that overlap say little of their
+    difference, which this draws directly: in benchmarks/results/h100-v033-t1-resolve the
+    table's 1.8 % [0.0, 6.5] and the best single length's 7.1 % [3.5, 9.3] gave -5.3 %
+    [-7.9, +0.0].
     """
     levels = sorted({c for _, c in rates})
     arms = list(dict.fromkeys(a for a, _ in rates))

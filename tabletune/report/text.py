@@ -61,7 +61,7 @@ def describe_resolve(profile: Profile) -> list[str]:
     if timed:
         out.append("  timed again: " + ", ".join(timed))
     if late:
-        out.append("  owed a loop after the time had run out: B = " + ", ".join(late)
+        out.append("  owed a loop the time left could not hold: B = " + ", ".join(late)
                    + "; one loop each, unsettled ones no more (a longer --serving-resolve "
                    "gives them more)")
     if untimed:

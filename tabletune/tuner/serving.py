@@ -637,7 +637,7 @@ def resolve_contested(server: VllmServer, control: Path, prompts: Sequence[str],
 
     Returns the pooled cells and, per batch size, what it took: {B: {"lengths", "loops",
     "turns", "settled"}, "added": the lengths that joined after the first loops, and
-    "past_budget": the loops it was owed after the budget had run out}."""
+    "past_budget": the loops it was owed that the budget left could not hold}."""
     merged = list(cells)
     if not contested or plan.resolve_s <= 0:
         return merged, {}

@@ -125,6 +125,6 @@ def test_the_resolve_pass_names_what_it_timed_again_and_what_it_never_reached():
         "  timed again: B=16 (k 1/2/3: 1 loop, 3 turns, settled), "
         "B=32 (k 1/2/3: 2 loops, 6 turns, settled), B=128 (k 1/2/3: 1 loop, 3 turns), "
         "B=240 (k 0/1/2/3: 1 loop, 2 turns)",
-        "  owed a loop after the time had run out: B = 16, 128; one loop each, unsettled ones "
+        "  owed a loop the time left could not hold: B = 16, 128; one loop each, unsettled ones "
         "no more (a longer --serving-resolve gives them more)",
     ]
