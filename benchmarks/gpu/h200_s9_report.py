@@ -153,9 +153,13 @@ def arms_table(doc: dict) -> list[str]:
     return out
 
 
-def loss_by_level(doc: dict) -> list[str]:
+def loss_by_level(doc: dict, losses: dict | None = None) -> list[str]:
+    """Each arm's loss by level with its interval: against the run's fixed-K servers (or pinned
+    lengths), or, given ``losses`` (one baseline's table of ``evaluate.json``'s
+    ``against_adaptive``), against that arm."""
     levels = sorted({lv["concurrency"] for lv in doc["levels"]})
-    losses = (doc.get("losses") or {}).get("arms", {})
+    if losses is None:
+        losses = (doc.get("losses") or {}).get("arms", {})
     out = ["| arm | " + " | ".join(f"c = {c}" for c in levels) + " |",
            "|---|" + "---|" * len(levels)]
     for arm, loss in losses.items():
@@ -171,6 +175,25 @@ def loss_by_level(doc: dict) -> list[str]:
                 text += f" [{100 * iv[0]:.1f}, {100 * iv[1]:.1f}]"
             cells.append(text)
         out.append(f"| {arm} | " + " | ".join(cells) + " |")
+    return out
+
+
+def loss_sections(doc: dict) -> list[str]:
+    """The loss tables a run has: against its fixed-K servers (or pinned lengths) where it had
+    any, and against each adaptive-verification arm (``against_adaptive``). A run of adaptive
+    verification beside tables only (h100-v033-t1-adaptive) has the second alone; its report
+    printed an empty first table before."""
+    out: list[str] = []
+    if (doc.get("losses") or {}).get("arms"):
+        out += [f"## Loss against {loss_baseline(doc)} [90 % interval]", "", *loss_by_level(doc),
+                ""]
+    else:
+        out += ["## Loss against a fixed-K server", "", "No fixed-K server in this run.", ""]
+    for baseline, table in (doc.get("against_adaptive") or {}).items():
+        arms = {a: v for a, v in table.get("arms", {}).items() if a != baseline}
+        if arms:
+            out += [f"## Loss against {baseline} [90 % interval; below 0: the arm is ahead]", "",
+                    *loss_by_level(doc, arms), ""]
     return out
 
 
@@ -297,8 +320,7 @@ def main(argv: list[str]) -> int:
     reasons = sorted({x for r in rows for x in r["reasons"]})
     lines = ["## Throughput (output tokens/s: median of the rounds [90 % bootstrap interval], "
              "n rounds, median step, tokens a step)", "", *arms_table(doc), "",
-             f"## Loss against {loss_baseline(doc)} [90 % interval]", "",
-             *loss_by_level(doc), "", "## Where the variation between rounds is", "",
+             *loss_sections(doc), "## Where the variation between rounds is", "",
              *variation(rows), "", f"GPU clock reasons seen during repeats: {reasons or 'none'}",
              "", "## Over time", "", *drift_over_time(rows),
              "", "## Long steps (servers of their own only)", "",

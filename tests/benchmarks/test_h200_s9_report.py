@@ -72,3 +72,30 @@ def test_a_paired_referee_s_losses_are_against_the_best_pinned_length_not_a_serv
         "the level's best pinned length on the one server")
     assert report.loss_baseline({"one_server": False}) == (
         "the level's best fixed-K server")
+
+
+def _loss(by_level):
+    return {"loss_by_concurrency": {str(c): v for c, v in by_level.items()},
+            "loss_interval_by_concurrency": {str(c): [v - 0.1, v + 0.1]
+                                             for c, v in by_level.items()}}
+
+
+def test_a_run_without_fixed_k_servers_reports_its_losses_against_adaptive_verification():
+    doc = {"levels": [{"concurrency": 1}, {"concurrency": 8}], "losses": None,
+           "against_adaptive": {"adaptive k=3": {"arms": {
+               "adaptive k=3": _loss({1: 0.0, 8: 0.0}),
+               "table t.json": _loss({1: -0.05, 8: -0.78})}}}}
+    text = "\n".join(report.loss_sections(doc))
+    assert "No fixed-K server in this run." in text
+    assert "## Loss against adaptive k=3 [90 % interval; below 0: the arm is ahead]" in text
+    assert "| table t.json | -5.0 % [-15.0, 5.0] | -78.0 % [-88.0, -68.0] |" in text
+    assert "| adaptive k=3 |" not in text  # the baseline against itself says nothing
+
+
+def test_a_run_with_fixed_k_servers_reports_that_table_first_and_no_adaptive_one_it_lacks():
+    doc = {"levels": [{"concurrency": 8}],
+           "losses": {"arms": {"table t.json": _loss({8: 0.02})}}}
+    lines = report.loss_sections(doc)
+    assert lines[0] == "## Loss against the level's best fixed-K server [90 % interval]"
+    assert "| table t.json | 2.0 % [-8.0, 12.0] |" in lines
+    assert not any("adaptive" in line for line in lines)
