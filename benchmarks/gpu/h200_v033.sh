@@ -45,6 +45,8 @@
 # six levels with EVAL_BUDGET=60 675 s. On an H100 with the agreeing pair (h100-v033-t1-resolve):
 # the install calls ~165 s, a cold tune 507 s (nine contested sizes, each owed its resolve loop),
 # the paired referee at six levels 480 s, four servers at five levels 412 s: 1 682 s in all.
+# Four servers started cold on a fresh machine (no tune before them to fill the compile cache)
+# took 326-339 s (h100-v033-t1-adaptive), against 154 s after a tune.
 # usage (device, repo root, after stage-vllm-033.sh's install calls):
 #     benchmarks/gpu/h200_v033.sh start | wait SECONDS | collect
 set -uo pipefail
