@@ -42,8 +42,10 @@ from tabletune.engine_args import add_engine_args, engine_spec_from_args
 from tabletune.core.options import integer, number
 from tabletune.prompt_args import add_prompt_args, prompts_from_args
 from tabletune.core import envs
-from tabletune.vllm.compat import (describe_statuses, fix_statuses, graph_trace_counts,
-                                   layer_disabled, tried_names)
+from tabletune.engine.spec import installed_engine_version, v2_only
+from tabletune.vllm.compat import (STATUS_APPLIED, STATUS_TRIED, STATUS_UNVERIFIED,
+                                   STATUS_UPSTREAM, FixStatus, describe_statuses, fix_statuses,
+                                   graph_trace_counts, layer_disabled, tried_names)
 
 DOCTOR_SCHEMA = "tabletune.doctor/v1"
 
@@ -327,10 +329,15 @@ def _candidate_table(path: Path) -> DraftTable:
 def runners_for(spec: EngineSpec, asked: str | None) -> list[str]:
     if spec.device != "cuda":
         return ["cpu"]
-    names = [r.strip() for r in (asked or "v1,v2").split(",") if r.strip()]
+    only_v2 = v2_only(installed_engine_version())
+    names = [r.strip() for r in (asked or ("v2" if only_v2 else "v1,v2")).split(",")
+             if r.strip()]
     bad = [r for r in names if r not in ("v1", "v2")]
     if bad or not names:
         raise ContractError(f"--runners: {asked!r} must list v1 and/or v2")
+    if only_v2 and "v1" in names:
+        raise ContractError(f"--runners: {asked}: vLLM {installed_engine_version()} has only "
+                            f"the V2 GPU model runner (V1 was removed in 0.34)")
     return names
 
 
@@ -349,7 +356,18 @@ def compat_report(engine: str, version: str, compat_disabled: bool = False,
     return {"engine": engine, "version": version, "compat_disabled": compat_disabled,
             "fixes": [{"fix": s.fix, "status": s.status, "detail": s.detail}
                       for s in statuses],
-            "summary": summary}
+            "summary": summary,
+            "lines": [describe_status(s, version) for s in statuses]}
+
+
+def describe_status(status: FixStatus, version: str) -> str:
+    """One fix on one vLLM version, and why: ``name: applied (verified: ...)``."""
+    why = {STATUS_APPLIED: f"applied — verified on {version}: {status.detail}",
+           STATUS_UPSTREAM: f"skipped — vLLM {version} does the same itself: {status.detail}",
+           STATUS_UNVERIFIED: f"skipped — not verified on vLLM {version}",
+           STATUS_TRIED: f"applied — not verified on vLLM {version}, tried because "
+                         f"TABLETUNE_COMPAT_TRY names it"}[status.status]
+    return f"{status.fix}: {why}"
 
 
 def cmd_doctor(args) -> int:
@@ -382,6 +400,8 @@ def cmd_doctor(args) -> int:
     compat = compat_report(fingerprint["engine"], fingerprint["engine_version"],
                            layer_disabled(), tried_names())
     print(f"doctor: {compat['summary']}", flush=True)
+    for line in compat["lines"]:
+        print(f"doctor:   {line}", flush=True)
     results = []
     for runner in runners:
         runner_spec = spec if runner == "cpu" else spec.with_(runner=runner)

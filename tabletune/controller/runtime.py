@@ -20,6 +20,7 @@ from tabletune.controller.settings import ControllerSettings
 from tabletune.controller.stale import profile_digest, write_stale_mark
 from tabletune.core.atomic import atomic_write_text
 from tabletune.core.builder import recorded_build_settings
+from tabletune.core.calibration import prefill_graph_tokens
 from tabletune.core.contracts import Profile
 from tabletune.core.errors import ContractError
 from tabletune.core.prior import Prior, check_prior_fits_engine
@@ -310,11 +311,12 @@ def graph_line(facts: Mapping | None, profile: Profile) -> tuple[int, float] | N
     scheduler) and the prompt length the prior's serving calibration measured; None when the
     engine replays no graphs. At least one prefill token: a step that fills the largest graph
     with decode tokens alone leaves it with any prefill at all."""
-    if not facts or not facts.get("cudagraphs") or not facts.get("max_cudagraph_capture_size"):
+    graph_tokens = prefill_graph_tokens(facts)
+    if graph_tokens is None:
         return None
     graphs = (profile.meta.get("serving_calibration") or {}).get("graphs") or {}
     prefill = graphs.get("prefill_tokens") or 0.0
-    return int(facts["max_cudagraph_capture_size"]), max(float(prefill), 1.0)
+    return graph_tokens, max(float(prefill), 1.0)
 
 
 def build_runtime(prior: Prior, *, static_lookup: list[int], num_spec_tokens: int,

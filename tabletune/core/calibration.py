@@ -33,7 +33,7 @@ from tabletune.core.contracts import Profile
 from tabletune.core.errors import check_nonnegative, check_step_ms, fail
 
 __all__ = ["serving_factors", "calibrate_profile", "uncalibrated", "contested_serving",
-           "off_graphs", "graph_line_sizes", "crowded_line_sizes", "knee_line_sizes",
+           "off_graphs", "prefill_graph_tokens", "graph_line_sizes", "crowded_line_sizes", "knee_line_sizes",
            "UNTIMED_UNCERTAINTY", "CONTESTED_LOSS", "CONTESTED_BAND", "KNEE_OFF_SHARE"]
 
 # (serving step ms, relative uncertainty of that time) per measured (B, k)
@@ -52,6 +52,17 @@ CONTESTED_BAND = 0.15
 # A length's knee size (knee_line_sizes) is the last batch size at which at most this share of
 # its serving steps passes the largest captured graph.
 KNEE_OFF_SHARE = 0.1
+
+
+def prefill_graph_tokens(facts: Mapping[str, Any] | None) -> int | None:
+    """The widest captured CUDA graph a prefill-carrying step can take, in tokens, from the
+    engine's facts (``tabletune.vllm.engine_facts``); None on an engine without graphs. Where
+    vLLM keys prefill graphs apart from decode graphs (0.34 on), the widest prefill graph: its
+    ``max_cudagraph_capture_size`` is then the widest graph of either kind."""
+    if not facts or not facts.get("cudagraphs"):
+        return None
+    tokens = facts.get("max_prefill_graph_tokens") or facts.get("max_cudagraph_capture_size")
+    return int(tokens) if tokens else None
 
 
 def off_graphs(batch_size: int, k: int, graph_tokens: int | None,

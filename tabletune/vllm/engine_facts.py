@@ -28,8 +28,18 @@ def engine_facts(vllm_config) -> dict:
     async_scheduling = getattr(scheduler, "async_scheduling", None)
     largest = getattr(compilation, "max_cudagraph_capture_size", None) or (
         sizes[-1] if sizes else None)
+    # 0.34 keys a step that carries a prefill by tokens (prefill graphs) and a uniform decode
+    # step by requests of one query length (decode graphs); max_cudagraph_capture_size there
+    # is the widest graph of either kind, so the line a prefill-carrying step crosses is the
+    # widest prefill graph. Versions without these fields say None.
+    prefill = sorted(int(x) for x in (
+        getattr(compilation, "prefill_cudagraph_capture_token_sizes", None) or []))
+    decode = sorted(int(x) for x in (
+        getattr(compilation, "decode_cudagraph_capture_request_sizes", None) or []))
     return {"cudagraphs": graphs, "cudagraph_mode": mode_name,
             "max_cudagraph_capture_size": int(largest) if graphs and largest else None,
+            "max_prefill_graph_tokens": prefill[-1] if graphs and prefill else None,
+            "max_decode_graph_requests": decode[-1] if graphs and decode else None,
             "cudagraph_capture_sizes": sizes if graphs else [],
             "max_num_batched_tokens": getattr(scheduler, "max_num_batched_tokens", None),
             "async_scheduling": None if async_scheduling is None else bool(async_scheduling)}

@@ -33,7 +33,13 @@ def register() -> None:
 
     install()  # logs what it applied; never raises
     if envs.REJECT_ALL.get():
-        _install_reject_all()
+        try:
+            _install_reject_all()
+        except Exception as exc:  # the plugin never takes the engine down
+            # 0.34 has no vllm.v1.sample.rejection_sampler (the V1 runner is gone); on a GPU
+            # the profile rejects every draft through vLLM's synthetic rates instead.
+            logger.warning("TableTune reject-all mode not installed (%s: %s); drafts are "
+                           "verified as usual", type(exc).__name__, exc)
     _apply_host_settings()
     _apply_adaptive_trace()
 

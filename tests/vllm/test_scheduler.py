@@ -151,6 +151,8 @@ def test_the_engine_facts_say_whether_and_up_to_where_steps_replay_graphs(schedu
         scheduler_config=SimpleNamespace(max_num_batched_tokens=8192, async_scheduling=True))
     assert facts(graphs) == {"cudagraphs": True, "cudagraph_mode": "FULL_AND_PIECEWISE",
                              "max_cudagraph_capture_size": 1024,
+                             "max_prefill_graph_tokens": None,
+                             "max_decode_graph_requests": None,
                              "cudagraph_capture_sizes": [1, 2, 512, 1024],
                              "max_num_batched_tokens": 8192, "async_scheduling": True}
     eager = SimpleNamespace(compilation_config=graphs.compilation_config,
@@ -159,6 +161,26 @@ def test_the_engine_facts_say_whether_and_up_to_where_steps_replay_graphs(schedu
     assert facts(eager)["max_cudagraph_capture_size"] is None
     assert facts(eager)["async_scheduling"] is None   # no scheduler config: not known
     assert facts(None)["cudagraphs"] is False  # a config without the fields
+
+
+def test_on_0_34_the_graph_line_is_the_widest_prefill_graph(scheduler_module):
+    # 0.34 keys decode graphs by requests and prefill graphs by tokens; its
+    # max_cudagraph_capture_size is the widest graph of either kind (a decode graph here).
+    from tabletune.core.calibration import prefill_graph_tokens
+
+    config = SimpleNamespace(
+        compilation_config=SimpleNamespace(
+            cudagraph_capture_sizes=[1, 2, 4, 512, 1024], cudagraph_mode=SimpleNamespace(
+                name="FULL"), max_cudagraph_capture_size=1024,
+            prefill_cudagraph_capture_token_sizes=[1, 2, 4, 8, 512],
+            decode_cudagraph_capture_request_sizes=[1, 2, 4, 256]),
+        model_config=SimpleNamespace(enforce_eager=False),
+        scheduler_config=SimpleNamespace(max_num_batched_tokens=8192, async_scheduling=True))
+    facts = scheduler_module.engine_facts(config)
+    assert (facts["max_prefill_graph_tokens"], facts["max_decode_graph_requests"]) == (512, 256)
+    assert prefill_graph_tokens(facts) == 512
+    assert prefill_graph_tokens({**facts, "max_prefill_graph_tokens": None}) == 1024
+    assert prefill_graph_tokens({**facts, "cudagraphs": False}) is None
 
 
 def test_the_facts_are_written_beside_the_step_log(logging_scheduler):
