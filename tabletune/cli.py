@@ -14,7 +14,7 @@ from typing import Sequence
 
 from tabletune.core.exits import exit_status
 from tabletune.core.options import check_options
-from tabletune.engine_args import check_model_folders
+from tabletune.engine_args import apply_serve_args, check_model_folders
 
 
 class DefaultsHelpFormatter(argparse.HelpFormatter):
@@ -168,6 +168,8 @@ def _main(argv: Sequence[str] | None) -> int:
         except ValueError:  # not the main thread (e.g. called from a worker thread)
             pass
     try:
+        if args.command in _ENGINE_COMMANDS:
+            apply_serve_args(args)  # a deployment's own flags set the engine options
         check_options(parser, args)  # every option's range, before any engine or file
         if args.command in _ENGINE_COMMANDS:
             check_model_folders(args)

@@ -23,8 +23,9 @@ def add_prompt_args(p: argparse.ArgumentParser) -> None:
                    help="prompts to measure acceptance on (a sample if the file has more)")
     p.add_argument("--temperature", type=number(0, 100), default=DEFAULT_TEMPERATURE,
                    help="the serving temperature (default: %(default)s)")
-    p.add_argument("--max-tokens", type=integer(1), default=DEFAULT_MAX_TOKENS,
-                   help="tokens generated per prompt")
+    p.add_argument("--max-tokens", type=integer(1), default=None,
+                   help="tokens generated per prompt (default: 128 on cuda, "
+                        f"{DEFAULT_MAX_TOKENS} on cpu)")
     p.add_argument("--seed", type=integer(0), default=0, help="prompt sampling seed (default: %(default)s)")
 
 

@@ -19,7 +19,8 @@ from tabletune.core.files import check_output_dir, check_output_path
 from tabletune.core.options import integer, number
 from tabletune.engine_args import add_engine_args, check_engine_options, engine_spec_from_args
 from tabletune.prompt_args import add_prompt_args, prompts_from_args
-from tabletune.report.text import describe_calibration, describe_document, describe_resolve
+from tabletune.report.text import (describe_calibration, describe_document, describe_graph_mode,
+                                   describe_resolve)
 from tabletune.tuner.profile_settings import (
     DEFAULT_REFERENCE_DRIFT_BOUND,
     DEFAULT_MAX_SPREAD,
@@ -31,19 +32,30 @@ EMBEDDED_GRID = "1,2,4,8,16"
 
 
 def _grid(args: argparse.Namespace) -> tuple[int, ...]:
-    from tabletune.tuner.grid import default_grid, parse_grid
+    from tabletune.tuner.grid import default_grid, gpu_grid, parse_grid
 
     if args.batch_sizes:
         grid = parse_grid(args.batch_sizes)
         return tuple(b for b in grid if args.max_batch_size is None or b <= args.max_batch_size)
-    if args.model is None and args.max_batch_size is None:
+    if args.model is None and args.max_batch_size is None and args.device != "cuda":
         return parse_grid(EMBEDDED_GRID)
-    return default_grid(args.max_batch_size or 256)
+    # The deployment's widest batch (--max-num-seqs, from --serve-args too) bounds the grid.
+    widest = args.max_batch_size or min(args.max_num_seqs or 256, 256)
+    if _on_gpu(args):
+        return gpu_grid(widest)
+    return default_grid(widest)
+
+
+def _on_gpu(args: argparse.Namespace) -> bool:
+    """The device the engine options name (a given model runs on cuda unless told otherwise),
+    before the EngineSpec exists."""
+    return args.device == "cuda" or (args.device is None and args.model is not None)
 
 
 def add_profile_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--batch-sizes", help="grid, e.g. '1-16,20-64:4,72-256:8' (default: every B "
-                   f"to 16, every 4 to 64, every 8 to --max-batch-size; embedded: {EMBEDDED_GRID}); "
+    p.add_argument("--batch-sizes", help="grid, e.g. '1-16,20-64:4,72-256:8' (default on cuda: "
+                   "1,2,4,8,16,32,64,80,96,128,160,192,224,256 up to --max-batch-size; on cpu: "
+                   f"every B to 16, every 4 to 64, every 8 beyond; embedded: {EMBEDDED_GRID}); "
                    "on an engine with CUDA graphs the tune also profiles the last B at which a "
                    "length's serving step fits them, where that falls inside the grid")
     p.add_argument("--max-batch-size", type=integer(1, MAX_BATCH_SIZE), default=None,
@@ -99,8 +111,12 @@ def _run_profile(args, spec, out_dir: Path, checkpoint: Path | None = None) -> P
 def _run_acceptance(args, spec, out_dir: Path) -> Acceptance:
     from tabletune.tuner.tune import acceptance_spec, measure_acceptance
 
+    from tabletune.tuner.tune import ACCEPTANCE_MAX_TOKENS
+
+    device = "cuda" if spec.device == "cuda" else "cpu"
     return measure_acceptance(acceptance_spec(spec), prompts_from_args(args),
-                              temperature=args.temperature, max_tokens=args.max_tokens,
+                              temperature=args.temperature,
+                              max_tokens=args.max_tokens or ACCEPTANCE_MAX_TOKENS[device],
                               log_dir=out_dir / "logs")
 
 
@@ -217,7 +233,7 @@ def _serving_sizes(args, grid: tuple[int, ...]) -> tuple[int, ...] | None:
     text = (args.serving_batch_sizes or "auto").strip()
     for value, option in ((args.serving_warm_up, "--serving-warm-up"),
                           (args.serving_window, "--serving-window")):
-        if not 0 < value < 3600:
+        if value is not None and not 0 < value < 3600:
             raise ContractError(f"{option}: {value!r} is not a number of seconds in (0, 3600)")
     stated = args.workload_output_tokens
     if stated is not None and stated < 2:
@@ -230,7 +246,7 @@ def _serving_sizes(args, grid: tuple[int, ...]) -> tuple[int, ...] | None:
     if text == "none":
         return None
     if text == "auto":
-        return serving_batch_sizes(grid)
+        return serving_batch_sizes(grid, device="cuda" if _on_gpu(args) else "cpu")
     if text == "all":
         return tuple(grid)
     try:
@@ -288,7 +304,8 @@ def cmd_tune(args) -> int:
               "cells": len(profile.cells), "batch_sizes": list(profile.batch_sizes),
               "serving_windows": len(result.serving_cells)}
     atomic_write_text(out / "timing.json", json.dumps(timing, indent=2) + "\n")
-    summary = "\n".join([describe_document(doc), *describe_resolve(profile)])
+    summary = "\n".join([describe_document(doc), *describe_resolve(profile),
+                         *describe_graph_mode(profile)])
     atomic_write_text(out / "summary.txt", summary + "\n")
     print(summary)
     print(f"tune finished in {timing['total_s']:.0f} s (server start-up "
@@ -316,20 +333,21 @@ def add_measure_parsers(sub) -> None:
     p.add_argument("--serving-batch-sizes", default="auto",
                    help="batch sizes at which the tune's server also times serving (closed "
                         "loop at the workload) to calibrate the profile: auto "
-                        "(4 of the grid, spread in log B), all, none, or a list of profiled "
-                        "batch sizes (default: %(default)s)")
+                        "(on cuda 1, 16, 64, 128 and the largest; on cpu 4 of the grid, "
+                        "spread in log B), all, none, or a list of profiled batch sizes "
+                        "(default: %(default)s)")
     p.add_argument("--workload-output-tokens", "--serving-output-tokens",
                    dest="workload_output_tokens", type=integer(2, 100_000), default=None,
                    help="the traffic the table is built for: mean output tokens a request "
                         "(the serving windows' requests spread over half to one and a half "
                         "times it; prompt lengths come from the prompts); written in "
                         "table.json; default: 256 on cuda, 64 on cpu")
-    p.add_argument("--serving-warm-up", type=number(positive=True, below=3600), default=2.0,
+    p.add_argument("--serving-warm-up", type=number(positive=True, below=3600), default=None,
                    help="seconds of closed-loop load before a serving window opens "
-                        "(default: %(default)s)")
-    p.add_argument("--serving-window", type=number(positive=True, below=3600), default=3.0,
+                        "(default: 1 on cuda, 2 on cpu)")
+    p.add_argument("--serving-window", type=number(positive=True, below=3600), default=None,
                    help="seconds each length is timed in a batch size's closed loop, in all "
-                        "(default: %(default)s)")
+                        "(default: 2 on cuda, 3 on cpu)")
     p.add_argument("--serving-rounds", type=integer(1, 100), default=3,
                    help="turns each length takes in a closed loop, the lengths alternating "
                         "(default: %(default)s)")

@@ -81,13 +81,46 @@ def cmd_show(args) -> int:
             raise ContractError(f"{args.table}: is a folder without a table.json (give a table "
                                 "document, or the --out-dir of `tabletune tune`)")
         args.table = table / "table.json"
+    line = None
+    if args.serve_args:
+        from tabletune.engine.serve_line import parse_serve_line
+        from tabletune.engine_args import serve_args_text
+
+        line = parse_serve_line(serve_args_text(args.serve_args))
     doc = load_json(args.table, "table")
     try:
         text = describe_document(doc)
     except ContractError as exc:
         raise ContractError(f"{args.table}: {exc}") from None
     print(text)
+    print(describe_tuned_under(doc.provenance.get("fingerprint") or {}))
+    if line is not None:
+        print(describe_serving_differences(doc.provenance.get("fingerprint") or {}, line))
     return 0
+
+
+def describe_tuned_under(fingerprint: dict) -> str:
+    """The engine and serve flags the table was measured under, on one line."""
+    flags = " ".join(fingerprint.get("extra_args") or []) or "none beyond TableTune's own"
+    where = " ".join(str(fingerprint[k]) for k in ("engine", "engine_version", "gpu")
+                     if fingerprint.get(k))
+    return f"tuned under: {where or 'an engine not recorded'}; serve flags: {flags}"
+
+
+def describe_serving_differences(fingerprint: dict, line) -> str:
+    """What a deployment's serve line (``ServeLine``) changes against the one the table was
+    tuned under: every setting and flag that differs, or that none does."""
+    from tabletune.engine.fingerprint import deployment_differences
+
+    here = {"extra_args": list(line.extra_args), **line.settings}
+    if line.model is not None:
+        here["model"] = line.model
+    diffs = deployment_differences(fingerprint, here)
+    if not diffs:
+        return "your serve flags: the same as the tune's (the table was measured under them)"
+    return "\n".join(["your serve flags differ from the tune's (the table was measured under "
+                      "the tune's; tune again under yours, or check with `tabletune evaluate`):"]
+                     + [f"  {d}" for d in diffs])
 
 
 def cmd_plot(args) -> int:
@@ -116,6 +149,9 @@ def add_table_parsers(sub) -> None:
     p = sub.add_parser("show", help="print a table: ranges, vLLM config, loss vs fixed lengths")
     p.add_argument("table", type=Path,
                    help="a table file (tabletune.table/v1), or the folder `tabletune tune` wrote")
+    p.add_argument("--serve-args", default=None, metavar="FLAGS",
+                   help="your 'vllm serve' flags (or @FILE): name every one that differs from "
+                        "the flags the table was tuned under")
     p.set_defaults(func=cmd_show)
 
     p = sub.add_parser("plot", help="plots from a profile and an acceptance file")

@@ -32,6 +32,37 @@ def describe_calibration(profile: Profile) -> str:
     return "\n".join(lines)
 
 
+# Graph modes that run every step, prefill-carrying ones too, in full CUDA graphs.
+FULL_GRAPH_MODES = ("FULL",)
+
+
+def describe_graph_mode(profile: Profile) -> list[str]:
+    """Where the engine's graph mode leaves prefill-carrying steps outside the full graphs
+    (vLLM's default FULL_AND_PIECEWISE runs them piecewise): what the tune's serving windows
+    measured that to cost, as the ratio of such a step to a pure decode step at the same B and
+    k, and the mode that avoids it. Empty on an engine without graphs or in FULL mode."""
+    calibration = profile.meta.get("serving_calibration") or {}
+    engine = calibration.get("engine") or {}
+    mode = engine.get("cudagraph_mode")
+    if not engine.get("cudagraphs") or not mode or mode in FULL_GRAPH_MODES:
+        return []
+    ratios = []
+    for window in calibration.get("windows") or []:
+        log = window.get("step_log") or {}
+        decode, mixed = log.get("decode") or {}, log.get("mixed") or {}
+        if decode.get("median_ms") and mixed.get("median_ms"):
+            ratios.append((mixed["median_ms"] / decode["median_ms"], window["batch_size"]))
+    line = (f"graph mode {mode}: steps that carry a prefill run outside the full CUDA graphs")
+    if ratios:
+        ratios.sort()
+        low, high = ratios[0], ratios[-1]
+        line += (f"; in this tune's serving windows such a step took {low[0]:.2f}-{high[0]:.2f}x "
+                 f"a pure decode step at the same B and k ({len(ratios)} windows, B "
+                 f"{min(b for _, b in ratios)}-{max(b for _, b in ratios)})")
+    return [line, "  serve with --compilation-config '{\"cudagraph_mode\": \"FULL\"}' to keep "
+                  "them in the graphs (docs/gpu.md), and tune under the same flags"]
+
+
 def describe_resolve(profile: Profile) -> list[str]:
     """What the tune's resolve pass did (``meta.serving_calibration.resolved``): the serving
     sizes it timed again and those it left as the first loops measured them. Why: in

@@ -50,9 +50,19 @@ DEFAULT_SERVING_WINDOW_S = 3.0
 DEFAULT_SERVING_ROUNDS = 3
 
 
-def serving_batch_sizes(grid: Sequence[int], points: int = DEFAULT_SERVING_POINTS) -> tuple[int, ...]:
-    """``points`` of the profiled batch sizes, evenly spread in log B (first and last always)."""
+# The serving sizes of a GPU tune: those of the H100 tunes whose tables held (docs/tuner.md),
+# one at each end and three where a Qwen3-4B-shaped EAGLE-3 pair's edges fell between them.
+GPU_SERVING_SIZES = (1, 16, 64, 128, 256)
+
+
+def serving_batch_sizes(grid: Sequence[int], points: int = DEFAULT_SERVING_POINTS, *,
+                        device: str = "cpu") -> tuple[int, ...]:
+    """The profiled batch sizes the serving windows time: on cuda those of
+    ``GPU_SERVING_SIZES`` in the grid and its largest; else ``points`` of them, evenly spread
+    in log B (first and last always)."""
     grid = sorted(set(grid))
+    if device == "cuda":
+        return tuple(sorted({b for b in GPU_SERVING_SIZES if b in grid} | {grid[-1]}))
     if points >= len(grid):
         return tuple(grid)
     if points <= 1:

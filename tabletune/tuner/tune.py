@@ -38,6 +38,9 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from tabletune.core.builder import DEFAULT_TIE_MARGIN
+from tabletune.core.calibration import prefill_graph_tokens
+from tabletune.core.defaults import DEFAULT_MAX_TOKENS
+from tabletune.tuner.serving import DEFAULT_SERVING_WARM_UP_S, DEFAULT_SERVING_WINDOW_S
 from tabletune.core.contracts import Acceptance, Profile, save_json
 from tabletune.core.document import DocumentBuild, build_document
 from tabletune.core.step_times import StepTimes
@@ -124,6 +127,14 @@ WORKLOAD_OUTPUT_TOKENS = {"cuda": DEFAULT_OUTPUT_TOKENS, "cpu": 64}
 # Each size in question is owed one loop beyond it (tuner.serving.resolve_contested): about 8 s
 # a size past the first five or so.
 SERVING_RESOLVE_S = {"cuda": 45.0, "cpu": 0.0}
+# Serving windows: on a GPU 1 s of warm-up and 2 s a window held the window step times within
+# ~1 % between rounds on the H100 (full graphs); the CPU build's steps are ~100x longer.
+SERVING_WARM_UP_S = {"cuda": 1.0, "cpu": DEFAULT_SERVING_WARM_UP_S}
+SERVING_WINDOW_S = {"cuda": 2.0, "cpu": DEFAULT_SERVING_WINDOW_S}
+# Tokens a prompt of the acceptance measurement generates: on a GPU 160 prompts of 128 tokens
+# (20 480 positions at K) put a_3's 90 % interval within +-0.01 on the H100 pairs; the CPU
+# build's toy pair pays ~0.1 s a step.
+ACCEPTANCE_MAX_TOKENS = {"cuda": 128, "cpu": DEFAULT_MAX_TOKENS}
 
 
 def tune_plan(spec: EngineSpec, batch_sizes: Sequence[int], *, repeats: int | None = None,
@@ -143,10 +154,9 @@ def tune_plan(spec: EngineSpec, batch_sizes: Sequence[int], *, repeats: int | No
     re-profile both build their plan here, so they measure the same stages with the same cell
     semantics and the same workload (``tests/pipeline/test_one_measuring_path.py``). None means
     the default; options are taken as checked by the caller."""
-    from tabletune.core.defaults import DEFAULT_MAX_TOKENS, DEFAULT_TEMPERATURE
+    from tabletune.core.defaults import DEFAULT_TEMPERATURE
     from tabletune.tuner.profile_settings import DEFAULT_STARTUP_TIMEOUT_S, ProfileSettings
-    from tabletune.tuner.serving import (DEFAULT_SERVING_ROUNDS, DEFAULT_SERVING_WARM_UP_S,
-                                         DEFAULT_SERVING_WINDOW_S, ServingPlan)
+    from tabletune.tuner.serving import DEFAULT_SERVING_ROUNDS, ServingPlan
     from tabletune.tuner.serving import serving_batch_sizes as auto_sizes
 
     grid = tuple(sorted(set(batch_sizes)))
@@ -162,10 +172,11 @@ def tune_plan(spec: EngineSpec, batch_sizes: Sequence[int], *, repeats: int | No
     plan = None
     if serving:
         plan = ServingPlan(
-            batch_sizes=tuple(serving_batch_sizes) if serving_batch_sizes else auto_sizes(grid),
+            batch_sizes=(tuple(serving_batch_sizes) if serving_batch_sizes
+                         else auto_sizes(grid, device=device)),
             output_tokens=workload_output_tokens or WORKLOAD_OUTPUT_TOKENS[device],
-            warm_up_s=serving_warm_up_s or DEFAULT_SERVING_WARM_UP_S,
-            window_s=serving_window_s or DEFAULT_SERVING_WINDOW_S,
+            warm_up_s=serving_warm_up_s or SERVING_WARM_UP_S[device],
+            window_s=serving_window_s or SERVING_WINDOW_S[device],
             rounds=serving_rounds or DEFAULT_SERVING_ROUNDS,
             source="option" if workload_output_tokens else "default",
             resolve_s=(SERVING_RESOLVE_S[device] if serving_resolve_s is None
@@ -173,7 +184,7 @@ def tune_plan(spec: EngineSpec, batch_sizes: Sequence[int], *, repeats: int | No
     return TunePlan(batch_sizes=grid, profile_settings=ProfileSettings(**settings), mode=mode,
                     serving=plan,
                     temperature=DEFAULT_TEMPERATURE if temperature is None else temperature,
-                    max_tokens=max_tokens or DEFAULT_MAX_TOKENS,
+                    max_tokens=max_tokens or ACCEPTANCE_MAX_TOKENS[device],
                     startup_timeout_s=startup_timeout_s or DEFAULT_STARTUP_TIMEOUT_S,
                     lengths=tuple(lengths) if lengths is not None else None,
                     tie_margin=tie_margin, table_max_batch_size=table_max_batch_size,
@@ -236,15 +247,11 @@ class TuneResult:
     serving_s: float = 0.0
 
 
-def _graph_tokens(facts: dict) -> int | None:
-    """The largest captured CUDA graph in tokens, None on an engine without graphs."""
-    return facts.get("max_cudagraph_capture_size") if facts.get("cudagraphs") else None
-
-
 def _graph_line(facts: dict, workload) -> dict:
     """``calibrate_profile``'s graph line: a step past the largest captured graph runs without
     graphs, so factors are not interpolated across it (core.calibration)."""
-    return {"graph_tokens": _graph_tokens(facts), "prefill_tokens": workload.prompt_tokens or 0.0}
+    return {"graph_tokens": prefill_graph_tokens(facts),
+            "prefill_tokens": workload.prompt_tokens or 0.0}
 
 
 def grid_with_graph_lines(grid: tuple[int, ...], server: Any, prompts: Sequence[str] | None,
@@ -263,7 +270,7 @@ def grid_with_graph_lines(grid: tuple[int, ...], server: Any, prompts: Sequence[
     from tabletune.core.workload import prefill_mix
     from tabletune.tuner.serving import sampled_prompt_tokens
 
-    graph_tokens = _graph_tokens(facts)
+    graph_tokens = prefill_graph_tokens(facts)
     if graph_tokens is None or plan.serving is None or not prompts:
         return grid, {}
     prefill = sampled_prompt_tokens(server, prompts)
