@@ -3,11 +3,20 @@
 # (moto S3, MLflow, Airflow), which this script starts and stops. Extra args go to both pytest runs.
 # Before the tests it runs scripts/setup.sh (a no-op when .venv matches uv.lock) and installs
 # docker-compose with apt-get when it is missing; it says so as it goes.
+# scripts/test.sh --fast: only the tests that need neither an engine nor a service, on two
+# workers (a few minutes; the rest of the arguments go to pytest).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 started=$SECONDS
 log() { printf '[test] %s\n' "$*" >&2; }
 phase() { log "phase $1 ($((SECONDS - started)) s): $2"; }
+if [ "${1:-}" = "--fast" ]; then
+  shift
+  bash scripts/setup.sh
+  log "fast subset: the tests that need neither engine nor services"
+  exec .venv/bin/python -m pytest -p no:cacheprovider -q --no-header -ra -n 2 \
+    -m "not services and not engine" tests "$@"
+fi
 phase "1/4" "set-up: scripts/setup.sh (installs only what .venv lacks)"
 bash scripts/setup.sh
 # The compose validator for docker-compose.yaml (a Debian package; no Docker engine needed).
