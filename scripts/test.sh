@@ -10,13 +10,8 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 started=$SECONDS
 log() { printf '[test] %s\n' "$*" >&2; }
 phase() { log "phase $1 ($((SECONDS - started)) s): $2"; }
-if [ "${1:-}" = "--fast" ]; then
-  shift
-  bash scripts/setup.sh
-  log "fast subset: the tests that need neither engine nor services"
-  exec .venv/bin/python -m pytest -p no:cacheprovider -q --no-header -ra -n 2 \
-    -m "not services and not engine" tests "$@"
-fi
+fast=0
+if [ "${1:-}" = "--fast" ]; then fast=1; shift; fi
 phase "1/4" "set-up: scripts/setup.sh (installs only what .venv lacks)"
 bash scripts/setup.sh
 # The compose validator for docker-compose.yaml (a Debian package; no Docker engine needed).
@@ -30,6 +25,11 @@ if ! command -v docker-compose >/dev/null 2>&1; then
     cat "$apt_log" >&2; rm -f "$apt_log"; log "installing docker-compose failed"; exit 1
   fi
   rm -f "$apt_log"
+fi
+if [ "$fast" = 1 ]; then
+  log "fast subset: the tests that need neither engine nor services"
+  exec .venv/bin/python -m pytest -p no:cacheprovider -q --no-header -ra -n 2 \
+    -m "not services and not engine" tests "$@"
 fi
 export HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=1 TOKENIZERS_PARALLELISM=false
 # No Hub/transformers progress bars (weight loading and saving): pytest reports progress.
