@@ -319,6 +319,21 @@ def graph_line(facts: Mapping | None, profile: Profile) -> tuple[int, float] | N
     return graph_tokens, max(float(prefill), 1.0)
 
 
+# Engine settings a step's time depends on (tabletune.vllm.engine_facts), compared between the
+# tune's server and the engine the controller runs in.
+SERVING_SETTINGS = ("cudagraph_mode", "max_cudagraph_capture_size", "max_prefill_graph_tokens",
+                    "max_decode_graph_requests", "max_num_batched_tokens", "async_scheduling")
+
+
+def serving_setting_differences(tuned: Mapping | None, here: Mapping | None) -> list[str]:
+    """``setting: X in the tune, Y here`` for each engine setting both sides know and that
+    differs: the prior's step times were measured under the tune's."""
+    tuned, here = tuned or {}, here or {}
+    return [f"{key}: {tuned[key]!r} in the tune, {here[key]!r} here" for key in SERVING_SETTINGS
+            if tuned.get(key) is not None and here.get(key) is not None
+            and tuned[key] != here[key]]
+
+
 def build_runtime(prior: Prior, *, static_lookup: list[int], num_spec_tokens: int,
                   max_num_seqs: int, settings: ControllerSettings | None = None,
                   out_dir: Path | None = None, engine: Mapping | None = None,
@@ -338,6 +353,10 @@ def build_runtime(prior: Prior, *, static_lookup: list[int], num_spec_tokens: in
     if engine is not None:
         check_prior_matches_engine(prior, engine, allow_foreign=allow_foreign_prior,
                                    graph_mode=(engine_facts or {}).get("cudagraph_mode"))
+    tuned_facts = (prior.profile.meta.get("serving_calibration") or {}).get("engine")
+    for difference in serving_setting_differences(tuned_facts, engine_facts):
+        logger.warning("TableTune controller: the engine serves with other settings than the "
+                       "tune's server (%s); the prior's step times are the tune's", difference)
     start = start_table or DraftTable.from_lookup(static_lookup[1:max_num_seqs + 1])
     if start_table is not None and start.max_k > num_spec_tokens:
         raise ContractError(f"{START_TABLE_ENV}: k={start.max_k} but the engine drafts up to "

@@ -575,3 +575,23 @@ def test_the_graph_line_comes_from_the_engine_facts_and_the_priors_measured_prom
     runtime = build_runtime(prior, static_lookup=[0] + [2] * 64, num_spec_tokens=3,
                             max_num_seqs=64, engine_facts=facts)
     assert runtime.estimator.state()["graph_line"] == [1024, 1.0]
+
+
+def test_the_controller_names_each_engine_setting_that_differs_from_the_tunes(
+        tmp_path, engine_env, caplog):
+    from tabletune.controller.runtime import serving_setting_differences
+    from tabletune.vllm.controller_setup import controller_from_env
+
+    assert serving_setting_differences(
+        {"cudagraph_mode": "FULL", "max_cudagraph_capture_size": 512, "async_scheduling": None},
+        {"cudagraph_mode": "FULL", "max_cudagraph_capture_size": 1024, "async_scheduling": True}
+    ) == ["max_cudagraph_capture_size: 512 in the tune, 1024 here"]
+    folder = _prior_with_fingerprint(tmp_path, _SAME, graph_mode="FULL")
+    profile = json.loads((folder / "profile.json").read_text())
+    profile["meta"]["serving_calibration"]["engine"]["max_cudagraph_capture_size"] = 512
+    (folder / "profile.json").write_text(json.dumps(profile))
+    engine_env.setenv("TABLETUNE_CONTROLLER", str(folder))
+    caplog.set_level(logging.WARNING, logger="vllm.tabletune.controller")
+    assert controller_from_env(_engine_scheduler(graph_mode="FULL")) is not None
+    assert ("the engine serves with other settings than the tune's server "
+            "(max_cudagraph_capture_size: 512 in the tune, 1024 here)") in caplog.text
