@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from tabletune.core.contracts import TableDocument
+from tabletune.core.contracts import MAX_BATCH_SIZE, TableDocument
 from tabletune.core.errors import (
     check_int,
     check_nonnegative,
@@ -39,9 +39,6 @@ __all__ = [
 # A length must beat the previous batch size's length by more than this (relative) to take
 # over; near-ties would otherwise split the table into many short ranges.
 DEFAULT_TIE_MARGIN = 0.005
-# A built table has one row per batch size 1..max_batch_size; no engine runs a million requests
-# in one step, so a larger bound is a typo (or 10**400) that would only exhaust memory.
-MAX_BATCH_SIZE = 1 << 20
 
 
 def resolve_lengths(

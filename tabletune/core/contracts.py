@@ -97,6 +97,10 @@ def _optional_step_ms(value: Any, name: str) -> float | None:
 # Profile: measured step times T(B, k)
 
 
+# A built table has one row per batch size 1..max_batch_size; no engine runs a million requests
+# in one step, so a larger bound is a typo (or 10**400) that would only exhaust memory.
+MAX_BATCH_SIZE = 1 << 20
+
 @dataclass(frozen=True)
 class ProfileCell:
     """One measured (batch size, draft length) cell; ``step_ms`` is the value the builder uses."""
@@ -160,7 +164,8 @@ class ProfileCell:
         """This cell with every field checked and normalized; errors name ``name.<field>``."""
         samples = check_sequence(self.samples_ms, f"{name}.samples_ms")
         return ProfileCell(
-            batch_size=check_int(self.batch_size, f"{name}.batch_size", minimum=1),
+            batch_size=check_int(self.batch_size, f"{name}.batch_size", minimum=1,
+                                 maximum=MAX_BATCH_SIZE),
             k=check_int(self.k, f"{name}.k", minimum=0),
             step_ms=check_step_ms(self.step_ms, f"{name}.step_ms"),
             # Single repeats are differences of two timings and may dip below zero in noise.

@@ -384,3 +384,18 @@ def test_bad_evaluate_arms_exit_2_naming_the_arm_or_file_before_any_engine(tmp_p
         err = _one_line(capsys.readouterr().err, "evaluate")
         assert message in err, err
     assert not out.exists()
+
+
+def test_a_profile_batch_size_past_the_bound_is_refused_naming_the_file(docs, capsys):
+    profile = json.loads((docs / "profile.json").read_text())
+    largest = max(c["batch_size"] for c in profile["cells"])
+    for cell in profile["cells"]:
+        if cell["batch_size"] == largest:
+            cell["batch_size"] = (1 << 20) + 1
+    (docs / "profile.json").write_text(json.dumps(profile))
+    out = docs / "table.json"
+    assert _build(docs, out) == 2
+    err = _one_line(capsys.readouterr().err, "build")
+    assert f"{docs / 'profile.json'}: profile.cells[" in err
+    assert ".batch_size: 1048577 is above 1048576, the largest value allowed here" in err
+    assert not out.exists()
