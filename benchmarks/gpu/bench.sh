@@ -9,10 +9,10 @@
 #
 # Jobs:
 #   quickstart  the README's GPU command, as written, on the deployment in $DEPLOYMENT (serve
-#               flags; default deployments/qwen3-4b-eagle3.args): a cold tune (empty compile
-#               cache), then a warm one, at each temperature of $TEMPERATURES (default "0 1";
-#               the caches stay warm after the first), then each pair compared (the tables
-#               under each other's profile and acceptance: tune_pair_report.py).
+#               flags; default deployments/qwen3-4b-eagle3.args), once for each name:temperature
+#               of $TUNES, the first with empty compile caches; every two tunes at one
+#               temperature compared (each table under the other's profile and acceptance:
+#               h200_s5_report.py).
 # The pair: agreeing_pair.py's target and EAGLE-3 drafter with Qwen3-4B's shapes and seeded
 # weights made on the machine (~30 s), so vLLM's real verification runs.
 set -uo pipefail
@@ -22,7 +22,9 @@ export PYTHONPATH="$SITE:$PWD" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
 MODELS=/tmp/tt-models; WORK=/tmp/tt-work; mkdir -p "$WORK"
 DEPLOYMENT="${DEPLOYMENT:-$here/deployments/qwen3-4b-eagle3.args}"
-TEMPERATURES="${TEMPERATURES:-0 1}"
+# name:temperature, in order; the first runs cold (default: a cold and a warm tune at 0, then
+# two warm ones at 1: a cold start at 1 would only repeat the compile of the first).
+TUNES="${TUNES:-cold:0 warm:0 warm:1 warm2:1}"
 SAMPLER="$here/host_sampler.py"
 PAIR=agreeing
 # shellcheck source=benchmarks/gpu/h200_lib.sh
@@ -39,14 +41,20 @@ readme_tune() {  # $1: output folder name, $2: temperature
 }
 
 quickstart() {
-  local t first=1
-  for t in $TEMPERATURES; do
-    # The first tune starts cold: no compile cache of vLLM's or of torch's.
-    if [ "$first" = 1 ]; then rm -rf ~/.cache/vllm "/tmp/torchinductor_$(whoami)"; first=0; fi
-    readme_tune "tune-t$t-cold" "$t"
-    readme_tune "tune-t$t-warm" "$t"
-    python3 "$here/h200_s5_report.py" "$WORK/tune-t$t-cold" "$WORK/tune-t$t-warm" \
-      > "$WORK/tune-t$t-pair.md" 2>&1
+  local tune name t done=()
+  # The first tune starts cold: no compile cache of vLLM's or of torch's.
+  rm -rf ~/.cache/vllm "/tmp/torchinductor_$(whoami)"
+  for tune in $TUNES; do
+    name=${tune%%:*}; t=${tune##*:}
+    readme_tune "tune-t$t-$name" "$t"
+    # Each later tune at a temperature already tuned: the two compared.
+    for other in "${done[@]}"; do
+      if [ "${other##*:}" = "$t" ]; then
+        python3 "$here/h200_s5_report.py" "$WORK/tune-t$t-${other%%:*}" "$WORK/tune-t$t-$name" \
+          > "$WORK/tune-t$t-${other%%:*}-vs-$name.md" 2>&1
+      fi
+    done
+    done+=("$tune")
   done
 }
 
@@ -60,7 +68,7 @@ case "${1:-}" in
     python3 -c "import torch, vllm; print('torch', torch.__version__, 'vllm', vllm.__version__)"
     h200_machine_facts
     export -f job quickstart readme_tune h200_job_sampled
-    export MODELS WORK DEPLOYMENT TEMPERATURES SAMPLER JOB PAIR here
+    export MODELS WORK DEPLOYMENT TUNES SAMPLER JOB PAIR here
     h200_launch ;;
   wait) h200_wait "${2:-500}" ;;
   collect) h200_collect ;;
