@@ -182,12 +182,12 @@ if [ -f "$out/SHA256" ] && [ -f "$out/BUILD" ] && cmp -s "$out/PINS" "$pins" \
 else
   mkdir -p "$work" "$cache"; : > "$work/build-notes"
   if [ -f "$layer_file" ] && [ -f "$layer_file.sha256" ]; then
-    echo "$layer: reused $layer_file (layer $layer_key)" | tee -a "$work/build-notes"
+    echo "$layer: reused $layer_file (layer $layer_key)" >> "$work/build-notes"
   else
     build_archive "$layer_file" "$layer_pins" "$layer"
   fi
   if [ -f "$own_file" ] && [ -f "$own_file.sha256" ]; then
-    echo "$own: reused $own_file" | tee -a "$work/build-notes"
+    echo "$own: reused $own_file" >> "$work/build-notes"
   else
     build_archive "$own_file" "$own_pins" "$own"
   fi
