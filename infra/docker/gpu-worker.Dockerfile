@@ -30,8 +30,9 @@ COPY tabletune /opt/tabletune/tabletune
 # start it as sys.executable). The image's own packages are not re-pinned to the lock: a lock pin
 # naming a package the image has is dropped, and the rest installs under vLLM's declared
 # requirements (read from the installed vllm) as constraints, so an orchestration package can
-# move one of them only within what vLLM asks (for vLLM 0.34.0: cachetools 8 -> 7.3.3,
-# cryptography 51 -> 50.0.2, packaging 26.4 -> 26.3), never vllm, torch or a pin of vLLM's;
+# move one of them only within what vLLM asks, never vllm, torch or a pin of vLLM's (against
+# vLLM 0.34.0 resolved on 2026-12-07 three move: cachetools 8.0.3 -> 7.3.3 and cryptography
+# 51.0.1 -> 50.0.2 for mlflow 3.17.2's caps, packaging 26.4 -> 26.3 for kombu[redis]'s pin);
 # the build fails if `uv pip check` then finds a requirement unmet that it did not find before.
 # (orchestration_pins.py writes both lists.) benchmarks/staging/check-worker-extras.sh VERSION
 # runs the same resolution without Docker, against vLLM VERSION's own resolution.
