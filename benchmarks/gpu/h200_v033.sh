@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# TableTune on vLLM 0.33.0 on the lent H200 (issue 29): the bundle of stage-vllm-033.sh unpacked
-# in /tmp/site033, the deployment of every H200 run (h200_lib.sh's engine: V2 runner, EAGLE-3,
+# TableTune on vLLM 0.33.0 on the lent H200 (issue 29): the bundle of `benchmarks/staging/stage.sh
+# 0.33.0` unpacked in /tmp/site, the deployment of every H200 run (h200_lib.sh's engine: V2 runner, EAGLE-3,
 # synthetic acceptance 0.75/0.55/0.40, graphs up to 1 024 tokens), in one detached job (setsid,
 # so it outlives a device call). Runs: benchmarks/results/h200-v033/ (2026-12-04, without the
 # graph-candidates fix) and h200-v033-fix/ (the same day, with it); h100-v033-agreeing/
@@ -40,17 +40,17 @@
 #  verified and applied without it).
 # The scheduler's surface TableTune hooks (SchedulerOutput's counts, make_spec_decoding_stats,
 # dynamic_sd_lookup[B]) is as in 0.26. Budget: the bundle's 37 install calls (sent from a tree
-# without the results: stage-vllm-033.sh's PART_BYTES) took 189-222 s of device time, the
+# without the results: stage.sh 0.33.0 of then, 60-MB parts) took 189-222 s of device time, the
 # unpack 8 s, the doctor 259-309 s, the tune 457 s (h200-v033-fix), the six-arm evaluation at
 # six levels with EVAL_BUDGET=60 675 s. On an H100 with the agreeing pair (h100-v033-t1-resolve):
 # the install calls ~165 s, a cold tune 507 s (nine contested sizes, each owed its resolve loop),
 # the paired referee at six levels 480 s, four servers at five levels 412 s: 1 682 s in all.
 # Four servers started cold on a fresh machine (no tune before them to fill the compile cache)
 # took 326-339 s (h100-v033-t1-adaptive), against 154 s after a tune.
-# usage (device, repo root, after stage-vllm-033.sh's install calls):
+# usage (device, repo root, after benchmarks/staging/stage.sh 0.33.0's install calls):
 #     benchmarks/gpu/h200_v033.sh start | wait SECONDS | collect
 set -uo pipefail
-export PYTHONPATH="/tmp/site033:$PWD" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
+export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
 MODELS=/tmp/tt-models; WORK=/tmp/tt-work-033; mkdir -p "$WORK"
 OLD_TABLE="$PWD/benchmarks/results/h200-s18/tune-warm/table.json"
@@ -197,7 +197,7 @@ tune_pair() { h200_tune_pair; }
 job() { h200_job_sampled; }
 case "$1" in
   start)
-    h200_plugin_metadata /tmp/site033
+    h200_plugin_metadata /tmp/site
     if [ -n "${COMPAT_TRY:-}" ]; then export TABLETUNE_COMPAT_TRY="$COMPAT_TRY"; fi
     python3 -c "import torch, vllm; print('torch', torch.__version__, 'vllm', vllm.__version__)"
     h200_machine_facts

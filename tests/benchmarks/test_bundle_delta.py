@@ -1,11 +1,11 @@
-"""benchmarks/gpu/bundle_delta.py: what an offline bundle brings to a machine that has some
+"""benchmarks/staging/bundle_delta.py: what an offline bundle brings to a machine that has some
 packages already, on a stand-in resolution shaped like pip's installation report."""
 
 from __future__ import annotations
 
-from benchmark_scripts import load_script
+from benchmark_scripts import STAGING, load_script
 
-bundle_delta = load_script("bundle_delta.py")
+bundle_delta = load_script("bundle_delta.py", STAGING)
 
 
 def _report(*packages):

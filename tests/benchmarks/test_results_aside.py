@@ -1,4 +1,4 @@
-"""benchmarks/gpu/results-aside.sh: the committed results moved out of the working tree for the
+"""benchmarks/staging/results-aside.sh: the committed results moved out of the working tree for the
 device calls (the named files kept) and back without a byte changed; a result written there in
 between is never deleted; a second aside, a back with nothing aside and an unknown phase are one
 line and exit 2."""
@@ -10,13 +10,13 @@ import shutil
 import subprocess
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu" / "results-aside.sh"
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "staging" / "results-aside.sh"
 
 
 def _repo(tmp_path: Path) -> Path:
     repo = tmp_path / "repo"
-    (repo / "benchmarks" / "gpu").mkdir(parents=True)
-    shutil.copy(SCRIPT, repo / "benchmarks" / "gpu" / SCRIPT.name)
+    (repo / "benchmarks" / "staging").mkdir(parents=True)
+    shutil.copy(SCRIPT, repo / "benchmarks" / "staging" / SCRIPT.name)
     (repo / "benchmarks" / "results" / "run" / "tune-warm").mkdir(parents=True)
     (repo / "benchmarks" / "results" / "run" / "tune-warm" / "table.json").write_text("{}\n")
     (repo / "benchmarks" / "results" / "run" / "big.bin").write_bytes(os.urandom(300_000))
@@ -30,7 +30,7 @@ def _repo(tmp_path: Path) -> Path:
 
 def _run(repo: Path, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "RESULTS_ASIDE": str(repo.parent / "aside")}
-    return subprocess.run(["bash", "benchmarks/gpu/results-aside.sh", *args], cwd=repo, env=env,
+    return subprocess.run(["bash", "benchmarks/staging/results-aside.sh", *args], cwd=repo, env=env,
                           capture_output=True, text=True, timeout=60)
 
 

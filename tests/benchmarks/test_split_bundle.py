@@ -1,4 +1,4 @@
-"""benchmarks/gpu/split-bundle.sh: the staged bundle re-split into parts that fit a device call
+"""benchmarks/staging/split-bundle.sh: the staged bundle re-split into parts that fit a device call
 beside the tracked tree, joined back byte for byte; a missing or damaged bundle is one line and
 exit 2."""
 
@@ -10,13 +10,13 @@ import shutil
 import subprocess
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu" / "split-bundle.sh"
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "staging" / "split-bundle.sh"
 
 
 def _repo(tmp_path: Path) -> Path:
     repo = tmp_path / "repo"
-    (repo / "benchmarks" / "gpu").mkdir(parents=True)
-    shutil.copy(SCRIPT, repo / "benchmarks" / "gpu" / SCRIPT.name)
+    (repo / "benchmarks" / "staging").mkdir(parents=True)
+    shutil.copy(SCRIPT, repo / "benchmarks" / "staging" / SCRIPT.name)
     (repo / "tracked.bin").write_bytes(os.urandom(1000))
     env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t",
            "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
@@ -26,7 +26,7 @@ def _repo(tmp_path: Path) -> Path:
 
 
 def _run(repo: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", "benchmarks/gpu/split-bundle.sh"], cwd=repo,
+    return subprocess.run(["bash", "benchmarks/staging/split-bundle.sh"], cwd=repo,
                           capture_output=True, text=True, timeout=120)
 
 

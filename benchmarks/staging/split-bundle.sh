@@ -3,7 +3,7 @@
 # fit one device call each beside the tracked tree: a call carries 64 MiB at most, tracked files
 # included, and the tree passed 30 MB with the H200 results (h200-s14), so a 43-MB part no longer
 # fits. Writes .gpu/part.NN.d/part.NN and prints the calls. Run from the project root, after the
-# stage script and after `benchmarks/gpu/results-aside.sh aside` (the results passed 50 MB on
+# stage script and after `benchmarks/staging/results-aside.sh aside` (the results passed 50 MB on
 # 2026-12-05 and leave a part no room): it counts the tracked files present. h200-s17 saw
 # folders moved away still arrive, on a machine warm from calls that had sent them.
 set -euo pipefail

@@ -10,7 +10,7 @@
 # except for a FALLBACK_PRIOR: KEEP names such files (paths under benchmarks/results).
 # `back` puts everything back only when each file under benchmarks/results is still the copy
 # that `aside` left (so a result written there meanwhile is never deleted), and says so otherwise.
-# usage (repo root): benchmarks/gpu/results-aside.sh aside [KEEP ...] | back | size [CARRY ...]
+# usage (repo root): benchmarks/staging/results-aside.sh aside [KEEP ...] | back | size [CARRY ...]
 set -euo pipefail
 root="$(git rev-parse --show-toplevel)"
 cd "$root"
