@@ -166,6 +166,19 @@ class MlflowRuns(MlflowClientBase):
             self._call(f"logging metrics to run {run_id}",
                        lambda chunk=chunk: self._client.log_batch(run_id, metrics=chunk))
 
+    def log_metric_series(self, run_id: str, series: Mapping[str, Mapping[int, float]]) -> None:
+        """Log each metric's values at their steps (name -> {step: value}) in batches."""
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        entries = [Metric(name, float(value), now, int(step))
+                   for name, points in sorted(series.items())
+                   for step, value in sorted(points.items()) if math.isfinite(float(value))]
+        for i in range(0, len(entries), 500):
+            chunk = entries[i:i + 500]
+            self._call(f"logging metric series to run {run_id}",
+                       lambda chunk=chunk: self._client.log_batch(run_id, metrics=chunk))
+
     def log_json(self, run_id: str, artifact_path: str, doc: Any) -> None:
         """Log a JSON document (a core contract object or a plain dict) as ``artifact_path``."""
         directory, name = os.path.split(artifact_path)

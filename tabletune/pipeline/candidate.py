@@ -105,6 +105,22 @@ def build_candidate(
     return CandidateBuild(document=built.document, build=build, metrics=metrics)
 
 
+def per_batch_size_series(build: BuildResult) -> dict[str, dict[int, float]]:
+    """The table's goodput and step time at each profiled batch size (interpolated rows left
+    out), as metric name -> {B: value}: logged with step = B, MLflow's compare view draws two
+    candidates' curves over one another (a new vLLM version's table beside production's)."""
+    series: dict[str, dict[int, float]] = {"table_goodput_tok_s": {}, "table_step_ms": {}}
+    for i, b in enumerate(build.batch_sizes):
+        if build.interpolated[i]:
+            continue
+        k = build.chosen[i]
+        g = float(build.goodput[i, build.lengths.index(k)])
+        if g > 0:
+            series["table_goodput_tok_s"][b] = g
+            series["table_step_ms"][b] = 1000.0 * b * tau(build.rates, k) / g
+    return series
+
+
 def goodput_rows(build: BuildResult) -> dict[str, list[Any]]:
     """The goodput matrix in long form (one row per B and k), ready for a parquet file."""
     columns: dict[str, list[Any]] = {

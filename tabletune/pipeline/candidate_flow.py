@@ -23,7 +23,7 @@ from tabletune.core.run_note import plain
 from tabletune.core.registry_note import version_description
 from tabletune.core.workload import describe_built_for
 from tabletune.engine.fingerprint import fingerprint_key
-from tabletune.pipeline.candidate import build_candidate, goodput_rows
+from tabletune.pipeline.candidate import build_candidate, goodput_rows, per_batch_size_series
 from tabletune.pipeline.deployment import flatten_params
 from tabletune.pipeline.gate import GateReport, GateSettings, run_gate
 
@@ -91,6 +91,7 @@ def rebuild(
     _log_goodput_and_plots(registry, mlflow_run_id, result,
                            production.table.table if production else None)
     registry.log_metrics(mlflow_run_id, result.metrics)
+    registry.log_metric_series(mlflow_run_id, per_batch_size_series(result.build))
     # The traffic the candidate was built for, where a reader of the run looks first.
     workload = result.document.provenance.get("workload")
     registry.log_params(mlflow_run_id, flatten_params("workload", workload) if workload else

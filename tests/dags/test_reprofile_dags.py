@@ -130,6 +130,13 @@ def test_reprofile_does_nothing_until_the_fingerprint_changes_then_profiles(
     new = registry.read_version(model, "2")
     assert new.profile.fingerprint == FINGERPRINT_NEW
     mv = registry._client.get_model_version(model, "2")
+    # The table's step time and goodput per profiled batch size, step = B: MLflow's compare
+    # view draws the two versions' curves over one another.
+    for name in ("table_step_ms", "table_goodput_tok_s"):
+        history = registry._client.get_metric_history(mv.run_id, name)
+        steps = sorted(m.step for m in history)
+        assert len(steps) >= 2 and set(steps) <= set(new.profile.batch_sizes), steps
+        assert all(m.value > 0 for m in history)
     report = registry.download_json(mv.run_id, "gate/report.json")
     # Tolerance 0 would fail any moved edge; after a fingerprint change the rule is skipped.
     assert report["passed"] and report["edges_skipped_because"] == (

@@ -10,7 +10,7 @@ from tabletune.core.contracts import TableDocument
 from tabletune.core.errors import ContractError
 from tabletune.core.tables import DraftTable
 from tabletune.report.plots import plot_goodput, plot_tables
-from tabletune.pipeline.candidate import build_candidate, goodput_rows
+from tabletune.pipeline.candidate import build_candidate, goodput_rows, per_batch_size_series
 
 
 def test_rebuild_reports_losses_against_fixed_lengths_and_production():
@@ -65,3 +65,17 @@ def test_rebuild_uses_the_tie_margin_and_lengths_production_was_built_with():
     assert build_candidate(profile, acceptance, provenance={}, production_document=production,
                          tie_margin=0.0).build.tie_margin == 0.0
     assert build_candidate(profile, acceptance, provenance={}).build.tie_margin == 0.005
+
+
+def test_the_table_per_batch_size_series_are_its_profiled_cells():
+    from tabletune.core.step_times import StepTimes
+
+    profile, acceptance = make_profile(), make_acceptance()
+    result = build_candidate(profile, acceptance, provenance={})
+    series = per_batch_size_series(result.build)
+    assert sorted(series["table_step_ms"]) == sorted(series["table_goodput_tok_s"]) == list(
+        profile.batch_sizes)  # profiled sizes only: no interpolated row
+    steps = StepTimes.from_profile(profile)
+    table = result.document.table
+    for b, ms in series["table_step_ms"].items():
+        assert ms == pytest.approx(steps.step_ms(b, table.k_for(b)))
