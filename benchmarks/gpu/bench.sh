@@ -35,7 +35,7 @@ readme_tune() {  # $1: output folder name, $2: temperature
   echo "$1 start $(date +%s)"
   python3 -m tabletune.cli tune --model "$MODELS/agreeing/target" \
     --drafter "$MODELS/agreeing/eagle3" --method eagle3 \
-    --serve-args "@$DEPLOYMENT" --temperature "$2" --out-dir "$WORK/$1" 2>&1 \
+    --serve-args "$(cat "$DEPLOYMENT")" --temperature "$2" --out-dir "$WORK/$1" 2>&1 \
     | grep -v "Iteration(" | tail -80
   echo "$1 end $(date +%s)"
 }
