@@ -1,5 +1,5 @@
 """The noise floor of one fixed-K server per engine configuration (issue 27 item 3): for each
-``evaluate.json`` of the turnovers part (``h200_lib.sh`` ``h200_turnovers``), per level, how far
+``evaluate.json`` of the turnovers part (the old job library's ``turnovers``), per level, how far
 its windows' throughput spread, how its single steps spread, and how much the mean step of
 0.5-s and 1-s blocks moves (the coefficient of variation the brief's 11-23 % figure is of).
 

@@ -1,7 +1,8 @@
-"""Which server configuration an H200 job's tune pair runs (``h200_lib.sh``'s ``tune_pair``):
-the candidate (e.g. full CUDA graphs for prefill-carrying steps) where ``turnovers`` measured its
-fixed-K server with a lower share of pause steps than the reference (the deployed
-configuration) at no cost in throughput, else the reference.
+"""Which server configuration an H200 job's tune pair ran (the turnovers and tune_pair parts of
+the old job library; benchmarks/results/h200-s19 ran them): the candidate (e.g. full CUDA
+graphs for prefill-carrying steps) where ``turnovers`` measured its fixed-K server with a lower
+share of pause steps than the reference (the deployed configuration) at no cost in throughput,
+else the reference.
 
 Noise that a faster server pays is not worth cutting, and a quieter server that a user would not
 run measures the wrong deployment: so the candidate must keep, at every level both runs measured,

@@ -7,10 +7,10 @@ log's first step), steps, mean period, the median of its pure decode steps and o
 prefill-carrying steps, and their share; with ``--host`` (host_sampler.py's JSON lines, matched
 on the monotonic clock the step log and the sampler share), the GPU's mean utilization and power
 and the engine core's CPU share (cores) over the turn; with ``--trace`` (the graph-trace lines
-h200_lib.sh collects, ``TABLETUNE_TRACE_GRAPHS_EVERY_S`` under a second) and ``--trace-from``
+bench.sh collects, ``TABLETUNE_TRACE_GRAPHS_EVERY_S`` under a second) and ``--trace-from``
 (the server log's path, or part of it, whose lines to read), the share of the target model's
 dispatches in each CUDA-graph mode over the turn (the lines stamped within it); with
-``--host-trace`` (the host-trace lines of ``TABLETUNE_TRACE_HOST``, h200_lib.sh collects them;
+``--host-trace`` (the host-trace lines of ``TABLETUNE_TRACE_HOST``, bench.sh collects them;
 ``--trace-from`` picks the server here too) the engine core process's CPU by thread over the
 turn (cores: its busy loop ``MainThread``, its input and output socket threads, native threads)
 and the milliseconds a second its garbage collector took; after the table, over the turns

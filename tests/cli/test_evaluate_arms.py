@@ -110,8 +110,8 @@ def test_an_environment_on_an_arm_that_shares_a_server_exits_2_before_any_engine
 
 def test_without_the_step_log_an_adaptive_arm_runs_vllm_s_own_scheduler_with_its_environment(
         tmp_path):
-    """h200_v033.sh's adaptive_drop: the engine a user without TableTune runs (no TableTune
-    scheduler class, no compat fix), beside fixed K = 3."""
+    """bench.sh's adaptive job (benchmarks/gpu): the engine a user without TableTune runs (no
+    TableTune scheduler class, no compat fix), beside fixed K = 3."""
     from tabletune.evaluate import _server_groups
 
     spec = EngineSpec(model="m", drafter="d", method="eagle3", max_k=3, device="cuda")
