@@ -88,7 +88,7 @@ job_quickstart() {
     # Each later tune at a temperature already tuned: the two compared.
     for other in "${done[@]}"; do
       if [ "${other##*:}" = "$t" ]; then
-        python3 "$here/h200_s5_report.py" "$WORK/tune-t$t-${other%%:*}" "$WORK/tune-t$t-$name" \
+        python3 "$here/report.py" "$WORK/tune-t$t-${other%%:*}" "$WORK/tune-t$t-$name" \
           > "$WORK/tune-t$t-${other%%:*}-vs-$name.md" 2>&1
       fi
     done

@@ -5,7 +5,7 @@ its windows' throughput spread, how its single steps spread, and how much the me
 
 A level's steps are those of the arm's step log (``logs/armN.steps[.xz]`` beside the file) with
 90-100 % of the level's clients in the batch, in time order (warm-up and the gaps between
-windows included, as in ``h200_s9_report.turnover_stalls``); a block's mean step is its
+windows included, as in ``reports.evaluation.turnover_stalls``); a block's mean step is its
 steps' summed periods over their count, blocks with fewer than 10 steps left out.
 
 usage: python benchmarks/gpu/config_noise.py NAME=RUN/turnovers-NAME/evaluate.json [...]
@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 # Beside this script (its folder is on sys.path when it runs).
-from h200_s9_report import read_step_log
+from reports.evaluation import read_step_log
 from serving_turns import fail
 
 BLOCKS_S = (0.5, 1.0)

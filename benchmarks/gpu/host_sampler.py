@@ -3,7 +3,7 @@ kind (steal, interrupts, iowait included), each core's busy and stolen share, th
 the busiest processes and the core each last ran on, and the GPU's
 SM clock, power, temperature, utilization and the reasons the driver gives for holding the clock
 down. A serving window that ran slower than its neighbours at the same tokens a step can then be
-set beside the machine's state during it (``h200_s9_report.py`` joins them by wall time).
+set beside the machine's state during it (``report.py`` on an evaluation joins them by wall time).
 
 Standard library only (it runs beside the job with the system's python3). One JSON line a
 sample, until SIGTERM or SIGINT.

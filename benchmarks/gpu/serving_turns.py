@@ -35,7 +35,7 @@ import sys
 from pathlib import Path
 
 # Beside this script (its folder is on sys.path when it runs).
-from h200_s9_report import read_step_log
+from reports.evaluation import read_step_log
 
 from tabletune.vllm import host_trace
 from tabletune.vllm.compat import parse_graph_trace_line

@@ -3,7 +3,7 @@ B = 128), from the step logs the run stored: every ``PART/logs/*.steps`` or ``*.
 under RUN_DIR (tunes, referees, evaluation servers, the controller's server).
 
 Each record carries what recording its predecessor cost the engine (the scheduler times its
-own hook); ``h200_s6_report.py`` prints the tunes' alone, over B = 120..136. This prints every
+own hook); ``report.py`` on three tunes or more prints theirs, over B = 120..136. This prints every
 engine's, at exactly one batch size (requests in the step) beside all steps: the median, which
 the benchmarks quote, and the mean and p99, which carry the tail of slow records.
 

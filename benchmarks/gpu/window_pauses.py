@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 # Beside this script (its folder is on sys.path when it runs).
-from h200_s9_report import turnover_stalls
+from reports.evaluation import turnover_stalls
 from serving_turns import fail, parse_sizes
 
 

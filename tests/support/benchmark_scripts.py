@@ -17,6 +17,14 @@ def script_path(file_name: str) -> Path:
     return SCRIPTS / file_name
 
 
+def load_report(name: str) -> ModuleType:
+    """A module of benchmarks/gpu/reports/ (the report command's readers), imported as
+    report.py imports it."""
+    if str(SCRIPTS) not in sys.path:
+        sys.path.insert(0, str(SCRIPTS))
+    return importlib.import_module(f"reports.{name}")
+
+
 def load_script(file_name: str, folder: Path = SCRIPTS) -> ModuleType:
     name = Path(file_name).stem
     if name in sys.modules:

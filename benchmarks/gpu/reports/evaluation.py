@@ -1,29 +1,30 @@
-"""Report of an H200 evaluation run with step logs and host samples (``h200_s9.sh``): the arms'
-throughput with intervals and losses, and where the variation between rounds comes from.
+"""An evaluation's report (``evaluate.json``, of `tabletune evaluate` or its paired referee): the
+arms' throughput with intervals and losses, where the variation between rounds comes from, and
+the long steps of each fixed-K server.
 
 Each repeat of an arm at a level is set against the median of that arm-level's repeats (its
 relative step time: 1.10 = 10 % slower than the arm's median there). Tokens a step barely move
 between rounds, so a repeat's throughput moves with its step time; the step log splits that
 step time into the pure decode steps' and the prefill-carrying steps' medians and their shares,
-and the host samples (joined by wall time) give the GPU's SM clock, its power, the host's CPU
-steal and busy cores during the repeat. The report prints, over every repeat, how each of these
-relative quantities moves with the relative step time (Pearson r, and the spread of each).
-
-usage: python benchmarks/gpu/h200_s9_report.py RUN_DIR [PART]   (RUN_DIR holds PART/, default
-evaluate/, and host-samples.jsonl; PART paired: an `evaluate --paired-lengths` run; prints
-Markdown)
+and the host samples (host_sampler.py's, joined by wall time) give the GPU's SM clock, its power,
+the host's CPU steal and busy cores during the repeat. The report prints, over every repeat, how
+each of these relative quantities moves with the relative step time (Pearson r, and the spread
+of each). ``recomputed_losses`` prints the loss lines again from the rounds with the code
+installed now (an evaluation keeps the losses of the code it ran with).
 """
 
 from __future__ import annotations
 
 import json
 import lzma
+import re
 import statistics
-import sys
 from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
+
+from tabletune.evaluation.results import ArmResult, format_losses, loss_table
 
 
 def load_samples(run: Path) -> list[dict]:
@@ -311,23 +312,67 @@ def loss_baseline(doc: dict) -> str:
     return "the level's best fixed-K server"
 
 
-def main(argv: list[str]) -> int:
-    run = Path(argv[1])
-    part = argv[2] if len(argv) > 2 else "evaluate"
-    doc = json.loads((run / part / "evaluate.json").read_text())
+def read_json(path: Path):
+    """A JSON file, or its xz-compressed copy (``FILE.json.xz``, as committed)."""
+    packed = path.with_name(path.name + ".xz")
+    try:
+        if not path.exists() and packed.exists():
+            return json.loads(lzma.decompress(packed.read_bytes()))
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not JSON ({e})") from None
+
+
+# The baselines: fixed-K servers and no speculation, as evaluate picks; "k=K via table", lengths
+# pinned through a one-length table on one server (the first V2 runs, benchmarks/results/h200-v2).
+_BASELINE = re.compile(r"^(fixed k=\d+|no speculation|k=\d+ via table)$")
+_FIELDS = ("arm", "concurrency", "tokens_per_s", "requests", "output_tokens", "wall_s",
+           "repeat", "window", "started_at", "steps")
+
+
+def load_results(doc: dict, where: str) -> tuple[list[ArmResult], bool]:
+    """The rounds of an evaluate.json as ArmResults, and whether they were scored on shared
+    turns (a paired referee)."""
+    rows = doc.get("results") if isinstance(doc, dict) else None
+    if not isinstance(rows, list) or not rows:
+        raise ValueError(f"{where}: results: no rounds")
+    out = []
+    for i, row in enumerate(rows):
+        missing = [f for f in _FIELDS[:6] if f not in row]
+        if missing:
+            raise ValueError(f"{where}: results[{i}]: missing {', '.join(missing)}")
+        out.append(ArmResult(**{f: row.get(f) for f in _FIELDS if f in row}))
+    return out, bool(doc.get("paired_lengths"))
+
+
+def recomputed_losses(doc: dict, where: str, fixed: list[str] | None = None) -> list[str]:
+    """The loss lines `tabletune evaluate` prints, computed again from the rounds with the code
+    installed now, against ``fixed`` (default: the arms ``_BASELINE`` names)."""
+    results, shared = load_results(doc, where)
+    arms = list(dict.fromkeys(r.arm for r in results))
+    fixed = fixed or [a for a in arms if _BASELINE.match(a)]
+    unknown = [a for a in fixed if a not in arms]
+    if unknown or not fixed:
+        raise ValueError(f"{where}: baseline {','.join(unknown) or '(none)'}: not an arm "
+                         f"({', '.join(arms)})")
+    return format_losses(loss_table(results, fixed, shared_turns=shared))
+
+
+def report(run: Path, part: str = "evaluate") -> list[str]:
+    """The report of ``run/part/evaluate.json`` (part "." for one in ``run`` itself), with the
+    host samples of ``run``."""
+    doc = read_json(run / part / "evaluate.json")
+    if not isinstance(doc, dict) or "levels" not in doc or "arms" not in doc:
+        return [f"{run / part / 'evaluate.json'}: no levels or arms (an older format): only its "
+                "rounds are read, by the losses computed again (--recompute-losses)."]
     samples = load_samples(run)
     rows = repeats_table(doc, samples)
     reasons = sorted({x for r in rows for x in r["reasons"]})
-    lines = ["## Throughput (output tokens/s: median of the rounds [90 % bootstrap interval], "
-             "n rounds, median step, tokens a step)", "", *arms_table(doc), "",
-             *loss_sections(doc), "## Where the variation between rounds is", "",
-             *variation(rows), "", f"GPU clock reasons seen during repeats: {reasons or 'none'}",
-             "", "## Over time", "", *drift_over_time(rows),
-             "", "## Long steps (servers of their own only)", "",
-             *turnover_stalls(run, doc, part)]
-    print("\n".join(lines))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main(sys.argv))
+    return ["## Throughput (output tokens/s: median of the rounds [90 % bootstrap interval], "
+            "n rounds, median step, tokens a step)", "", *arms_table(doc), "",
+            *loss_sections(doc), "## Where the variation between rounds is", "",
+            *(variation(rows) if rows else ["No arm-level with 3 or more repeats."]), "",
+            f"GPU clock reasons seen during repeats: {reasons or 'none'}",
+            "", "## Over time", "", *drift_over_time(rows),
+            "", "## Long steps (servers of their own only)", "",
+            *turnover_stalls(run, doc, part)]

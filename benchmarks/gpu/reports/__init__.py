@@ -1,0 +1,2 @@
+"""The report command's readers (``benchmarks/gpu/report.py``): ``tunes`` for tune folders,
+``evaluation`` for an ``evaluate.json`` (an evaluation or a paired referee)."""
