@@ -8,7 +8,8 @@ before), both scored at their run's paired referee levels and under the other tu
 The builder (``core.builder.build_table``) keeps the previous batch size's length until another
 leads it by more than the two cells' combined uncertainty. T is continuous in B, so the lengths
 cross where their point estimates do, and an edge left where the lead clears puts every edge
-past the crossing by about the noise: h100-s22's two tunes cross at B = 134 and 136 and ended
+past the crossing by about the noise: h100-v026-tune-pair-b160's two tunes cross at B = 134 and 136
+and ended
 k = 3 at 142 and 144, and the warm table lost 2.0 % [1.1, 2.6] at c = 144. The builder now
 moves the edge back over the unbroken run of batch sizes, ending where the lead cleared, in
 which the new length already led the kept one by more than the tie margin; "where it clears"

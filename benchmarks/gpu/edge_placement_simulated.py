@@ -6,11 +6,13 @@ the truth (the loss a referee would see) and on another draw (item 5's cross-sco
 
 edge_placement.py scores the placements against the paired referees of seven runs, but the
 crossing placement was devised after seeing one of them; this asks the same question where the
-truth is known. Each TUNE_DIR holds a calibrated profile.json and acceptance.json. Its cells' step times
+truth is known. Each TUNE_DIR holds a calibrated profile.json and acceptance.json. Its cells' step
+times
 are the truth (T between profiled batch sizes linear, as the builder has it); a draw multiplies
 every cell by 1 + noise x u x z (u the cell's stated relative uncertainty, z standard normal,
 the same seed for every tune) and states u x noise as the draw's uncertainty (``honest``) or u
-alone (``understated``: the tune's noise is NOISE times what it says). Per tune, noise and placement,
+alone (``understated``: the tune's noise is NOISE times what it says). Per tune, noise and
+placement,
 over DRAWS draws (pairs for the cross-score): the median and 90th percentile of the worst loss
 against the best length at any B under the truth, and of the worst loss under the next draw's
 cells; and of the loss under the truth averaged over B = 1..max (what uniform traffic over the

@@ -1,5 +1,6 @@
 """Which server configuration an H200 job's tune pair ran (the turnovers and tune_pair parts of
-the old job library; benchmarks/results/h200-s19 ran them): the candidate (e.g. full CUDA
+the old job library; benchmarks/results/h200-v026-graph-modes ran them): the candidate (e.g. full
+CUDA
 graphs for prefill-carrying steps) where ``turnovers`` measured its fixed-K server with a lower
 share of pause steps than the reference (the deployed configuration) at no cost in throughput,
 else the reference.

@@ -4,7 +4,8 @@ calibrated again without an engine, their tables scored at their run's paired re
     python benchmarks/gpu/uncertainty_floor.py RUN_DIR [RUN_DIR ...]
 
 A serving window's relative error resamples its turns (``core.step_stats.mean_step_ms``): with
-three turns whose means happen to agree it can come out near nothing (h100-s21's warm tune:
+three turns whose means happen to agree it can come out near nothing (h100-v026-edge-far-sizes's
+warm tune:
 0.1 % for B = 226, k = 1, whose cell moved B = 208-231 to k = 1, 12 % behind k = 2 at c = 224).
 The floor pools the turns' spread over every window of the tune that has three or more (its
 variance weighted by turns less one) and gives each window at least that spread over the square
@@ -12,7 +13,7 @@ root of its turns. Each RUN_DIR holds ``tune-cold/`` and ``tune-warm/`` (profile
 serving windows, acceptance.json; ``benchmarks/recalibrate.py``'s path, which gave the stored
 tables back unchanged with the builder they were tuned with; since d7b411e the builder puts an
 edge where the new length's lead began, so "as tuned" is the stored cells under today's builder
-and h100-s21/uncertainty-floor.md the builder before) and, where it has them,
+and h100-v026-edge-far-sizes/uncertainty-floor.md the builder before) and, where it has them,
 ``paired*/evaluate.json``. One line per tune and
 rule: the table and its loss at each referee level against the best fixed length there
 (``step_estimators.referee_levels``).

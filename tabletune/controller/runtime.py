@@ -39,7 +39,8 @@ def graph_mode_mismatch(prior: Prior, graph_mode: str | None) -> list[str]:
     """The prior's serving calibration timed its steps under one CUDA graph mode (the engine
     facts it records); an engine in another serves other step times. On the H200 a fixed-K
     server's step halved from vLLM 0.26's default FULL_AND_PIECEWISE to FULL, prefill-carrying
-    steps most (benchmarks/results/h200-s19). The mode is not in the fingerprint: that is
+    steps most (benchmarks/results/h200-v026-graph-modes). The mode is not in the fingerprint: that
+    is
     known before an engine starts, and the re-profile check compares its key then. Either side
     not knowing the mode (an uncalibrated profile, an older vLLM) is no mismatch."""
     engine = ((prior.profile.meta.get("serving_calibration") or {}).get("engine") or {})

@@ -225,7 +225,8 @@ def build_table(
                 # The noise decides whether to move, the point estimates where: T is
                 # continuous in B, so the lengths cross where their estimates do, and an edge
                 # left where the lead first clears the noise loses up to that noise on the
-                # way (benchmarks/results/h100-s22: k = 3 held to 142 and 144 past crossings
+                # way (benchmarks/results/h100-v026-tune-pair-b160: k = 3 held to 142 and 144 past
+                # crossings
                 # at 134 and 136, 2.0 % lost at c = 144).
                 # Back over the unbroken run where the new length already led by the margin
                 # (walked only at a move, so a build with no noise costs what it did).

@@ -168,7 +168,8 @@ def deployment_differences(tuned: Mapping[str, Any], here: Mapping[str, Any]) ->
 
     Every field counts, not only ``FINGERPRINT_FIELDS``: on the H200 a table tuned under vLLM's
     default CUDA graph mode lost 19 % when served with ``cudagraph_mode`` FULL, a difference
-    only ``extra_args`` shows (benchmarks/results/h200-s20). The arguments are compared as
+    only ``extra_args`` shows (benchmarks/results/h200-v026-full-graph-serving). The arguments are
+    compared as
     sets, each side's own listed, so that a reader sees which one moved."""
     out = []
     for key in sorted(set(tuned) & set(here)):

@@ -162,7 +162,8 @@ def _batch_size_runs(batch_sizes: list, interpolated: set) -> list[str]:
 
 # An edge whose nearest profiled batch sizes on either side lie more than this ratio apart sits
 # where the interpolation between them puts it. On the H100 two tunes on 11 profiled sizes
-# (benchmarks/results/h100-s21) ended k = 3 at B = 186 and 207, between the profiled 128 and
+# (benchmarks/results/h100-v026-edge-far-sizes) ended k = 3 at B = 186 and 207, between the
+# profiled 128 and
 # 192, while a paired referee found k = 2 ahead by 5.2 % [4.1, 7.1] at c = 160 and k = 2 and 3
 # tied at 128. The default grid's widest step (64 to 72) is 12.5 %.
 WIDE_BRACKET = 1.2

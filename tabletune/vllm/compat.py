@@ -54,7 +54,7 @@ class Fix:
     upstream: str                # the upstream issue or pull request it works around
     what: str
     apply: Callable[[], None]
-    verified: str = ""           # how it was verified (benchmarks/results/h200-v2/README.md)
+    verified: str = ""  # how it was verified (benchmarks/results/h200-v026-v2-runner/README.md)
     # Applied when this module is first imported (at once if it already is), so processes that
     # never load the code being fixed (the API server, the V1 runner) import nothing for it.
     module: str = "vllm.v1.worker.gpu.model_runner"

@@ -168,7 +168,7 @@ def test_a_folder_it_cannot_read_is_exit_2_saying_what_it_looked_for(tmp_path, c
 
 
 def test_two_committed_tunes_are_compared_each_table_under_the_other_s_measurements(capsys):
-    run = RESULTS / "h100-s23"
+    run = RESULTS / "h100-v026-tune-pair"
     assert command.main([str(run / "tune-cold"), str(run / "tune-warm")]) == 0
     out = capsys.readouterr().out
     assert out.startswith("# Two tunes of one deployment")
@@ -179,7 +179,7 @@ def test_two_committed_tunes_are_compared_each_table_under_the_other_s_measureme
 
 
 def test_a_run_folder_reports_each_part_it_holds(capsys):
-    assert command.main([str(RESULTS / "h100-s23")]) == 0
+    assert command.main([str(RESULTS / "h100-v026-tune-pair")]) == 0
     out = capsys.readouterr().out
     for title in ("# Tune tune-cold", "# Tune tune-warm", "# Two tunes of one deployment",
                   "# Evaluation evaluate", "# Evaluation paired"):
@@ -187,10 +187,11 @@ def test_a_run_folder_reports_each_part_it_holds(capsys):
 
 
 def test_three_tunes_are_compared_pairwise_with_what_the_step_log_cost(capsys):
-    folders = [RESULTS / "h100-s23" / "tune-cold", RESULTS / "h100-s23" / "tune-warm",
-               RESULTS / "h100-s22" / "tune-warm"]
+    pair, b160 = RESULTS / "h100-v026-tune-pair", RESULTS / "h100-v026-tune-pair-b160"
+    folders = [pair / "tune-cold", pair / "tune-warm", b160 / "tune-warm"]
     assert command.main([str(f) for f in folders]) == 0
     out = capsys.readouterr().out
     assert out.startswith("# Tunes of one deployment")
-    assert "| h100-s23/tune-cold / h100-s23/tune-warm |" in out  # names alike: run/tune
-    assert "| h100-s22/tune-warm | (no step log kept) | | | | | |" in out
+    # Names alike: run/tune.
+    assert "| h100-v026-tune-pair/tune-cold / h100-v026-tune-pair/tune-warm |" in out
+    assert "| h100-v026-tune-pair-b160/tune-warm | (no step log kept) | | | | | |" in out

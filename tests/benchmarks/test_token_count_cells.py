@@ -47,9 +47,10 @@ def test_cells_of_equal_padded_tokens_group_only_across_lengths():
 
 
 def test_the_report_reads_a_stored_tune_and_its_engine_facts(capsys):
-    # h100-s22's warm tune (H100, full graphs): k = 3 is faster at B = 256 (1 024 tokens)
+    # h100-v026-tune-pair-b160's warm tune (H100, full graphs): k = 3 is faster at B = 256 (1 024
+    # tokens)
     # than at 248 (992), and k = 1, 2 and 3 reach 384 tokens at B = 192, 128 and 96.
-    tune = RESULTS / "h100-s22" / "tune-warm"
+    tune = RESULTS / "h100-v026-tune-pair-b160" / "tune-warm"
     assert token_count_cells.main([str(tune)]) == 0
     out = capsys.readouterr().out
     assert ("- k = 3, B = 248 (992 tokens, 96 past a multiple of 128): 21.33 ms [20.96, 21.60] "
@@ -61,7 +62,7 @@ def test_the_report_reads_a_stored_tune_and_its_engine_facts(capsys):
 def test_a_missing_profile_or_bad_facts_exit_2_naming_the_file(tmp_path, capsys):
     assert token_count_cells.main([str(tmp_path)]) == 2
     assert f"error: {tmp_path / 'profile.json'}: not found" in capsys.readouterr().err
-    shutil.copy(RESULTS / "h100-s22" / "tune-warm" / "profile.json", tmp_path)
+    shutil.copy(RESULTS / "h100-v026-tune-pair-b160" / "tune-warm" / "profile.json", tmp_path)
     (tmp_path / "logs").mkdir()
     (tmp_path / "logs" / "tune.steps.engine.json").write_text('{"cudagraph_capture_sizes": 7}')
     assert token_count_cells.main([str(tmp_path)]) == 2

@@ -229,7 +229,8 @@ def test_a_table_tuned_on_another_deployment_is_noted_and_recorded(tmp_path, cap
     doc = json.loads(cpu.read_text())
     tuned_on = doc["provenance"]["fingerprint"]
     assert parse_arm(f"table:{cpu}", 3).tuned_on == tuned_on
-    # This run's deployment: the tune's, with full CUDA graphs asked for (h200-s20's case).
+    # This run's deployment: the tune's, with full CUDA graphs asked for
+    # (h200-v026-full-graph-serving's case).
     here = {**tuned_on, "extra_args": ['--compilation-config={"cudagraph_mode":"FULL"}']}
     same = tmp_path / "same.json"
     same.write_text(json.dumps({**doc, "provenance": {**doc["provenance"], "fingerprint": here}}))

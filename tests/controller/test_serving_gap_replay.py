@@ -17,7 +17,8 @@ from tabletune.controller import ControllerSettings, Estimator
 from tabletune.core.step_times import StepTimes
 from tabletune.core.tables import DraftTable
 
-PROFILE = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "h200-v2" / "profile.json"
+PROFILE = (Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "h200-v026-v2-runner"
+           / "profile.json")
 TRUE_RATES = (0.75, 0.55, 0.40)
 PRIOR = (0.816, 0.618, 0.376)
 TUNED = DraftTable.from_ranges([[1, 81, 3], [82, 175, 2], [176, 256, 1]])

@@ -324,7 +324,8 @@ def read_json(path: Path):
 
 
 # The baselines: fixed-K servers and no speculation, as evaluate picks; "k=K via table", lengths
-# pinned through a one-length table on one server (the first V2 runs, benchmarks/results/h200-v2).
+# pinned through a one-length table on one server (the first V2 runs,
+# benchmarks/results/h200-v026-v2-runner).
 _BASELINE = re.compile(r"^(fixed k=\d+|no speculation|k=\d+ via table)$")
 _FIELDS = ("arm", "concurrency", "tokens_per_s", "requests", "output_tokens", "wall_s",
            "repeat", "window", "started_at", "steps")
