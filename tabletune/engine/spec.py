@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+
+from packaging.version import InvalidVersion, Version
 
 
 # Drafting methods whose drafter runs inside the target's model runner (V2 supports these).
@@ -14,22 +15,13 @@ V2_METHODS = ("eagle", "eagle3", "mtp")
 V2_ONLY_FROM = (0, 34)
 
 
-def release(version: str) -> tuple[int, ...]:
-    """``"0.34.0"`` -> ``(0, 34, 0)``: each dotted part's leading digits (``"1rc1"`` -> 1), up
-    to the first part with none; ``()`` for ``"unknown"``."""
-    parts = []
-    for part in version.split("+")[0].split("."):
-        digits = re.match(r"\d*", part).group()
-        if not digits:
-            break
-        parts.append(int(digits))
-    return tuple(parts)
-
-
 def v2_only(version: str) -> bool:
-    """Whether this vLLM version has only the V2 GPU model runner."""
-    parsed = release(version)
-    return bool(parsed) and parsed[:2] >= V2_ONLY_FROM
+    """Whether this vLLM version has only the V2 GPU model runner (False where the version is
+    not known: "not-installed", "unknown")."""
+    try:
+        return Version(version).release[:2] >= V2_ONLY_FROM
+    except InvalidVersion:
+        return False
 
 
 def installed_engine_version() -> str:

@@ -72,8 +72,8 @@ def test_on_vllm_0_34_every_gpu_server_runs_v2_and_the_variable_is_left_unset(mo
     monkeypatch.setattr(spec_module, "installed_engine_version", lambda: "0.34.0")
     assert (cuda.runner_name(), cuda.runner_env()) == ("v2", {})
     assert cuda.with_(method="eagle3").runner_env() == {}
-    assert spec_module.release("0.34.1rc2") == (0, 34, 1)
-    assert not spec_module.v2_only("not-installed")
+    assert spec_module.v2_only("0.34.1rc2") and spec_module.v2_only("1.0")
+    assert not spec_module.v2_only("0.33.0+cpu") and not spec_module.v2_only("not-installed")
 
 
 def test_runner_v1_is_refused_before_any_engine_on_a_v2_only_vllm(monkeypatch):
